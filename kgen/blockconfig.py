@@ -1,0 +1,297 @@
+"""Block configs and the per-arch tables that hold them.
+
+A ``BlockConfig`` is every launch choice of the verify kernel that does not change what it
+computes: heads per program, prefix tile, warps, pipeline depth, the split-KV policy and
+(on ROCm only) the AMD compiler knobs. Tables live in ``kgen/tables/<arch>.json``; their
+schema is ``kgen/tables/SCHEMA.md`` and ``TableFile`` below. ``kgen tune`` writes them,
+the select-config pass reads them.
+
+Lookup order for one arch: the file named by ``$KGEN_TABLE`` > the shipped table for the
+arch > the built-in default (``kgen/tables/defaults.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kgen.errors import TableError
+
+TABLE_DIR = Path(__file__).parent / "tables"
+DEFAULTS_FILE = TABLE_DIR / "defaults.json"
+TABLE_SCHEMA = "kgen.block-config-table/1"
+DEFAULTS_SCHEMA = "kgen.block-config-defaults/1"
+ROCM_ARCH_PREFIX = "gfx"
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+class SplitPolicy(BaseModel):
+    """How the prefix is split across programs (split-KV).
+
+    The launcher sizes the grid from shapes only (graph-safe):
+    ``max_splits = clamp(cdiv(programs_per_sm * num_sms, programs_per_split), 1, max_splits)``.
+    Inside the kernel each request uses ``clamp(cdiv(prefix_len, min_tokens_per_split), 1,
+    max_splits)`` splits of its own, so a short prefix is not cut into slivers.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    programs_per_sm: int = Field(default=2, ge=1, le=64)
+    max_splits: int = Field(default=64, ge=1, le=1024)
+    min_tokens_per_split: int = Field(default=256, ge=16, le=1 << 20)
+
+
+class BlockConfig(BaseModel):
+    """One launch configuration. ROCm knobs stay ``None`` on CUDA and are never passed there."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_h: int = Field(ge=1, le=128)
+    block_n: int = Field(ge=16, le=512)
+    num_warps: int
+    num_stages: int = Field(ge=1, le=8)
+    split: SplitPolicy = SplitPolicy()
+    waves_per_eu: int | None = Field(default=None, ge=0, le=8)
+    matrix_instr_nonkdim: Literal[16, 32] | None = None
+    kpack: Literal[1, 2] | None = None
+
+    @field_validator("block_h", "block_n")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if not _pow2(v):
+            raise ValueError(f"must be a power of two (tl.arange extents are), got {v}")
+        return v
+
+    @field_validator("num_warps")
+    @classmethod
+    def _warps(cls, v: int) -> int:
+        if v not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {v}")
+        return v
+
+    @property
+    def has_rocm_knobs(self) -> bool:
+        return any(k is not None for k in (self.waves_per_eu, self.matrix_instr_nonkdim, self.kpack))
+
+    def for_arch(self, arch: str) -> BlockConfig:
+        """The config with the AMD knobs dropped unless ``arch`` is a ROCm arch."""
+        if arch.startswith(ROCM_ARCH_PREFIX) or not self.has_rocm_knobs:
+            return self
+        return self.model_copy(update={"waves_per_eu": None, "matrix_instr_nonkdim": None, "kpack": None})
+
+    def short(self) -> str:
+        s = (
+            f"BLOCK_H={self.block_h} BLOCK_N={self.block_n} warps={self.num_warps} "
+            f"stages={self.num_stages} split(ppsm={self.split.programs_per_sm}, "
+            f"max={self.split.max_splits}, min_tok={self.split.min_tokens_per_split})"
+        )
+        if self.has_rocm_knobs:
+            s += f" waves_per_eu={self.waves_per_eu} nonkdim={self.matrix_instr_nonkdim} kpack={self.kpack}"
+        return s
+
+
+class Measured(BaseModel):
+    """Times measured by the tuner for one bucket (median microseconds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tuned_us: float = Field(gt=0)
+    default_us: float = Field(gt=0)
+    noise_pct: float = Field(default=0.0, ge=0)
+    workloads: list[dict[str, int]] = Field(default_factory=list)
+
+
+class TableEntry(BaseModel):
+    """The config for one layout, KV dtype, group size and batch bucket.
+
+    The bucket is a batch range only: the launcher must choose a config from shapes and
+    Python scalars (CUDA-graph safety), and the prefix length lives on the device. The
+    tuner times each bucket over several prefix lengths (``measured.workloads``); the
+    split policy adapts to the actual prefix length inside the kernel.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layout: str
+    kv_dtype: str
+    group_size: int = Field(ge=1, le=256)
+    batch_min: int = Field(default=1, ge=1)
+    batch_max: int = Field(default=1 << 30, ge=1)
+    config: BlockConfig
+    measured: Measured | None = None
+
+    @model_validator(mode="after")
+    def _range(self) -> TableEntry:
+        if self.batch_max < self.batch_min:
+            raise ValueError(f"batch_max {self.batch_max} < batch_min {self.batch_min}")
+        return self
+
+    def matches(self, layout: str, kv_dtype: str, group_size: int, batch: int) -> bool:
+        return (
+            self.layout == layout
+            and self.kv_dtype == kv_dtype
+            and self.group_size == group_size
+            and self.batch_min <= batch <= self.batch_max
+        )
+
+
+class TableMetadata(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu_name: str = "unknown"
+    arch: str
+    torch_version: str | None = None
+    triton_version: str | None = None
+    date: str | None = None
+    trials: int = Field(default=0, ge=0)
+    tuned: bool = False
+    note: str = ""
+
+
+class TableFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_: Literal["kgen.block-config-table/1"] = Field(alias="schema")
+    arch: str
+    metadata: TableMetadata
+    entries: list[TableEntry]
+
+    @model_validator(mode="after")
+    def _arch_matches(self) -> TableFile:
+        if self.metadata.arch != self.arch:
+            raise ValueError(f"metadata.arch {self.metadata.arch!r} differs from arch {self.arch!r}")
+        return self
+
+    def lookup(self, layout: str, kv_dtype: str, group_size: int, batch: int) -> TableEntry | None:
+        for entry in self.entries:
+            if entry.matches(layout, kv_dtype, group_size, batch):
+                return entry
+        return None
+
+    def entries_for(self, layout: str, kv_dtype: str) -> list[TableEntry]:
+        return [e for e in self.entries if e.layout == layout and e.kv_dtype == kv_dtype]
+
+
+class DefaultRule(BaseModel):
+    """A built-in default for every layout whose K width is at most ``max_qk_dim``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_qk_dim: int = Field(gt=0)
+    config: BlockConfig
+    why: str
+
+
+class DefaultsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_: Literal["kgen.block-config-defaults/1"] = Field(alias="schema")
+    rules: list[DefaultRule] = Field(min_length=1)
+
+    def rule_for(self, qk_dim: int) -> DefaultRule:
+        for rule in sorted(self.rules, key=lambda r: r.max_qk_dim):
+            if qk_dim <= rule.max_qk_dim:
+                return rule
+        return max(self.rules, key=lambda r: r.max_qk_dim)
+
+
+def _describe(path: Path, exc: ValidationError) -> str:
+    parts = []
+    for item in exc.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "<top level>"
+        parts.append(f"{path}: field '{field}': {item['msg']}")
+    return "\n".join(parts)
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TableError(f"{path}: no such table file") from None
+    except json.JSONDecodeError as exc:
+        raise TableError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def read_table(path: Path) -> TableFile:
+    """Read and validate one table; a corrupt file is an error naming the file and field."""
+    raw = _read_json(path)
+    try:
+        return TableFile.model_validate(raw)
+    except ValidationError as exc:
+        raise TableError(_describe(Path(path), exc)) from None
+
+
+def read_defaults(path: Path = DEFAULTS_FILE) -> DefaultsFile:
+    raw = _read_json(path)
+    try:
+        return DefaultsFile.model_validate(raw)
+    except ValidationError as exc:
+        raise TableError(_describe(Path(path), exc)) from None
+
+
+def table_to_json(table: TableFile) -> str:
+    return json.dumps(table.model_dump(by_alias=True, exclude_none=True), indent=2) + "\n"
+
+
+def write_text_atomic(path: Path, text: str) -> bool:
+    """Write ``text`` to ``path`` through a temporary file and a rename; skip if unchanged.
+
+    Returns True when the file changed. A crash leaves either the old or the new file.
+    """
+    path = Path(path)
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def write_table(path: Path, table: TableFile) -> bool:
+    """Validate then atomically write ``table``; returns True when the file changed."""
+    TableFile.model_validate(table.model_dump(by_alias=True))
+    return write_text_atomic(Path(path), table_to_json(table))
+
+
+def shipped_tables(directory: Path = TABLE_DIR) -> dict[str, Path]:
+    """Shipped table files by arch name (``sm_90.json`` -> ``sm_90``)."""
+    return {p.stem: p for p in sorted(Path(directory).glob("*.json")) if p != DEFAULTS_FILE}
+
+
+class TableSource(BaseModel):
+    """Where one arch's table came from, for ``kgen explain``."""
+
+    arch: str
+    path: str | None
+    origin: Literal["KGEN_TABLE", "shipped", "none"]
+    table: TableFile | None = None
+
+
+def resolve_tables(directory: Path = TABLE_DIR, env: dict[str, str] | None = None) -> dict[str, TableSource]:
+    """Every arch's table following the lookup order: ``$KGEN_TABLE`` > shipped."""
+    env = os.environ if env is None else env
+    sources = {
+        arch: TableSource(arch=arch, path=str(path), origin="shipped", table=read_table(path))
+        for arch, path in shipped_tables(directory).items()
+    }
+    override = env.get("KGEN_TABLE")
+    if override:
+        table = read_table(Path(override))
+        sources[table.arch] = TableSource(arch=table.arch, path=override, origin="KGEN_TABLE", table=table)
+    return sources

@@ -1,0 +1,76 @@
+"""The float32 (or float64) reference for target verification, written from the semantics.
+
+It is deliberately simple and slow: a loop over requests, gathered prefix, one softmax per
+request over [prefix ; draft] columns. It is the oracle for tests, the tuner's correctness
+check and the benchmark's check, never a serving path.
+
+Semantics (topk = 1, a causal chain of L draft tokens per request):
+- request b's prefix is ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` (token slots of the
+  pool), its draft tokens are rows ``qo_indptr[b]:qo_indptr[b+1]`` of q/k/v_extend;
+- query head h reads KV head ``h // (H_q // H_kv)``;
+- score = q . k x sm_scale, with the pool (prefix) part also multiplied by ``k_scale``;
+  the prefix's P.V is multiplied by ``v_scale``; the draft part is unscaled;
+- draft token i sees the whole prefix and draft tokens 0..i.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _scale_value(scale: float | torch.Tensor | None) -> float | torch.Tensor:
+    if scale is None:
+        return 1.0
+    if isinstance(scale, torch.Tensor):
+        return scale.detach().to(torch.float64).reshape(-1)[0].item()
+    return float(scale)
+
+
+def reference_verify(
+    q_extend: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    k_scale: float | torch.Tensor | None = 1.0,
+    v_scale: float | torch.Tensor | None = 1.0,
+    sm_scale: float | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Return o [T, H_q, D_v] in ``dtype`` (float32 by default)."""
+    num_tokens, num_q_heads, qk_dim = q_extend.shape
+    num_kv_heads = k_buffer.shape[1]
+    v_dim = v_buffer.shape[-1]
+    group = num_q_heads // num_kv_heads
+    sm_scale = 1.0 / math.sqrt(qk_dim) if sm_scale is None else sm_scale
+    ks, vs = _scale_value(k_scale), _scale_value(v_scale)
+    qo = qo_indptr.tolist()
+    kvp = kv_indptr.tolist()
+    out = torch.zeros(num_tokens, num_q_heads, v_dim, dtype=dtype, device=q_extend.device)
+    for b in range(len(qo) - 1):
+        q0, q1 = qo[b], qo[b + 1]
+        if q1 == q0:
+            continue
+        slots = kv_indices[kvp[b] : kvp[b + 1]].long()
+        k_pre = k_buffer[slots].to(dtype) * ks  # [P, H_kv, D_qk]
+        v_pre = v_buffer[slots].to(dtype) * vs  # [P, H_kv, D_v]
+        k_all = torch.cat([k_pre, k_extend[q0:q1].to(dtype)], dim=0)
+        v_all = torch.cat([v_pre, v_extend[q0:q1].to(dtype)], dim=0)
+        num_draft, prefix = q1 - q0, slots.numel()
+        # Draft token i may see prefix columns and draft columns 0..i.
+        col = torch.arange(prefix + num_draft, device=q_extend.device)
+        row = torch.arange(num_draft, device=q_extend.device)
+        visible = col[None, :] <= (prefix + row)[:, None]
+        k_all = k_all.repeat_interleave(group, dim=1)  # [N, H_q, D]
+        v_all = v_all.repeat_interleave(group, dim=1)
+        q = q_extend[q0:q1].to(dtype)  # [L, H_q, D]
+        scores = torch.einsum("lhd,nhd->hln", q, k_all) * sm_scale
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[q0:q1] = torch.einsum("hln,nhd->lhd", probs, v_all)
+    return out
