@@ -1,0 +1,48 @@
+"""check: the emitted module parses, compiles, imports only what engines have, and keeps
+the specialization promises (no PE text without a PE part, no descale for bf16 KV)."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from kgen.errors import BuildError
+from kgen.plan import Decision, Plan
+
+NAME = "check"
+ALLOWED_IMPORTS = frozenset({"functools", "math", "os", "torch", "triton", "triton.language"})
+PE_TEXT = re.compile(r"(?i)\b\w*_pe\b|\bPE_DIM\b|\bBLOCK_DPE\b|\bdpe\b")
+DESCALE_TEXT = re.compile(r"\bk_scale\b.*\*|\bv_scale\b.*\*|SCALES_ON_DEVICE")
+
+
+def _imports(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.add(node.module or "")
+    return names
+
+
+def check(plan: Plan) -> Plan:
+    source = plan.source
+    if source is None:
+        raise BuildError(f"{plan.uri}: check needs render to have run")
+    try:
+        tree = ast.parse(source, filename=f"{plan.uri}.py")
+        compile(tree, f"{plan.uri}.py", "exec")
+    except SyntaxError as exc:
+        raise BuildError(f"{plan.uri}: emitted source does not compile: line {exc.lineno}: {exc.msg}") from None
+    extra = _imports(tree) - ALLOWED_IMPORTS
+    if extra:
+        raise BuildError(f"{plan.uri}: emitted source imports {sorted(extra)}; only torch, triton and the stdlib")
+    code = "\n".join(line.split("#", 1)[0] for line in source.splitlines())
+    if not plan.has_pe and PE_TEXT.search(code):
+        raise BuildError(f"{plan.uri}: PE_DIM is 0 but the source mentions a PE part: "
+                         f"{PE_TEXT.search(code).group(0)!r}")
+    if not plan.fp8_kv and DESCALE_TEXT.search(code):
+        raise BuildError(f"{plan.uri}: KV is {plan.kv_dtype} but the source has a descale")
+    return plan.with_([Decision(NAME, "source", "ok",
+                                "parses, compiles, imports only torch/triton/stdlib, "
+                                "specialization promises hold")], checked=True)

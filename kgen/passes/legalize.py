@@ -1,0 +1,62 @@
+"""legalize: Triton's rules. Power-of-two tl.arange extents, >= 16 rows/cols/K in tl.dot,
+never next_power_of_2(0), and the limits that keep a program's registers bounded."""
+
+from __future__ import annotations
+
+from kgen.plan import Decision, Plan
+
+NAME = "legalize"
+MIN_DOT = 16  # tl.dot needs M, N and K of at least 16
+MAX_DRAFT_TOKENS = 16  # verify widths are 1..4 in practice; longer chains fall back
+MAX_ROWS = 128  # BLOCK_H x L_PAD rows of fp32 accumulator per program
+MERGE_BLOCK_DV_CAP = 256  # V width handled by one merge program
+PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
+
+
+def next_pow2(x: int) -> int:
+    """Smallest power of two >= x, with next_pow2(0) == 1 (Triton 3.6's returns 0)."""
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+def dot_width(x: int) -> int:
+    return max(MIN_DOT, next_pow2(x))
+
+
+def legalize(plan: Plan) -> Plan:
+    shape = plan.spec.attention
+    block_d = dot_width(shape.nope_dim)
+    block_dv = dot_width(shape.v_head_dim)
+    block_dpe = dot_width(shape.pe_dim) if plan.has_pe else None
+    merge_block_dv = min(block_dv, MERGE_BLOCK_DV_CAP)
+    decisions = [
+        Decision(NAME, "BLOCK_D", block_d,
+                 f"nope_dim {shape.nope_dim} padded to a power of two >= {MIN_DOT}"
+                 + (" (masked)" if block_d != shape.nope_dim else " (exact: no mask emitted)")),
+        Decision(NAME, "BLOCK_DV", block_dv,
+                 f"v_head_dim {shape.v_head_dim} padded to a power of two >= {MIN_DOT}"
+                 + (" (masked)" if block_dv != shape.v_head_dim else " (exact: no mask emitted)")),
+        Decision(NAME, "BLOCK_DPE", block_dpe,
+                 f"pe_dim {shape.pe_dim} padded to a power of two >= {MIN_DOT}" if plan.has_pe
+                 else "no PE part: never computed, so next_power_of_2(0) is never asked"),
+        Decision(NAME, "L_PAD rule", "max(next_pow2(cdiv(16, BLOCK_H)), next_pow2(L))",
+                 "tl.dot needs >= 16 rows: R = BLOCK_H x L_PAD; computed by the launcher from "
+                 "the Python int max_len_extend"),
+        Decision(NAME, "DRAFT_N rule", "max(16, L_PAD)",
+                 "the causal draft block runs on tensor cores: >= 16 draft columns, masked"),
+        Decision(NAME, "MAX_ROWS", MAX_ROWS,
+                 "BLOCK_H is halved at launch until BLOCK_H x L_PAD fits this row budget"),
+        Decision(NAME, "MAX_DRAFT_TOKENS", MAX_DRAFT_TOKENS,
+                 "longer draft chains are refused (can_handle False) and fall back"),
+        Decision(NAME, "MERGE_BLOCK_DV", merge_block_dv,
+                 f"the merge stage splits V's {block_dv} columns into programs of at most "
+                 f"{MERGE_BLOCK_DV_CAP} to bound its fp32 registers"),
+        Decision(NAME, "page sizes", PAGE_SIZES,
+                 "PAGE_SIZE is a constexpr of the kernel: page index and offset fold at compile time"),
+    ]
+    return plan.with_(
+        decisions,
+        block_d=block_d, block_dv=block_dv, block_dpe=block_dpe, merge_block_dv=merge_block_dv,
+        min_dot_rows=MIN_DOT, draft_block_min=MIN_DOT, max_draft_tokens=MAX_DRAFT_TOKENS,
+        max_rows=MAX_ROWS, mask_d=block_d != shape.nope_dim, mask_dv=block_dv != shape.v_head_dim,
+        page_sizes=PAGE_SIZES,
+    )

@@ -1,0 +1,49 @@
+"""select_config: bake each arch's block-config rows for this layout into the plan.
+
+Lookup order per arch: $KGEN_TABLE > shipped kgen/tables/<arch>.json > the built-in
+default (kgen/tables/defaults.json, chosen by the K width). The module picks a row at run
+time by arch, group size and batch; rows whose arch is not ROCm lose their AMD knobs.
+"""
+
+from __future__ import annotations
+
+from kgen.blockconfig import BlockConfig
+from kgen.passes.context import BuildContext
+from kgen.plan import ConfigEntry, Decision, Plan
+
+NAME = "select_config"
+
+
+def _per_head(config: BlockConfig) -> BlockConfig:
+    return config.model_copy(update={"block_h": 1})
+
+
+def select_config(plan: Plan, ctx: BuildContext) -> Plan:
+    qk_dim = plan.spec.attention.qk_dim
+    rule = ctx.defaults.rule_for(qk_dim)
+    default = rule.config if plan.variant == "grouped" else _per_head(rule.config)
+    decisions = [Decision(NAME, "default config", default.short(),
+                          f"built-in rule for K width <= {rule.max_qk_dim}: {rule.why}")]
+    arch_configs: dict[str, tuple[ConfigEntry, ...]] = {}
+    sources: dict[str, str] = {}
+    for arch, source in sorted(ctx.tables.items()):
+        entries = source.table.entries_for(plan.spec.name, plan.kv_dtype) if source.table else []
+        rows = tuple(
+            ConfigEntry(e.group_size, e.batch_min, e.batch_max,
+                        e.config.for_arch(arch) if plan.variant == "grouped" else _per_head(e.config.for_arch(arch)))
+            for e in entries
+        )
+        sources[arch] = f"{source.origin}: {source.path}"
+        meta = source.table.metadata if source.table else None
+        tuned = "tuned" if meta and meta.tuned else "UNTUNED"
+        if rows:
+            arch_configs[arch] = rows
+            decisions.append(Decision(
+                NAME, f"table {arch}", f"{len(rows)} rows ({tuned})",
+                f"from {source.origin} {source.path}; other groups/batches use the default"))
+        else:
+            decisions.append(Decision(NAME, f"table {arch}", "no rows",
+                                      f"{source.path} has no entry for this layout and KV dtype: default"))
+    if plan.variant == "per_head":
+        decisions.append(Decision(NAME, "BLOCK_H", 1, "per-head variant: one query head per program"))
+    return plan.with_(decisions, default_config=default, arch_configs=arch_configs, table_sources=sources)

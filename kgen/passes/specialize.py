@@ -1,0 +1,30 @@
+"""specialize: decide what the emitted source contains at all (not just skips at run time)."""
+
+from __future__ import annotations
+
+from kgen.plan import Decision, Plan
+from kgen.spec import FP8_DTYPES
+
+NAME = "specialize"
+
+
+def specialize(plan: Plan) -> Plan:
+    shape = plan.spec.attention
+    has_pe = shape.pe_dim > 0
+    fp8_kv = plan.kv_dtype in FP8_DTYPES
+    v_from_k_tile = shape.v_source == "k_latent" and shape.v_head_dim == shape.nope_dim
+    return plan.with_(
+        [
+            Decision(NAME, "has_pe", has_pe,
+                     f"pe_dim = {shape.pe_dim}: " + ("emit the q_pe/k_pe loads and their dot" if has_pe
+                     else "no PE pointer, load, dot or argument is emitted")),
+            Decision(NAME, "fp8_kv", fp8_kv,
+                     f"KV is {plan.kv_dtype}: " + ("emit k_scale/v_scale arguments and the descale"
+                     if fp8_kv else "no descale multiply and no scale arguments are emitted")),
+            Decision(NAME, "v_from_k_tile", v_from_k_tile,
+                     "absorbed MLA: V is the latent columns of the K tile already loaded, so no V "
+                     "pointer or load is emitted" if v_from_k_tile else
+                     f"V comes from its own buffer (v_source = {shape.v_source!r})"),
+        ],
+        has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile,
+    )
