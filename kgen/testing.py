@@ -77,7 +77,8 @@ def make_case(
     """A random problem: request b has ``prefix_lens[b]`` prefix and ``draft_lens[b]`` drafts."""
     if len(prefix_lens) != len(draft_lens):
         raise ValueError("prefix_lens and draft_lens must have one entry per request")
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(seed)
     shape = spec.attention
     qdt = getattr(torch, q_dtype)
     kvdt = getattr(torch, kv_dtype)
@@ -87,7 +88,7 @@ def make_case(
     slots = total_prefix + spare_slots  # unused slots hold data the kernel must not read
 
     def randn(*size: int) -> torch.Tensor:
-        return torch.randn(*size, generator=gen)
+        return torch.randn(*size, generator=gen, device=dev)
 
     k_pool = randn(slots, num_kv_heads, shape.qk_dim)
     if kv_dtype in FP8_DTYPES:
@@ -99,25 +100,21 @@ def make_case(
     if shape.v_source != "k_latent":
         v_pool = randn(slots, num_kv_heads, shape.v_head_dim)
         v_pool = (v_pool / v_scale).to(kvdt) if kv_dtype in FP8_DTYPES else v_pool.to(kvdt)
-    order = torch.randperm(slots, generator=gen) if shuffle else torch.arange(slots)
+    order = torch.randperm(slots, generator=gen, device=dev) if shuffle else torch.arange(slots, device=dev)
     kv_indices = order[:total_prefix].to(index_dtype)
     q = randn(num_tokens, num_q_heads, shape.qk_dim).to(qdt)
     k_ext = randn(num_tokens, num_kv_heads, shape.qk_dim).to(qdt)
     v_ext = None
     if shape.v_source != "k_latent":
         v_ext = randn(num_tokens, num_kv_heads, shape.v_head_dim).to(qdt)
-    o = torch.full((num_tokens, num_q_heads, shape.v_head_dim), float("nan"), dtype=qdt)
-    dev = torch.device(device)
-    k_pool, k_ext = k_pool.to(dev), k_ext.to(dev)
+    o = torch.full((num_tokens, num_q_heads, shape.v_head_dim), float("nan"), dtype=qdt, device=dev)
     if shape.v_source == "k_latent":
         # Absorbed MLA: V is a view of K's latent columns, in the pool and in the draft.
         v_pool, v_ext = k_pool[..., : shape.v_head_dim], k_ext[..., : shape.v_head_dim]
-    else:
-        v_pool, v_ext = v_pool.to(dev), v_ext.to(dev)
     return VerifyCase(
-        q=q.to(dev), k_extend=k_ext, v_extend=v_ext, o=o.to(dev), k_buffer=k_pool, v_buffer=v_pool,
+        q=q, k_extend=k_ext, v_extend=v_ext, o=o, k_buffer=k_pool, v_buffer=v_pool,
         qo_indptr=_indptr(draft_lens, dev), kv_indptr=_indptr(prefix_lens, dev),
-        kv_indices=kv_indices.to(dev), max_len_extend=max(draft_lens) if draft_lens else 0,
+        kv_indices=kv_indices, max_len_extend=max(draft_lens) if draft_lens else 0,
         k_scale=k_scale, v_scale=v_scale,
     )
 
