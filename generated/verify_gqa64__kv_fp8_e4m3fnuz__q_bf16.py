@@ -61,7 +61,7 @@ _INTERPRETER_NUM_SMS = 4
 _BLOCK_CONFIGS = {
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
-_DEFAULT_CONFIG = {'block_h': 16, 'block_n': 64, 'num_warps': 4, 'num_stages': 2, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256}}
+_DEFAULT_CONFIG = {'block_h': 16, 'block_n': 64, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}
 
 
 @triton.jit
@@ -312,7 +312,9 @@ def _verify_merge_stage(
 # no .item(), no tensor-to-Python conversion, so the launch is CUDA-graph safe.
 # ---------------------------------------------------------------------------------------
 
-_TL_DOT_DTYPE = tl.bfloat16
+# Dot operand dtypes on the GPU. Prefix stage: fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated.
+_TL_PREFIX_DOT_DTYPE = tl.float16
+_TL_DRAFT_DOT_DTYPE = tl.bfloat16
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _SPLIT_DEFAULTS = {"programs_per_sm": 2, "max_splits": 64, "min_tokens_per_split": 256}
 _SCRATCH = {}
@@ -360,7 +362,8 @@ def _rows(block_h, group, max_len):
 def _max_splits(config, programs_per_split, num_sms):
     """Grid size of the split axis: enough programs to fill the GPU, from shapes only."""
     split = {**_SPLIT_DEFAULTS, **config.get("split", {})}
-    wanted = _cdiv(split["programs_per_sm"] * num_sms, programs_per_split)
+    # Rounded down: a grid just past a whole wave leaves most SMs idle for the last one.
+    wanted = (split["programs_per_sm"] * num_sms) // programs_per_split
     return max(1, min(wanted, split["max_splits"])), split["min_tokens_per_split"]
 
 
@@ -431,7 +434,8 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     partial_o, partial_lse = _scratch(q.device, num_tokens, num_q_heads, max_splits)
     sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
     qk_scale = sm_scale * _LOG2E
-    dot_dtype = tl.float32 if _INTERPRET else _TL_DOT_DTYPE
+    prefix_dot = tl.float32 if _INTERPRET else _TL_PREFIX_DOT_DTYPE
+    draft_dot = tl.float32 if _INTERPRET else _TL_DRAFT_DOT_DTYPE
     knobs = _backend_knobs(config, is_rocm)
     k_scale, v_scale, scales_on_device = _scales(k_scale, v_scale, q.device)
 
@@ -466,7 +470,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         PAGE_SIZE=page_size,
         BLOCK_TABLE=block_table,
         SCALES_ON_DEVICE=scales_on_device,
-        DOT_DTYPE=dot_dtype,
+        DOT_DTYPE=prefix_dot,
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
         **knobs,
@@ -504,7 +508,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         BLOCK_N=config["block_n"],
         MIN_TOKENS_PER_SPLIT=min_tokens,
         BLOCK_TABLE=block_table,
-        DOT_DTYPE=dot_dtype,
+        DOT_DTYPE=draft_dot,
         num_warps=4 if rows * MERGE_BLOCK_DV <= 4096 else 8,
         num_stages=1,
         **knobs,

@@ -66,7 +66,7 @@ _BLOCK_CONFIGS = {
     ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
-_DEFAULT_CONFIG = {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256}}
+_DEFAULT_CONFIG = {'block_h': 16, 'block_n': 32, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}}
 
 
 @triton.jit
@@ -306,7 +306,9 @@ def _verify_merge_stage(
 # no .item(), no tensor-to-Python conversion, so the launch is CUDA-graph safe.
 # ---------------------------------------------------------------------------------------
 
-_TL_DOT_DTYPE = tl.float16
+# Dot operand dtypes on the GPU. Prefix stage: the pool is already in the query dtype.
+_TL_PREFIX_DOT_DTYPE = tl.float16
+_TL_DRAFT_DOT_DTYPE = tl.float16
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _SPLIT_DEFAULTS = {"programs_per_sm": 2, "max_splits": 64, "min_tokens_per_split": 256}
 _SCRATCH = {}
@@ -354,7 +356,8 @@ def _rows(block_h, group, max_len):
 def _max_splits(config, programs_per_split, num_sms):
     """Grid size of the split axis: enough programs to fill the GPU, from shapes only."""
     split = {**_SPLIT_DEFAULTS, **config.get("split", {})}
-    wanted = _cdiv(split["programs_per_sm"] * num_sms, programs_per_split)
+    # Rounded down: a grid just past a whole wave leaves most SMs idle for the last one.
+    wanted = (split["programs_per_sm"] * num_sms) // programs_per_split
     return max(1, min(wanted, split["max_splits"])), split["min_tokens_per_split"]
 
 
@@ -405,7 +408,8 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     partial_o, partial_lse = _scratch(q.device, num_tokens, num_q_heads, max_splits)
     sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
     qk_scale = sm_scale * _LOG2E
-    dot_dtype = tl.float32 if _INTERPRET else _TL_DOT_DTYPE
+    prefix_dot = tl.float32 if _INTERPRET else _TL_PREFIX_DOT_DTYPE
+    draft_dot = tl.float32 if _INTERPRET else _TL_DRAFT_DOT_DTYPE
     knobs = _backend_knobs(config, is_rocm)
 
     _verify_prefix_stage[(head_programs, max_splits, batch)](
@@ -436,7 +440,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         MIN_TOKENS_PER_SPLIT=min_tokens,
         PAGE_SIZE=page_size,
         BLOCK_TABLE=block_table,
-        DOT_DTYPE=dot_dtype,
+        DOT_DTYPE=prefix_dot,
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
         **knobs,
@@ -474,7 +478,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         BLOCK_N=config["block_n"],
         MIN_TOKENS_PER_SPLIT=min_tokens,
         BLOCK_TABLE=block_table,
-        DOT_DTYPE=dot_dtype,
+        DOT_DTYPE=draft_dot,
         num_warps=4 if rows * MERGE_BLOCK_DV <= 4096 else 8,
         num_stages=1,
         **knobs,

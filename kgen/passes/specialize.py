@@ -13,6 +13,9 @@ def specialize(plan: Plan) -> Plan:
     has_pe = shape.pe_dim > 0
     fp8_kv = plan.kv_dtype in FP8_DTYPES
     v_from_k_tile = shape.v_source == "k_latent" and shape.v_head_dim == shape.nope_dim
+    # e4m3 -> fp16 is one native conversion (sm_89+, gfx942+) while e4m3 -> bf16 is emulated,
+    # and fp16 holds every e4m3 value exactly; queries are far inside fp16's range.
+    prefix_dot = "float16" if fp8_kv else plan.q_dtype
     return plan.with_(
         [
             Decision(NAME, "has_pe", has_pe,
@@ -25,6 +28,9 @@ def specialize(plan: Plan) -> Plan:
                      "absorbed MLA: V is the latent columns of the K tile already loaded, so no V "
                      "pointer or load is emitted" if v_from_k_tile else
                      f"V comes from its own buffer (v_source = {shape.v_source!r})"),
+            Decision(NAME, "prefix dot dtype", prefix_dot,
+                     "fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated"
+                     if fp8_kv else "the pool is already in the query dtype"),
         ],
-        has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile,
+        has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, prefix_dot_dtype=prefix_dot,
     )

@@ -1,0 +1,147 @@
+"""The ``kgen`` command: build, list, explain, tune, bench."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kgen.errors import KgenError
+
+DESCRIPTION = """\
+kgen generates grouped-head shared-KV target-verify attention kernels (speculative
+decoding, EAGLE topk = 1) from layout specs, and tunes their block configs per GPU.
+
+  kgen list                       the layout specs and what each generates
+  kgen build [--check]            write generated/ (or check it is up to date)
+  kgen explain LAYOUT             the plan after each compiler pass, and the gate's decision
+  kgen tune LAYOUT ...            search block configs on this GPU (needs the 'tune' extra)
+  kgen bench ...                  measure kernels against peers and the copy ceiling
+"""
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from kgen.spec import load_layouts
+
+    specs = load_layouts(Path(args.layouts) if args.layouts else None)
+    header = f"{'layout':24s} {'kind':4s} {'qk':>4s} {'nope':>4s} {'pe':>3s} {'v':>4s}  {'groups':14s} {'kv dtypes':40s} q"
+    print(header)
+    print("-" * len(header))
+    for name, spec in sorted(specs.items()):
+        a = spec.attention
+        print(f"{name:24s} {a.kind:4s} {a.qk_dim:4d} {a.nope_dim:4d} {a.pe_dim:3d} {a.v_head_dim:4d}  "
+              f"{','.join(map(str, a.group_sizes)):14s} {','.join(spec.dtypes.kv):40s} {','.join(spec.dtypes.q)}")
+        if spec.architectures:
+            print(f"{'':24s} architectures: {', '.join(spec.architectures)}")
+    return 0
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from kgen.build import build_all
+
+    bar = tqdm(desc="kgen build", unit="module", disable=not sys.stderr.isatty() or args.quiet)
+    result = build_all(Path(args.out) if args.out else None, check_only=args.check,
+                       layout_dir=Path(args.layouts) if args.layouts else None,
+                       progress=lambda plan: bar.update(1))
+    bar.close()
+    stale = [p.output_path for p in result.changed]
+    if args.check:
+        if stale or result.orphans:
+            for path in stale:
+                print(f"stale: {path}")
+            for path in result.orphans:
+                print(f"orphan (no spec generates it): {path}")
+            print(f"generated/ is out of date ({len(stale)} stale, {len(result.orphans)} orphans): run `kgen build`",
+                  file=sys.stderr)
+            return 1
+        print(f"generated/ is up to date ({len(result.plans)} modules)")
+        return 0
+    for path in result.orphans:
+        path.unlink()
+        print(f"removed orphan {path}")
+    print(f"{len(result.plans)} modules, {len(stale)} written, {len(result.plans) - len(stale)} unchanged")
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from kgen.explain import explain
+
+    print(explain(args.layout, args.kv_dtype, args.q_dtype, args.variant, arch=args.arch,
+                  model=args.model, topk=args.topk, group=args.group, show_source=args.source))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kgen", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("list", help="list the layout specs")
+    p.add_argument("--layouts", help="directory of layout specs (default: the shipped kgen/layouts)")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("build", help="generate the kernels into generated/",
+                       description="Run every layout spec through the compiler passes and write "
+                       "generated/<uri>.py (atomically, only when the text changed). A bad spec "
+                       "aborts the build before anything is written.")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 naming the files if generated/ is stale")
+    p.add_argument("--out", help="output directory (default: generated/ of the repository)")
+    p.add_argument("--layouts", help="directory of layout specs (default: the shipped kgen/layouts)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_build)
+
+    p = sub.add_parser("explain", help="print the plan after each pass and the dispatch decision",
+                       description="Show every decision the compiler makes for one specialization, "
+                       "pass by pass, with its reason; which block-config table applies and why; and "
+                       "what the runtime gate would choose for a model on a GPU.")
+    p.add_argument("layout", help="layout name (see `kgen list`)")
+    p.add_argument("--kv-dtype", default="bfloat16", help="bf16 | fp8 | fp8_e4m3fnuz (default bf16)")
+    p.add_argument("--q-dtype", default="bfloat16", help="bf16 | fp16 (default bf16)")
+    p.add_argument("--variant", default="grouped", choices=["grouped", "per_head"])
+    p.add_argument("--arch", default=None, help="GPU arch for the gate and table lookup, e.g. sm_90, gfx950")
+    p.add_argument("--model", default=None, help="HuggingFace architecture name for the gate")
+    p.add_argument("--topk", type=int, default=1, help="EAGLE topk for the gate (default 1)")
+    p.add_argument("--group", type=int, default=None, help="query heads per KV head (default: the largest)")
+    p.add_argument("--source", action="store_true", help="also print the generated source")
+    p.set_defaults(func=_cmd_explain)
+
+    try:
+        from kgen.tuner.cli import add_tune_parser
+    except ImportError as exc:  # the tune extra is optional
+        p = sub.add_parser("tune", help="search block configs on this GPU (needs `pip install kgen[tune]`)")
+        p.set_defaults(func=lambda a, exc=exc: _missing("tune", exc))
+    else:
+        add_tune_parser(sub)
+    try:
+        from kgen.bench.cli import add_bench_parser
+    except ImportError as exc:
+        p = sub.add_parser("bench", help="benchmark the kernels (needs `pip install kgen[bench]`)")
+        p.set_defaults(func=lambda a, exc=exc: _missing("bench", exc))
+    else:
+        add_bench_parser(sub)
+    return parser
+
+
+def _missing(what: str, exc: Exception) -> int:
+    print(f"kgen {what} is unavailable: {exc}. Install it with `pip install -e .[{what}]`.", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KgenError as exc:
+        print(f"kgen {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"kgen {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
