@@ -1,0 +1,243 @@
+"""Engine-shaped entry points over the chain: SGLang's flat slots, vLLM's block tables.
+
+Build one adapter per attention backend at start-up (``sglang_verify_for`` /
+``vllm_verify_for``): that is when the gate runs, the device is queried and the modules
+are imported. A call then only checks tensor metadata and launches.
+
+- ``SGLangVerify`` takes exactly what ``TritonAttnBackend.forward_extend`` passes to its
+  verify function at target verify, and returns a bool like SGLang's verify kernels do.
+  With ``defer_general=True`` it returns False when no kernel accepts, so the engine keeps
+  running its own ``extend_attention_fwd``; otherwise kgen's general path runs.
+- ``VLLMVerify`` takes vLLM's names (``seq_lens`` counts the new tokens too,
+  ``query_start_loc`` is ``qo_indptr``) and converts them on the device, without syncs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import torch
+
+from kgen.runtime.chain import Loader, VerifyChain
+from kgen.runtime.gate import DETECT, GateDecision, Inventory, PathName, gate_from_env
+from kgen.runtime.general import Features, Scale
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """``torch.float8_e4m3fn`` -> ``"float8_e4m3fn"``; strings pass through (aliases are
+    resolved by the gate and ``kgen.load``)."""
+    return str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else dtype
+
+
+@functools.lru_cache(maxsize=64)
+def get_chain(
+    layout: str | None, kv_dtype: str, q_dtype: str, start: PathName = "grouped", topk: int = 1
+) -> VerifyChain:
+    """A chain with the default loader, built once per specialization and process."""
+    return VerifyChain(layout, kv_dtype, q_dtype, start=start, topk=topk)
+
+
+class SGLangVerify:
+    """SGLang's target-verify call shape over a ``VerifyChain``."""
+
+    def __init__(
+        self, chain: VerifyChain, *, defer_general: bool = False, decision: GateDecision | None = None
+    ) -> None:
+        self.chain = chain
+        self.defer_general = defer_general
+        self.decision = decision
+
+    def __call__(
+        self,
+        q_extend: torch.Tensor,
+        k_extend: torch.Tensor,
+        v_extend: torch.Tensor,
+        o_extend: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        qo_indptr: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        kv_indices: torch.Tensor,
+        custom_mask: torch.Tensor | None,
+        is_causal: bool,
+        mask_indptr: torch.Tensor | None,
+        max_len_extend: int,
+        k_scale: Scale = None,
+        v_scale: Scale = None,
+        sm_scale: float | None = None,
+        logit_cap: float = 0.0,
+        skip_prefix_custom_mask: bool = True,
+        sliding_window_size: int = -1,
+        sinks: torch.Tensor | None = None,
+        window_kv_offsets: torch.Tensor | None = None,
+        xai_temperature_len: int = -1,
+        max_bs: int | None = None,
+    ) -> bool:
+        """Write ``o_extend``; True when written (always, unless ``defer_general``).
+
+        ``q_extend``/``o_extend`` are ``[T, H_q, D]`` views (``q.view(-1, tp_q_head_num,
+        qk_head_dim)``); ``k_scale``/``v_scale`` are SGLang's descales (None when not fp8).
+        """
+        args = (
+            q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+            kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
+            sm_scale, logit_cap, skip_prefix_custom_mask, sliding_window_size, sinks,
+            window_kv_offsets, xai_temperature_len, max_bs,
+        )  # fmt: skip
+        if self.defer_general:
+            return self.chain.try_kernels(*args) is not None
+        self.chain(*args)
+        return True
+
+
+def vllm_window(sliding_window: int | tuple[int, int] | None) -> int:
+    """vLLM's window to SGLang's ``sliding_window_size`` (keys allowed behind the query).
+
+    vLLM configs give ``sliding_window = W`` keys including the query's own, and backends
+    pass ``(W - 1, 0)``; both mean "key position >= query position - (W - 1)".
+    """
+    if sliding_window is None:
+        return -1
+    if isinstance(sliding_window, tuple):
+        left, right = sliding_window
+        if right not in (0, -1):
+            raise ValueError(f"a verify window cannot look ahead: got right = {right}; use (left, 0)")
+        return left if left >= 0 else -1
+    return sliding_window - 1 if sliding_window > 0 else -1
+
+
+class VLLMVerify:
+    """vLLM's call shape (block tables) over a ``VerifyChain``.
+
+    ``key_cache``/``value_cache`` are ``[num_blocks, block_size, H_kv, D]`` (FlashAttention's
+    ``kv_cache.unbind(0)``); the draft tokens' K/V come from ``key``/``value``, so they need
+    not be written into the cache before the call.
+    """
+
+    def __init__(self, chain: VerifyChain, *, decision: GateDecision | None = None) -> None:
+        self.chain = chain
+        self.decision = decision
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        output: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        max_query_len: int,
+        k_scale: Scale = 1.0,
+        v_scale: Scale = 1.0,
+        softmax_scale: float | None = None,
+        logits_soft_cap: float | None = None,
+        sliding_window: int | tuple[int, int] | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> PathName:
+        """Write ``output`` and return the path that ran. ``seq_lens`` counts each request's
+        committed prefix plus its draft tokens (vLLM's meaning)."""
+        if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
+            raise ValueError("query_start_loc must be a 1-D tensor of batch_size + 1 offsets")
+        bs = query_start_loc.numel() - 1
+        if not isinstance(seq_lens, torch.Tensor) or seq_lens.numel() < bs:
+            raise ValueError(f"seq_lens must be a tensor with one length per request ({bs})")
+        draft = query_start_loc[1:] - query_start_loc[:-1]
+        prefix_lens = (seq_lens[:bs] - draft).to(torch.int32)
+        features = Features(
+            sliding_window_size=vllm_window(sliding_window),
+            sinks=sinks,
+            logit_cap=float(logits_soft_cap or 0.0),
+        )
+        return self.chain.paged(
+            query, key, value, output, key_cache, value_cache, block_table[:bs], prefix_lens,
+            query_start_loc, max_query_len, k_scale, v_scale, softmax_scale, features=features,
+        )  # fmt: skip
+
+
+def _decide(
+    model_arch: str,
+    num_q_heads: int,
+    num_kv_heads: int,
+    qk_dim: int,
+    v_dim: int,
+    pe_dim: int,
+    topk: int,
+    kv_dtype: str,
+    q_dtype: str,
+    device_arch: object,
+    env: Mapping[str, str] | None,
+    inventory: Inventory | None,
+) -> GateDecision:
+    if num_kv_heads < 1 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"query heads per rank ({num_q_heads}) must be a multiple of KV heads per rank ({num_kv_heads})"
+        )
+    return gate_from_env(
+        model_arch=model_arch, topk=topk, qk_dim=qk_dim, pe_dim=pe_dim, v_dim=v_dim,
+        group_size=num_q_heads // num_kv_heads, num_local_kv_heads=num_kv_heads,
+        kv_dtype=kv_dtype, q_dtype=q_dtype, device_arch=device_arch, env=env, inventory=inventory,
+    )  # fmt: skip
+
+
+def _chain_for(decision: GateDecision, kv: str, q: str, topk: int, loader: Loader | None) -> VerifyChain:
+    if loader is None:
+        return get_chain(decision.layout, kv, q, decision.path, topk)
+    return VerifyChain(decision.layout, kv, q, start=decision.path, loader=loader, topk=topk)
+
+
+def sglang_verify_for(
+    *,
+    model_arch: str,
+    num_q_heads: int,
+    num_kv_heads: int,
+    qk_dim: int,
+    v_dim: int,
+    pe_dim: int = 0,
+    topk: int = 1,
+    kv_dtype: torch.dtype | str = "bfloat16",
+    q_dtype: torch.dtype | str = "bfloat16",
+    defer_general: bool = False,
+    loader: Loader | None = None,
+    device_arch: str | None | object = DETECT,
+    env: Mapping[str, str] | None = None,
+    inventory: Inventory | None = None,
+) -> SGLangVerify:
+    """Gate + chain + SGLang adapter for one model on this rank (call once at start-up).
+
+    Head counts are TP-local (``tp_q_head_num``, ``tp_k_head_num``); ``model_arch`` is
+    ``hf_config.architectures[0]``; ``qk_dim`` is the full K width (MLA: 576, pe 64).
+    """
+    kv, q = dtype_name(kv_dtype), dtype_name(q_dtype)
+    decision = _decide(
+        model_arch, num_q_heads, num_kv_heads, qk_dim, v_dim, pe_dim, topk, kv, q, device_arch, env, inventory
+    )
+    chain = _chain_for(decision, kv, q, topk, loader)
+    return SGLangVerify(chain, defer_general=defer_general, decision=decision)
+
+
+def vllm_verify_for(
+    *,
+    model_arch: str,
+    num_q_heads: int,
+    num_kv_heads: int,
+    qk_dim: int,
+    v_dim: int,
+    pe_dim: int = 0,
+    topk: int = 1,
+    kv_dtype: torch.dtype | str = "bfloat16",
+    q_dtype: torch.dtype | str = "bfloat16",
+    loader: Loader | None = None,
+    device_arch: str | None | object = DETECT,
+    env: Mapping[str, str] | None = None,
+    inventory: Inventory | None = None,
+) -> VLLMVerify:
+    """Gate + chain + vLLM adapter for one model on this rank (call once at start-up)."""
+    kv, q = dtype_name(kv_dtype), dtype_name(q_dtype)
+    decision = _decide(
+        model_arch, num_q_heads, num_kv_heads, qk_dim, v_dim, pe_dim, topk, kv, q, device_arch, env, inventory
+    )
+    return VLLMVerify(_chain_for(decision, kv, q, topk, loader), decision=decision)

@@ -1,0 +1,516 @@
+"""The gate: which verify path a model starts on, decided once, from plain values.
+
+SGLang's ``_should_use_verify_shared_kv`` hard-codes one GPU (gfx950), two model families
+and "exactly one TP-local KV head" in ``if`` chains. kgen generalizes it:
+
+- which model architectures use which layout is data (``LayoutSpec.architectures``);
+- the grouped kernel is chosen wherever ``topk == 1``, a generated module exists for the
+  layout and dtypes, and a block config exists for the arch (a table entry, tuned or
+  hand-picked, or the built-in default);
+- several TP-local KV heads are fine (the kernel has a program group per KV head), the
+  decision follows the layout and the reason says so.
+
+``decide_path`` is pure: everything it needs (device arch, model numbers, what modules and
+tables exist, the enable/force switches) comes in as arguments, so it is unit-tested with
+mocked values. ``gate_from_env`` is the thin wrapper that reads the environment, the GPU
+and the disk; ``explain_gate`` renders the same decision, step by step, for ``kgen explain``.
+
+The gate only picks where the chain *starts*; every kernel still checks each call with
+``can_handle`` and the chain falls through to the general path, so a wrong "grouped"
+costs speed, never correctness.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, layouts_for_architecture
+
+PathName = Literal["grouped", "per_head", "general"]
+PATHS: tuple[PathName, ...] = get_args(PathName)
+DISABLE_ENV = "KGEN_DISABLE"
+FORCE_ENV = "KGEN_FORCE_PATH"
+INTERPRETER_ARCH = "interpreter"
+_TRUE = ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """Where the verify chain starts (``path``), for which layout, and why."""
+
+    path: PathName
+    layout: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What exists, as plain data: layouts, generated modules, block-config table entries.
+
+    ``table_entries`` holds ``(arch, layout, kv_dtype, group_size)`` for every table row;
+    ``tuned_arches`` the arches whose table says it was tuned on the hardware (the gfx950
+    table shipped with kgen holds hand-picked values until ``kgen tune`` replaces them).
+    """
+
+    layouts: Mapping[str, LayoutSpec]
+    available_uris: frozenset[str] = frozenset()
+    table_entries: frozenset[tuple[str, str, str, int]] = frozenset()
+    tuned_arches: frozenset[str] = frozenset()
+    has_default_config: bool = True
+    generated_dir: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+
+def module_uri(layout: str, kv_dtype: str, q_dtype: str, variant: str) -> str:
+    """The module name of a specialization (``kgen.plan.module_uri``, one definition)."""
+    from kgen.plan import module_uri as plan_uri
+
+    return plan_uri(layout, kv_dtype, q_dtype, variant)  # type: ignore[arg-type]
+
+
+class _Trace:
+    """The checks the gate made, in order; ``explain_gate`` prints them."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.lines.append(text)
+
+    def done(self, path: PathName, layout: str | None, reason: str) -> GateDecision:
+        self.lines.append(f"=> {path}: {reason}")
+        return GateDecision(path=path, layout=layout, reason=reason)
+
+
+def _check_numbers(topk: int, group_size: int, num_local_kv_heads: int) -> None:
+    if topk < 1:
+        raise ValueError(f"topk must be >= 1 (EAGLE's number of branches per step), got {topk}")
+    if group_size < 1:
+        raise ValueError(f"group_size (query heads per KV head) must be >= 1, got {group_size}")
+    if num_local_kv_heads < 1:
+        raise ValueError(f"num_local_kv_heads (KV heads on this rank) must be >= 1, got {num_local_kv_heads}")
+
+
+def _canonical_or_none(name: str, allowed: Mapping[str, str], what: str) -> str | None:
+    try:
+        return canonical_dtype(name, allowed, what)
+    except ValueError:
+        return None
+
+
+def _resolve_layout(
+    trace: _Trace, model_arch: str, dims: tuple[int, int, int], layouts: Mapping[str, LayoutSpec]
+) -> tuple[LayoutSpec | None, str]:
+    """The layout listing ``model_arch`` whose widths match, or None and the reason."""
+    candidates = sorted(layouts_for_architecture(model_arch, dict(layouts)), key=lambda s: s.name)
+    if not candidates:
+        return None, (
+            f"no layout lists model architecture {model_arch!r}; to route it, add the name to "
+            "`architectures` in the kgen/layouts/*.toml file whose widths match"
+        )
+    qk_dim, pe_dim, v_dim = dims
+    matching = [
+        s
+        for s in candidates
+        if (s.attention.qk_dim, s.attention.pe_dim, s.attention.v_head_dim) == (qk_dim, pe_dim, v_dim)
+    ]
+    if not matching:
+        have = ", ".join(
+            f"{s.name} (qk {s.attention.qk_dim}, pe {s.attention.pe_dim}, v {s.attention.v_head_dim})"
+            for s in candidates
+        )
+        return None, (
+            f"{model_arch!r} is listed by {have}, but the model has qk {qk_dim}, pe {pe_dim}, "
+            f"v {v_dim}; write a layout with these widths (or fix the model's numbers)"
+        )
+    if len(matching) > 1:
+        trace.note(f"several layouts list {model_arch!r} with these widths; taking {matching[0].name!r}")
+    return matching[0], f"layout {matching[0].name!r} lists {model_arch!r} and its widths match"
+
+
+def _config_source(inv: Inventory, arch: str, layout: str, kv_dtype: str, group_size: int) -> str | None:
+    """Where the grouped kernel's block config comes from on ``arch``, or None."""
+    if (arch, layout, kv_dtype, group_size) in inv.table_entries:
+        state = "tuned" if arch in inv.tuned_arches else "untuned, hand-picked"
+        return f"block config from the {arch} table ({state})"
+    if inv.has_default_config and arch == INTERPRETER_ARCH:
+        return "built-in default block config (interpreter: configs only matter on a GPU)"
+    if inv.has_default_config:
+        return f"built-in default block config (no {arch} table entry; `kgen tune` on {arch} makes one)"
+    return None
+
+
+def _kv_heads_note(num_local_kv_heads: int) -> str:
+    if num_local_kv_heads == 1:
+        return "1 TP-local KV head"
+    return (
+        f"{num_local_kv_heads} TP-local KV heads: the grouped kernel gives each KV head its own "
+        "programs, so the decision follows the layout (SGLang's gate required exactly 1)"
+    )
+
+
+def _device_label(device_arch: str | None, interpreter: bool) -> str | None:
+    if device_arch:
+        return device_arch
+    return INTERPRETER_ARCH if interpreter else None
+
+
+def _decide(
+    trace: _Trace,
+    *,
+    device_arch: str | None,
+    model_arch: str,
+    topk: int,
+    qk_dim: int,
+    pe_dim: int,
+    v_dim: int,
+    group_size: int,
+    num_local_kv_heads: int,
+    enabled: bool,
+    kv_dtype: str,
+    q_dtype: str,
+    force_path: str | None,
+    interpreter: bool,
+    inventory: Inventory,
+) -> GateDecision:
+    _check_numbers(topk, group_size, num_local_kv_heads)
+    if force_path is not None and force_path not in PATHS:
+        raise ValueError(f"{FORCE_ENV}={force_path!r} is not a path; use one of {', '.join(PATHS)}")
+    if not enabled:
+        return trace.done("general", None, f"kgen is disabled ({DISABLE_ENV}=1 or enabled=False)")
+
+    spec, why = _resolve_layout(trace, model_arch, (qk_dim, pe_dim, v_dim), inventory.layouts)
+    trace.note(why)
+    layout = spec.name if spec else None
+    if force_path is not None:
+        return trace.done(
+            force_path,  # type: ignore[arg-type]
+            layout,
+            f"forced by {FORCE_ENV}={force_path} (debugging); kernels still refuse what they "
+            "cannot handle and the chain falls through",
+        )
+    arch = _device_label(device_arch, interpreter)
+    if arch is None:
+        return trace.done("general", layout, "no GPU: the Triton kernels need one (or TRITON_INTERPRET=1)")
+    if arch == INTERPRETER_ARCH:
+        trace.note("no GPU, TRITON_INTERPRET=1: kernels run in Triton's CPU interpreter (tests only)")
+    if topk != 1:
+        return trace.done(
+            "general",
+            layout,
+            f"topk={topk}: the draft is a tree with a custom mask; the fast kernels verify a "
+            "causal chain (topk=1) only",
+        )
+    if spec is None:
+        return trace.done("general", None, why)
+    return _decide_for_layout(trace, spec, arch, kv_dtype, q_dtype, group_size, num_local_kv_heads, inventory)
+
+
+def _decide_for_layout(
+    trace: _Trace,
+    spec: LayoutSpec,
+    arch: str,
+    kv_dtype: str,
+    q_dtype: str,
+    group_size: int,
+    num_local_kv_heads: int,
+    inv: Inventory,
+) -> GateDecision:
+    kv = _canonical_or_none(kv_dtype, KV_DTYPES, "KV")
+    q = _canonical_or_none(q_dtype, Q_DTYPES, "query")
+    if kv not in spec.dtypes.kv or q not in spec.dtypes.q:
+        return trace.done(
+            "general",
+            spec.name,
+            f"layout {spec.name!r} is generated for KV {list(spec.dtypes.kv)} and query "
+            f"{list(spec.dtypes.q)}, not KV {kv_dtype!r} / query {q_dtype!r}",
+        )
+    grouped_uri = module_uri(spec.name, kv, q, "grouped")
+    per_head_uri = module_uri(spec.name, kv, q, "per_head")
+    if num_local_kv_heads > 1:
+        trace.note(_kv_heads_note(num_local_kv_heads))
+    per_head_ok = per_head_uri in inv.available_uris
+    if group_size not in spec.attention.group_sizes:
+        why = (
+            f"group size {group_size} is not one of {spec.name!r}'s {list(spec.attention.group_sizes)} "
+            "(the grouped kernel is specialized and tuned for those; add it to group_sizes and "
+            "rebuild)"
+        )
+        return _fallback(trace, spec.name, why, per_head_ok, per_head_uri)
+    if grouped_uri not in inv.available_uris:
+        why = f"module {grouped_uri} is not generated (run `kgen build`)"
+        return _fallback(trace, spec.name, why, per_head_ok, per_head_uri)
+    config = _config_source(inv, arch, spec.name, kv, group_size)
+    if config is None:
+        why = f"no block config for {arch} and no built-in default (kgen/tables/defaults.json)"
+        return _fallback(trace, spec.name, why, per_head_ok, per_head_uri)
+    reason = (
+        f"topk=1, layout {spec.name!r} (group {group_size}), module {grouped_uri}, {config}; "
+        f"{_kv_heads_note(num_local_kv_heads)}"
+    )
+    return trace.done("grouped", spec.name, reason)
+
+
+def _fallback(trace: _Trace, layout: str, why: str, per_head_ok: bool, per_head_uri: str) -> GateDecision:
+    if per_head_ok:
+        return trace.done("per_head", layout, f"{why}; per-head split-KV module {per_head_uri} exists")
+    return trace.done("general", layout, f"{why}; per-head module {per_head_uri} is not generated either")
+
+
+def decide_path(
+    *,
+    device_arch: str | None,
+    model_arch: str,
+    topk: int,
+    qk_dim: int,
+    pe_dim: int,
+    v_dim: int,
+    group_size: int,
+    num_local_kv_heads: int,
+    inventory: Inventory,
+    enabled: bool = True,
+    kv_dtype: str = "bfloat16",
+    q_dtype: str = "bfloat16",
+    force_path: str | None = None,
+    interpreter: bool = False,
+) -> GateDecision:
+    """Pure: the path the verify chain should start on for one model on one device.
+
+    ``device_arch`` is ``"gfx950"``, ``"sm_90"``... or None without a GPU (then only
+    ``interpreter=True`` lets the kernels run, on CPU). ``qk_dim`` is the whole K width
+    (nope + pe), ``group_size`` the query heads per KV head on this rank. Raises
+    ValueError only for impossible numbers (topk < 1, ...) or an unknown forced path.
+    """
+    return _decide(
+        _Trace(),
+        device_arch=device_arch,
+        model_arch=model_arch,
+        topk=topk,
+        qk_dim=qk_dim,
+        pe_dim=pe_dim,
+        v_dim=v_dim,
+        group_size=group_size,
+        num_local_kv_heads=num_local_kv_heads,
+        enabled=enabled,
+        kv_dtype=kv_dtype,
+        q_dtype=q_dtype,
+        force_path=force_path,
+        interpreter=interpreter,
+        inventory=inventory,
+    )
+
+
+# --------------------------------------------------------------------------- impure edge
+
+
+def generated_dir() -> Path:
+    """Where generated modules live (``kgen.loader.generated_dir``: one definition)."""
+    from kgen.loader import generated_dir as loader_dir
+
+    return Path(loader_dir())
+
+
+def scan_inventory(directory: Path | None = None, env: Mapping[str, str] | None = None) -> Inventory:
+    """Read layouts, the generated modules' names and the block-config tables from disk."""
+    from kgen.blockconfig import read_defaults, resolve_tables
+    from kgen.spec import load_layouts
+
+    directory = directory or generated_dir()
+    uris = frozenset(p.stem for p in Path(directory).glob("verify_*.py"))
+    entries: set[tuple[str, str, str, int]] = set()
+    tuned: set[str] = set()
+    notes: list[str] = []
+    for arch, source in resolve_tables(env=dict(os.environ if env is None else env)).items():
+        if source.table is None:
+            continue
+        notes.append(f"table {arch}: {source.origin} {source.path}")
+        if source.table.metadata.tuned:
+            tuned.add(arch)
+        entries.update((arch, e.layout, e.kv_dtype, e.group_size) for e in source.table.entries)
+    try:
+        has_default = bool(read_defaults().rules)
+    except ValueError as exc:
+        notes.append(f"built-in defaults unreadable: {exc}")
+        has_default = False
+    return Inventory(
+        layouts=load_layouts(),
+        available_uris=uris,
+        table_entries=frozenset(entries),
+        tuned_arches=frozenset(tuned),
+        has_default_config=has_default,
+        generated_dir=str(directory),
+        notes=tuple(notes),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def cached_inventory() -> Inventory:
+    """``scan_inventory()`` once per process: the hot path never touches the disk."""
+    return scan_inventory()
+
+
+def env_switches(env: Mapping[str, str] | None = None) -> tuple[bool, str | None, bool]:
+    """(enabled, forced path, interpreter) from ``KGEN_DISABLE``, ``KGEN_FORCE_PATH``,
+    ``TRITON_INTERPRET``."""
+    env = os.environ if env is None else env
+    enabled = env.get(DISABLE_ENV, "").strip().lower() not in _TRUE
+    force = env.get(FORCE_ENV, "").strip().lower() or None
+    interpreter = env.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
+    return enabled, force, interpreter
+
+
+# Default of `device_arch`: detect the GPU (pass None explicitly for "no GPU").
+DETECT = object()
+
+
+def gate_from_env(
+    *,
+    model_arch: str,
+    topk: int,
+    qk_dim: int,
+    pe_dim: int,
+    v_dim: int,
+    group_size: int,
+    num_local_kv_heads: int,
+    kv_dtype: str = "bfloat16",
+    q_dtype: str = "bfloat16",
+    enabled: bool = True,
+    device_arch: str | None | object = DETECT,
+    env: Mapping[str, str] | None = None,
+    inventory: Inventory | None = None,
+) -> GateDecision:
+    """``decide_path`` with the switches read from the environment, the arch detected and
+    the inventory scanned (once per process). Call it at engine start-up, not per step."""
+    from kgen.runtime.device import detect_arch
+
+    env_enabled, force, interpreter = env_switches(env)
+    arch = detect_arch() if device_arch is DETECT else device_arch
+    return decide_path(
+        device_arch=arch,  # type: ignore[arg-type]
+        model_arch=model_arch,
+        topk=topk,
+        qk_dim=qk_dim,
+        pe_dim=pe_dim,
+        v_dim=v_dim,
+        group_size=group_size,
+        num_local_kv_heads=num_local_kv_heads,
+        inventory=inventory if inventory is not None else cached_inventory(),
+        enabled=enabled and env_enabled,
+        kv_dtype=kv_dtype,
+        q_dtype=q_dtype,
+        force_path=force,
+        interpreter=interpreter,
+    )
+
+
+def _explain_one(
+    *,
+    arch: str | None,
+    model_arch: str,
+    topk: int,
+    dims: tuple[int, int, int],
+    group_size: int,
+    num_local_kv_heads: int,
+    kv_dtype: str,
+    q_dtype: str,
+    switches: tuple[bool, str | None, bool],
+    inventory: Inventory,
+) -> list[str]:
+    trace = _Trace()
+    enabled, force, interpreter = switches
+    decision = _decide(
+        trace,
+        device_arch=arch,
+        model_arch=model_arch,
+        topk=topk,
+        qk_dim=dims[0],
+        pe_dim=dims[1],
+        v_dim=dims[2],
+        group_size=group_size,
+        num_local_kv_heads=num_local_kv_heads,
+        enabled=enabled,
+        kv_dtype=kv_dtype,
+        q_dtype=q_dtype,
+        force_path=force,
+        interpreter=interpreter,
+        inventory=inventory,
+    )
+    order = PATHS[PATHS.index(decision.path) :]
+    lines = [f"  group {group_size}, {num_local_kv_heads} TP-local KV head(s):"]
+    lines += [f"    - {line}" for line in trace.lines]
+    lines.append(f"    decision: {decision.path} (layout {decision.layout})")
+    lines.append(f"    chain: {' -> '.join(order)} (first whose can_handle accepts runs)")
+    return lines
+
+
+def _default_dims(model_arch: str, inventory: Inventory) -> tuple[tuple[int, int, int], tuple[int, ...]]:
+    specs = sorted(layouts_for_architecture(model_arch, dict(inventory.layouts)), key=lambda s: s.name)
+    if not specs:
+        raise ValueError(
+            f"no layout lists {model_arch!r}: pass qk_dim, pe_dim, v_dim and group_size, or add "
+            "the architecture to a layout's `architectures`"
+        )
+    a = specs[0].attention
+    return (a.qk_dim, a.pe_dim, a.v_head_dim), a.group_sizes
+
+
+def explain_gate(
+    model_arch: str,
+    *,
+    topk: int = 1,
+    group_size: int | None = None,
+    num_local_kv_heads: int = 1,
+    qk_dim: int | None = None,
+    pe_dim: int | None = None,
+    v_dim: int | None = None,
+    kv_dtype: str = "bfloat16",
+    q_dtype: str = "bfloat16",
+    device_arch: str | None | object = DETECT,
+    env: Mapping[str, str] | None = None,
+    inventory: Inventory | None = None,
+) -> str:
+    """A readable account of the gate's decision for ``kgen explain``.
+
+    Widths left out are taken from the first layout listing ``model_arch``; without
+    ``group_size`` every group size of that layout is explained. The environment switches,
+    the device and the inventory are read like ``gate_from_env`` does.
+    """
+    from kgen.runtime.device import detect_arch
+
+    inv = inventory if inventory is not None else cached_inventory()
+    arch = detect_arch() if device_arch is DETECT else device_arch
+    switches = env_switches(env)
+    if None in (qk_dim, pe_dim, v_dim) or group_size is None:
+        (dq, dp, dv), groups = _default_dims(model_arch, inv)
+        dims = (qk_dim or dq, dp if pe_dim is None else pe_dim, v_dim or dv)
+    else:
+        dims, groups = (qk_dim, pe_dim, v_dim), ()
+    group_list = (group_size,) if group_size is not None else groups
+    enabled, force, interpreter = switches
+    lines = [
+        f"kgen gate for {model_arch} (topk={topk}, qk {dims[0]}, pe {dims[1]}, v {dims[2]}, "
+        f"KV {kv_dtype}, query {q_dtype})",
+        f"  device: {arch or 'none'}{' (TRITON_INTERPRET=1)' if interpreter else ''}",
+        f"  switches: {DISABLE_ENV}={'0' if enabled else '1'}, {FORCE_ENV}={force or '-'}",
+        f"  generated modules: {len(inv.available_uris)} in {inv.generated_dir or '?'}",
+    ]
+    lines += [f"  {note}" for note in inv.notes]
+    for g in group_list:
+        lines += _explain_one(
+            arch=arch,  # type: ignore[arg-type]
+            model_arch=model_arch,
+            topk=topk,
+            dims=dims,  # type: ignore[arg-type]
+            group_size=g,
+            num_local_kv_heads=num_local_kv_heads,
+            kv_dtype=kv_dtype,
+            q_dtype=q_dtype,
+            switches=switches,
+            inventory=inv,
+        )
+    return "\n".join(lines)
