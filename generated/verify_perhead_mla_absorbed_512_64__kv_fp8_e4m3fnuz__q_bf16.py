@@ -559,6 +559,8 @@ def _why_not_common(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, max_len
         return f"query-side dtypes must be {Q_DTYPE} (this module's)"
     if k_pool.dtype != KV_DTYPE or v_pool.dtype != KV_DTYPE:
         return f"KV dtype {k_pool.dtype} is not this module's {KV_DTYPE}"
+    if q.device.type == "cuda" and not torch.version.hip:
+        return "float8_e4m3fnuz is a ROCm format; NVIDIA GPUs store KV as float8_e4m3fn"
     num_tokens, num_q_heads, qk_dim = q.shape
     num_kv_heads = k_extend.shape[1]
     if qk_dim != QK_DIM or k_extend.shape[2] != QK_DIM or k_pool.shape[-1] != QK_DIM:

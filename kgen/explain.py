@@ -48,17 +48,17 @@ def _table_lines(plan: Plan, arch: str | None, group: int) -> list[str]:
     return lines
 
 
-def _gate_lines(spec_name: str, arch: str | None, model: str | None, topk: int, group: int) -> list[str]:
-    try:
-        from kgen.runtime.gate import explain_gate
-    except ImportError:
-        return []
+def _gate_lines(spec_name: str, arch: str | None, model: str | None, topk: int, group: int,
+                kv: str, q: str) -> list[str]:
+    from kgen.runtime.gate import DETECT, explain_gate
+
     specs = load_layouts()
     model = model or (specs[spec_name].architectures[0] if specs[spec_name].architectures else None)
     if model is None:
         return ["── gate: the layout lists no model architecture, so no model is routed to it"]
     try:
-        text = explain_gate(device_arch=arch, model_arch=model, topk=topk, group_size=group)
+        text = explain_gate(model, device_arch=DETECT if arch is None else arch, topk=topk, group_size=group,
+                            kv_dtype=kv, q_dtype=q)
     except (TypeError, ValueError) as exc:
         return [f"── gate: cannot evaluate ({exc})"]
     return ["── runtime gate " + "─" * 46, *("  " + line for line in str(text).splitlines())]
@@ -83,7 +83,7 @@ def explain(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16", 
     lines.append(f"uri: {plan.uri}")
     lines.extend(collected)
     lines.extend(_table_lines(plan, arch, group))
-    lines.extend(_gate_lines(layout, arch, model, topk, group))
+    lines.extend(_gate_lines(layout, arch, model, topk, group, kv, q))
     if show_source:
         lines.extend(["── source " + "─" * 52, plan.source or ""])
     return "\n".join(lines)

@@ -1,0 +1,91 @@
+"""The parity tests at real sizes on a GPU, plus CUDA-graph capture and replay with new data.
+
+Run on a GPU machine: KGEN_TEST_ON_GPU=1 pytest -m gpu
+"""
+
+import pytest
+import torch
+
+import kgen
+from kernel_cases import SPECS, check_parity, tolerance
+from kgen.testing import make_case, relative_error
+
+pytestmark = pytest.mark.gpu
+
+CASES = [
+    # layout, kv, group, batch, prefix, L
+    ("qwen3_5_gqa256", "bfloat16", 16, 64, 16384, 4),
+    ("qwen3_5_gqa256", "bfloat16", 8, 16, 32768, 3),
+    ("qwen3_5_gqa256", "bfloat16", 4, 1, 4096, 1),
+    ("qwen3_5_gqa256", "float8_e4m3fn", 16, 32, 8192, 2),
+    ("mla_absorbed_512_64", "bfloat16", 16, 64, 4096, 4),
+    ("mla_absorbed_512_64", "float8_e4m3fn", 16, 8, 32768, 4),
+    ("gqa128", "bfloat16", 8, 64, 4096, 4),
+    ("gqa128", "float8_e4m3fn", 16, 4, 16384, 2),
+    ("gqa64", "bfloat16", 8, 16, 8192, 4),
+]
+
+
+@pytest.mark.parametrize(("layout", "kv", "group", "batch", "prefix", "draft"), CASES)
+def test_parity_real_sizes(layout, kv, group, batch, prefix, draft):
+    fp8 = kv != "bfloat16"
+    gen = torch.Generator().manual_seed(batch * prefix)
+    # Ragged: prefix lengths spread below the nominal one, not multiples of BLOCK_N, one empty.
+    prefixes = [int(prefix * (0.5 + 0.5 * torch.rand(1, generator=gen).item())) | 1 for _ in range(batch)]
+    prefixes[-1] = 0 if batch > 1 else prefixes[-1]
+    drafts = [max(1, draft - (b % 2)) for b in range(batch)]
+    case = make_case(SPECS[layout], prefixes, drafts, group, kv_dtype=kv, device="cuda",
+                     k_scale=0.6 if fp8 else 1.0, v_scale=1.7 if fp8 else 1.0, seed=prefix + batch)
+    check_parity(case, layout, kv)
+    per_head = make_case(SPECS[layout], prefixes[:2], drafts[:2], group, kv_dtype=kv, device="cuda",
+                         k_scale=case.k_scale, v_scale=case.v_scale, seed=1)
+    check_parity(per_head, layout, kv, variant="per_head")
+
+
+@pytest.mark.parametrize("layout", ["qwen3_5_gqa256", "mla_absorbed_512_64"])
+def test_cuda_graph_capture_and_replay_with_new_data(layout):
+    module = kgen.load(layout, "bfloat16")
+    spec = SPECS[layout]
+    batch, draft, group = 8, 4, 16
+    max_slots = 8 * 4096 + 100
+    case = make_case(spec, [3000] * batch, [draft] * batch, group, device="cuda", seed=5)
+    # Under a graph kv_indices is a larger max-size buffer; its length is not the token count.
+    static_indices = torch.zeros(max_slots, dtype=torch.int32, device="cuda")
+    static_indices[: case.kv_indices.numel()] = case.kv_indices
+    pool_k = torch.randn(max_slots, 1, spec.attention.qk_dim, device="cuda").bfloat16()
+    pool_k[: case.k_buffer.shape[0]] = case.k_buffer
+    pool_v = pool_k[..., :512] if spec.attention.v_source == "k_latent" else \
+        torch.randn(max_slots, 1, spec.attention.v_head_dim, device="cuda").bfloat16()
+    if spec.attention.v_source != "k_latent":
+        pool_v[: case.v_buffer.shape[0]] = case.v_buffer
+    args = [case.q, case.k_extend, case.v_extend, case.o, pool_k, pool_v, case.qo_indptr, case.kv_indptr,
+            static_indices, None, True, None, draft, 1.0, 1.0]
+    assert module.verify_shared_kv_fwd(*args)  # warm-up: compile, allocate scratch
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        module.verify_shared_kv_fwd(*args)
+
+    for step in range(3):
+        # New prefix lengths (some shorter, one empty), new queries, new page table, same shapes.
+        new = make_case(spec, [4096 - 900 * step, 17, 0, 2048, 4000, 1, 333, 4096][:batch], [draft] * batch,
+                        group, device="cuda", seed=100 + step)
+        n = new.kv_indices.numel()
+        pool_k[: new.k_buffer.shape[0]] = new.k_buffer
+        if spec.attention.v_source != "k_latent":
+            pool_v[: new.v_buffer.shape[0]] = new.v_buffer
+        static_indices[:n] = new.kv_indices
+        case.kv_indptr.copy_(new.kv_indptr)
+        case.q.copy_(new.q)
+        case.k_extend.copy_(new.k_extend)
+        if spec.attention.v_source != "k_latent":
+            case.v_extend.copy_(new.v_extend)
+        case.o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        new.k_buffer, new.v_buffer = pool_k, pool_v
+        new.kv_indices = static_indices[:n]
+        new.q, new.k_extend, new.v_extend = case.q, case.k_extend, case.v_extend
+        ref = new.reference(torch.float64)
+        err = relative_error(case.o, ref)
+        assert err <= tolerance(new), f"replay {step}: relative error {err:.2e}"

@@ -1,0 +1,177 @@
+"""Each pass alone on a hand-made plan, then the pipeline end to end on every shipped layout."""
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from kgen.blockconfig import BlockConfig
+from kgen.build import build_all, specializations
+from kgen.errors import BuildError, SpecError
+from kgen.passes.check import check
+from kgen.passes.context import load_context
+from kgen.passes.legalize import legalize, next_pow2
+from kgen.passes.pipeline import PASSES, run_pipeline
+from kgen.passes.render import render
+from kgen.passes.select_config import select_config
+from kgen.passes.specialize import specialize
+from kgen.passes.validate import validate
+from kgen.plan import new_plan
+from kgen.spec import load_layouts, parse_layout
+
+SPECS = load_layouts()
+ODD = parse_layout(
+    """
+name = "odd"
+[attention]
+kind = "mla"
+nope_dim = 96
+pe_dim = 24
+v_head_dim = 96
+v_source = "k_latent"
+group_sizes = [6]
+[dtypes]
+kv = ["bfloat16"]
+q = ["bfloat16"]
+""",
+    "odd.toml",
+)
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    return load_context(check_only=True)
+
+
+def test_next_pow2_never_returns_zero():
+    assert [next_pow2(x) for x in (0, 1, 2, 3, 16, 17)] == [1, 1, 2, 4, 16, 32]
+
+
+def test_validate_refuses_dtypes_the_spec_does_not_list():
+    spec = SPECS["gqa64"]
+    with pytest.raises(SpecError, match="dtypes.kv"):
+        validate(new_plan(spec.model_copy(update={"dtypes": spec.dtypes.model_copy(update={"kv": ("bfloat16",)})}),
+                          "float8_e4m3fn", "bfloat16"))
+
+
+def test_specialize_records_why():
+    plan = specialize(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"))
+    assert (plan.has_pe, plan.fp8_kv, plan.v_from_k_tile) == (False, False, False)
+    assert all(d.why for d in plan.decisions)
+    mla = specialize(new_plan(SPECS["mla_absorbed_512_64"], "float8_e4m3fn", "bfloat16"))
+    assert (mla.has_pe, mla.fp8_kv, mla.v_from_k_tile, mla.prefix_dot_dtype) == (True, True, True, "float16")
+
+
+def test_legalize_pads_odd_widths_and_never_asks_pow2_of_zero():
+    plan = legalize(specialize(new_plan(ODD, "bfloat16", "bfloat16")))
+    assert (plan.block_d, plan.block_dpe, plan.block_dv) == (128, 32, 128)
+    assert plan.mask_d and plan.mask_dv
+    gqa = legalize(specialize(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16")))
+    assert gqa.block_dpe is None and not gqa.mask_d
+    assert gqa.min_dot_rows == 16
+
+
+def test_select_config_reads_tables_and_drops_amd_knobs_on_cuda(ctx):
+    amd = BlockConfig(block_h=4, block_n=64, num_warps=8, num_stages=1, waves_per_eu=2, kpack=2)
+    assert amd.for_arch("sm_90").has_rocm_knobs is False
+    assert amd.for_arch("gfx950").waves_per_eu == 2
+    plan = select_config(legalize(specialize(validate(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16")))),
+                         ctx)
+    rows = plan.arch_configs["gfx950"]
+    assert {r.group_size for r in rows} == {4, 8, 16}
+    assert all(r.config.block_h == 4 and r.config.block_n == 64 and r.config.num_warps == 8 for r in rows)
+    per_head = select_config(dataclasses.replace(plan, variant="per_head", decisions=()), ctx)
+    assert per_head.default_config.block_h == 1
+    assert all(r.config.block_h == 1 for r in per_head.arch_configs["gfx950"])
+
+
+def test_render_fails_on_a_missing_variable(ctx, monkeypatch):
+    import kgen.passes.render as render_pass
+
+    plan = select_config(legalize(specialize(validate(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16")))), ctx)
+    full = render_pass.template_context
+    monkeypatch.setattr(render_pass, "template_context",
+                        lambda p, c: {k: v for k, v in full(p, c).items() if k != "block_d"})
+    with pytest.raises(BuildError, match="undefined variable.*block_d"):
+        render(plan, ctx)
+
+
+def test_check_rejects_bad_source():
+    plan = dataclasses.replace(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), has_pe=False, fp8_kv=False)
+    with pytest.raises(BuildError, match="does not compile"):
+        check(dataclasses.replace(plan, source="def broken(:\n"))
+    with pytest.raises(BuildError, match="imports"):
+        check(dataclasses.replace(plan, source="import numpy\n"))
+    with pytest.raises(BuildError, match="mentions a PE part"):
+        check(dataclasses.replace(plan, source="q_pe = 1\n"))
+
+
+def _code(source: str) -> str:
+    """The source without comments and docstring-free enough for token checks."""
+    return "\n".join(line.split("#", 1)[0] for line in source.splitlines())
+
+
+def test_pe_free_and_descale_free_text(ctx):
+    plan = run_pipeline(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"), ctx)
+    code = _code(plan.source)
+    # No PE pointer, load, dot or argument: no identifier of the PE part at all.
+    assert not re.search(r"(?i)_pe\b|\bpe_dim\b|dpe", code)
+    assert code.count("tl.dot(") == 4  # q.k and p.v in the prefix stage, q.k and p.v of the draft
+    assert "k_scale *" not in code and "v_scale /" not in code and "SCALES_ON_DEVICE" not in code
+    assert "V_Buffer" in code  # GQA reads V from its own buffer
+
+    mla = run_pipeline(new_plan(SPECS["mla_absorbed_512_64"], "float8_e4m3fn", "bfloat16"), ctx)
+    mcode = _code(mla.source)
+    assert "q_pe" in mcode and "k_pe" in mcode and "kd_pe" in mcode
+    assert mcode.count("tl.dot(") == 6
+    assert "SCALES_ON_DEVICE" in mcode and "tl.load(k_scale)" in mcode
+    assert "V_Buffer" not in mcode  # V comes from the K tile already loaded
+    assert "GENERATED BY kgen" in mla.source and "DO NOT EDIT" in mla.source
+
+
+def test_every_pass_leaves_reasons(ctx):
+    seen = []
+    run_pipeline(new_plan(SPECS["gqa128"], "bfloat16", "float16"), ctx, on_pass=lambda n, p: seen.append((n, p)))
+    assert [n for n, _ in seen] == [n for n, _ in PASSES]
+    for name, plan in seen:
+        decisions = plan.decisions_of(name)
+        assert decisions, f"{name} recorded no decision"
+        assert all(d.why for d in decisions)
+
+
+def test_pipeline_stop_after(ctx):
+    plan = run_pipeline(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx, stop_after="legalize")
+    assert plan.block_d == 64 and plan.source is None
+    with pytest.raises(ValueError, match="unknown pass"):
+        run_pipeline(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx, stop_after="nope")
+
+
+def test_every_specialization_builds_and_compiles(tmp_path: Path):
+    result = build_all(out_dir=tmp_path)
+    assert len(result.plans) == len(list(specializations(SPECS)))
+    assert all(p.checked and p.written for p in result.plans)
+    again = build_all(out_dir=tmp_path)
+    assert not again.changed  # written only when the text changed
+    first = tmp_path / Path(result.plans[0].output_path).name
+    mtime = first.stat().st_mtime_ns
+    build_all(out_dir=tmp_path)
+    assert first.stat().st_mtime_ns == mtime
+
+
+def test_build_check_detects_stale_and_orphan_files(tmp_path: Path):
+    from kgen.cli import main
+
+    assert main(["build", "-q", "--out", str(tmp_path)]) == 0
+    assert main(["build", "--check", "--out", str(tmp_path)]) == 0
+    victim = sorted(tmp_path.glob("verify_gqa64*.py"))[0]
+    victim.write_text(victim.read_text() + "# edited by hand\n")
+    (tmp_path / "verify_gone__kv_bf16__q_bf16.py").write_text("")
+    assert main(["build", "--check", "--out", str(tmp_path)]) == 1
+    assert main(["build", "-q", "--out", str(tmp_path)]) == 0
+    assert main(["build", "--check", "--out", str(tmp_path)]) == 0
+
+
+def test_shipped_generated_dir_is_up_to_date():
+    result = build_all(check_only=True)
+    assert not result.changed and not result.orphans, "run `kgen build` and commit generated/"

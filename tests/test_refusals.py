@@ -1,0 +1,87 @@
+"""Every input a module does not handle: verify_shared_kv_fwd returns False, o untouched."""
+
+import pytest
+import torch
+
+import kgen
+from kernel_cases import build
+
+GQA = "qwen3_5_gqa256"
+
+
+def _call(module, case, **overrides):
+    kwargs = dict(
+        q_extend=case.q, k_extend=case.k_extend, v_extend=case.v_extend, o_extend=case.o,
+        k_buffer=case.k_buffer, v_buffer=case.v_buffer, qo_indptr=case.qo_indptr, kv_indptr=case.kv_indptr,
+        kv_indices=case.kv_indices, custom_mask=None, is_causal=True, mask_indptr=None,
+        max_len_extend=case.max_len_extend, k_scale=case.k_scale, v_scale=case.v_scale,
+    )
+    kwargs.update(overrides)
+    return module.verify_shared_kv_fwd(**kwargs), module.why_not(**kwargs)
+
+
+def _gqa_case(**kw):
+    return build(GQA, [20, 7], [2, 3], 4, **kw)
+
+
+REFUSALS = {
+    "sinks": lambda c: {"sinks": torch.zeros(c.q.shape[1])},
+    "sliding window": lambda c: {"sliding_window_size": 128},
+    "window_kv_offsets": lambda c: {"window_kv_offsets": torch.zeros(2, dtype=torch.int32)},
+    "logit cap": lambda c: {"logit_cap": 30.0},
+    "xai temperature": lambda c: {"xai_temperature_len": 4},
+    "non-causal with custom mask": lambda c: {"is_causal": False, "custom_mask": torch.ones(10, dtype=torch.bool)},
+    "D_qk < D_v": lambda c: {"v_extend": torch.randn(c.q.shape[0], 1, 512).bfloat16(),
+                             "o_extend": torch.zeros(c.q.shape[0], c.q.shape[1], 512).bfloat16()},
+    "H_q not a multiple of H_kv": lambda c: {"q_extend": torch.randn(c.q.shape[0], 6, 256).bfloat16(),
+                                             "k_extend": torch.randn(c.q.shape[0], 4, 256).bfloat16()},
+    "head count vs buffer": lambda c: {"k_buffer": torch.randn(c.k_buffer.shape[0], 2, 256).bfloat16()},
+    "head dim vs layout": lambda c: {"q_extend": torch.randn(c.q.shape[0], 4, 128).bfloat16()},
+    "wrong KV dtype": lambda c: {"k_buffer": c.k_buffer.half(), "v_buffer": c.v_buffer.half()},
+    "wrong query dtype": lambda c: {"q_extend": c.q.float()},
+    "scale on a bf16 module": lambda c: {"k_scale": 0.5},
+    "draft longer than supported": lambda c: {"max_len_extend": 64},
+    "max_len_extend not an int": lambda c: {"max_len_extend": torch.tensor(3)},
+    "kv_indices float": lambda c: {"kv_indices": c.kv_indices.float()},
+    "kv_indptr batch mismatch": lambda c: {"kv_indptr": c.kv_indptr[:-1]},
+    "non-contiguous q": lambda c: {"q_extend": torch.randn(c.q.shape[0], 4, 512).bfloat16()[..., ::2]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSALS))
+def test_refusal_leaves_o_untouched(name):
+    module = kgen.load(GQA, "bfloat16")
+    case = _gqa_case(seed=1)
+    before = case.o.clone()
+    ok, reason = _call(module, case, **REFUSALS[name](case))
+    assert ok is False
+    assert reason
+    assert torch.equal(case.o.isnan(), before.isnan()) and torch.equal(case.o.nan_to_num(), before.nan_to_num())
+    assert module.can_handle(**{**dict(zip(
+        ["q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr",
+         "kv_indices", "custom_mask", "is_causal", "mask_indptr", "max_len_extend", "k_scale", "v_scale"],
+        case.sglang_args()[:15], strict=True)), **REFUSALS[name](case)}) is False
+
+
+def test_mla_needs_v_as_a_view_of_the_latent():
+    module = kgen.load("mla_absorbed_512_64", "bfloat16")
+    case = build("mla_absorbed_512_64", [9], [2], 8)
+    ok, reason = _call(module, case, v_buffer=case.k_buffer[..., :512].clone())
+    assert not ok and "view of k_buffer" in reason
+
+
+def test_fnuz_module_refuses_on_nvidia(monkeypatch):
+    module = kgen.load(GQA, "float8_e4m3fnuz")
+    case = _gqa_case(kv_dtype="float8_e4m3fnuz", seed=2)
+    assert module.why_not(*case.sglang_args()) == ""  # CPU (interpreter) accepts it
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)))
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert "ROCm" in module.why_not(*case.sglang_args())
+
+
+def test_accepts_what_it_should():
+    module = kgen.load(GQA, "bfloat16")
+    case = _gqa_case(seed=3)
+    assert module.can_handle(*case.sglang_args())
+    ok, _ = _call(module, case, k_scale=None, v_scale=None)
+    assert ok
