@@ -24,7 +24,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from kgen.spec import load_layouts
 
     specs = load_layouts(Path(args.layouts) if args.layouts else None)
-    header = f"{'layout':24s} {'kind':4s} {'qk':>4s} {'nope':>4s} {'pe':>3s} {'v':>4s}  {'groups':14s} {'kv dtypes':40s} q"
+    header = (f"{'layout':24s} {'kind':4s} {'qk':>4s} {'nope':>4s} {'pe':>3s} {'v':>4s}  "
+              f"{'groups':14s} {'kv dtypes':40s} q")
     print(header)
     print("-" * len(header))
     for name, spec in sorted(specs.items()):
