@@ -12,8 +12,10 @@ arch > the built-in default (``kgen/tables/defaults.json``).
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Literal
@@ -295,3 +297,46 @@ def resolve_tables(directory: Path = TABLE_DIR, env: dict[str, str] | None = Non
         table = read_table(Path(override))
         sources[table.arch] = TableSource(arch=table.arch, path=override, origin="KGEN_TABLE", table=table)
     return sources
+
+
+TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm", "pytorch-triton")
+
+
+def installed_triton_version() -> str | None:
+    """The installed Triton's version from package metadata (no import), or None."""
+    for name in TRITON_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _major_minor(version: str) -> tuple[int, int] | None:
+    match = re.match(r"\s*(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def check_triton_version(
+    table: TableFile, installed: str | None = None, source: str | Path | None = None
+) -> str | None:
+    """A warning when ``table`` was tuned with another Triton major.minor than the one
+    installed, else None. The table is still used: its configs stay correct, only perhaps
+    no longer the fastest, since code generation changes between Triton releases.
+
+    ``installed`` defaults to the installed Triton; tables that record no Triton version
+    (untuned ones) and machines without Triton give None.
+    """
+    made = table.metadata.triton_version
+    installed = installed if installed is not None else installed_triton_version()
+    if not made or not installed:
+        return None
+    made_mm, inst_mm = _major_minor(made), _major_minor(installed)
+    if made_mm is None or inst_mm is None or made_mm == inst_mm:
+        return None
+    where = source or f"the {table.arch} table"
+    return (
+        f"{where}: tuned with Triton {made} but Triton {installed} is installed; its configs "
+        f"are still used but may no longer be the fastest: re-run `kgen tune --arch "
+        f"{table.arch}` (it was tuned on {table.metadata.gpu_name}) to re-tune"
+    )

@@ -1,0 +1,19 @@
+"""``kgen tune``: the Optuna autotuner of block configs (see docs/tuning.md).
+
+Modules, from data to decisions:
+
+- ``space``: the search space per arch family and the per-arch resource limits, read from
+  ``spaces.toml``; prunes configs that cannot fit before anything is compiled;
+- ``workloads``: batch buckets and their timed workloads, read from ``workloads.toml``;
+- ``objective``: the Optuna objective around an injectable backend (``check`` + ``measure``)
+  and ``SyntheticBowl``, a deterministic backend with a known optimum for tests;
+- ``gpu``: the real backend: the generated module's kernels, checked against the reference,
+  timed as CUDA-graph replays over inputs rotated beyond L2;
+- ``study``: study names, storage (SQLite in the cache dir or any RDB URL), resuming,
+  budgets and worker processes;
+- ``results``: re-measurement, the tuned-vs-default decision, and merging into the table;
+- ``cli``: ``add_tune_parser`` / ``run_tune`` for the main CLI.
+
+Nothing here imports torch at import time: dry runs and the synthetic objective run
+without it.
+"""

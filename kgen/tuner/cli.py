@@ -1,0 +1,339 @@
+"""``kgen tune``: search block configs on the GPU and write them to the arch's table.
+
+The main CLI (kgen/cli.py) calls ``add_tune_parser(subparsers)`` and dispatches the
+``tune`` command to ``run_tune(args)`` (also set as ``args.func``). ``python -m
+kgen.tuner.cli tune ...`` runs the same command on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kgen.blockconfig import TABLE_DIR, BlockConfig, resolve_tables
+from kgen.errors import KgenError
+from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, load_layouts
+from kgen.tuner.errors import TuneError
+from kgen.tuner.space import SPACES_FILE, SpacesFile, arch_profile, default_config, load_spaces
+from kgen.tuner.study import (
+    BackendSpec,
+    TuneJob,
+    WorkerSpec,
+    build_space,
+    default_storage_url,
+    make_backend,
+    run_inprocess,
+    run_workers,
+    study_name,
+)
+from kgen.tuner.workloads import WORKLOADS_FILE, Bucket, WorkloadsFile, load_workloads
+
+if TYPE_CHECKING:
+    from kgen.tuner.results import JobResult
+
+EPILOG = """\
+examples:
+  kgen tune --dry-run --arch sm_90                      # the space and workloads, no GPU
+  kgen tune --layout qwen3_5_gqa256 --kv-dtype bf16 --group 8 --trials 150
+  kgen tune --workers 8 --storage postgresql+psycopg2://user:pw@db/kgen
+The study resumes where it stopped when the same command runs again (Ctrl-C is safe).
+See docs/tuning.md.
+"""
+
+
+def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``tune`` on the main CLI's subparsers; dispatch to ``run_tune``."""
+    p = subparsers.add_parser(
+        "tune",
+        help="autotune block configs on this GPU and write kgen/tables/<arch>.json",
+        description="Search block configs per (layout, KV dtype, group size, batch bucket) with "
+        "Optuna (TPE), check each against the reference, and write the winners to the table.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sel = p.add_argument_group("what to tune (default: everything the arch supports)")
+    sel.add_argument("--arch", help="target arch (sm_90, gfx942, ...); default: the GPU's. Required with --dry-run")
+    sel.add_argument("--layout", action="append", metavar="NAME", help="layout name (repeatable)")
+    sel.add_argument("--kv-dtype", action="append", metavar="DTYPE", help="KV dtype: bf16, fp8, ... (repeatable)")
+    sel.add_argument("--q-dtype", default="bfloat16", metavar="DTYPE", help="query dtype (default bfloat16)")
+    sel.add_argument("--group", action="append", type=int, metavar="G", help="group size (repeatable)")
+    sel.add_argument(
+        "--bucket", action="append", metavar="NAME", help="batch bucket name from the workloads file (repeatable)"
+    )
+
+    bud = p.add_argument_group("budget and workers")
+    bud.add_argument(
+        "--trials", type=int, default=100, help="finished trials per study, in all runs together (default 100)"
+    )
+    bud.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS", help="stop each study's search after this long"
+    )
+    bud.add_argument(
+        "--workers", type=int, default=1, help="worker processes on one study, one per local GPU (default 1)"
+    )
+    bud.add_argument("--seed", type=int, default=0, help="TPE seed (default 0)")
+
+    io = p.add_argument_group("storage and output")
+    io.add_argument(
+        "--storage",
+        metavar="URL",
+        help="Optuna RDB URL (default: sqlite file in the kgen cache dir; $KGEN_CACHE_DIR overrides the dir)",
+    )
+    io.add_argument("--out", type=Path, metavar="PATH", help="table to write (default kgen/tables/<arch>.json)")
+    io.add_argument("--dry-run", action="store_true", help="print the space and workloads; touch no GPU, write nothing")
+    io.add_argument("--no-progress", action="store_true", help="no progress bar")
+    io.add_argument("--spaces", type=Path, default=SPACES_FILE, metavar="TOML", help="search-space file")
+    io.add_argument("--workloads", type=Path, default=WORKLOADS_FILE, metavar="TOML", help="buckets/workloads file")
+
+    obj = p.add_argument_group("objective")
+    obj.add_argument(
+        "--objective",
+        choices=("gpu", "synthetic"),
+        default="gpu",
+        help="gpu: time the generated kernels (default); synthetic: a CPU stand-in with a "
+        "known optimum, to test the tuner itself (writes a table only with --out)",
+    )
+    obj.add_argument(
+        "--synthetic-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="seconds each synthetic measurement sleeps (to test interruption)",
+    )
+    p.set_defaults(func=run_tune)
+    return p
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _layouts(names: list[str] | None, specs: dict[str, LayoutSpec]) -> list[LayoutSpec]:
+    if not names:
+        return list(specs.values())
+    unknown = [n for n in names if n not in specs]
+    if unknown:
+        raise TuneError(f"unknown layout(s) {unknown}; known: {', '.join(specs)}")
+    return [specs[n] for n in dict.fromkeys(names)]
+
+
+def _kv_dtypes(names: list[str] | None, default: tuple[str, ...]) -> tuple[list[str], bool]:
+    if not names:
+        return list(default), False
+    try:
+        return [canonical_dtype(n, KV_DTYPES, "KV") for n in dict.fromkeys(names)], True
+    except ValueError as exc:
+        raise TuneError(f"--kv-dtype: {exc}") from None
+
+
+def _buckets(names: list[str] | None, workloads: WorkloadsFile) -> list[Bucket]:
+    return [workloads.bucket_named(n) for n in dict.fromkeys(names)] if names else list(workloads.bucket)
+
+
+def plan_jobs(args: argparse.Namespace, arch: str, spaces: SpacesFile, workloads: WorkloadsFile) -> list[TuneJob]:
+    """Every (layout, KV dtype, group, bucket) to tune; an explicit choice that matches no
+    layout is an error, so a typo never tunes nothing quietly."""
+    profile = arch_profile(arch, spaces)
+    try:
+        q_dtype = canonical_dtype(args.q_dtype, Q_DTYPES, "query")
+    except ValueError as exc:
+        raise TuneError(f"--q-dtype: {exc}") from None
+    kvs, kv_explicit = _kv_dtypes(args.kv_dtype, profile.kv_dtypes)
+    buckets = _buckets(args.bucket, workloads)
+    jobs, used_kv, used_groups = [], set(), set()
+    for layout in _layouts(args.layout, load_layouts()):
+        groups = [g for g in layout.attention.group_sizes if not args.group or g in args.group]
+        for kv in kvs:
+            if kv not in layout.dtypes.kv or q_dtype not in layout.dtypes.q:
+                continue
+            used_kv.add(kv)
+            for g in groups:
+                used_groups.add(g)
+                jobs += [TuneJob(arch, layout, kv, q_dtype, g, b, tuple(workloads.workloads(b))) for b in buckets]
+    if kv_explicit and set(kvs) - used_kv:
+        raise TuneError(f"KV dtype(s) {sorted(set(kvs) - used_kv)} are not offered by the selected layouts")
+    if args.group and set(args.group) - used_groups:
+        raise TuneError(f"group size(s) {sorted(set(args.group) - used_groups)} belong to no selected layout")
+    if not jobs:
+        raise TuneError("nothing to tune: the selection matches no layout, dtype and group")
+    return jobs
+
+
+def current_config(job: TuneJob) -> BlockConfig | None:
+    """The config the table in use picks today for the bucket (enqueued second)."""
+    source = resolve_tables().get(job.arch)
+    if source is None or source.table is None:
+        return None
+    entry = source.table.lookup(job.layout.name, job.kv_dtype, job.group_size, job.bucket.batch_min)
+    return entry.config if entry else None
+
+
+def _enqueue(job: TuneJob) -> tuple[BlockConfig, ...]:
+    default = default_config(job.layout, job.group_size)
+    current = current_config(job)
+    return (default,) if current is None or current == default else (default, current)
+
+
+# --------------------------------------------------------------------------- dry run
+
+
+def dry_run(jobs: list[TuneJob], spaces: SpacesFile, storage: str, out: Path | None) -> str:
+    """The spaces, workloads, defaults and study names, as text; no GPU, no writes."""
+    lines = [f"storage: {storage}", f"table:   {out or '(none: synthetic objective without --out)'}", ""]
+    shown: set[tuple[str, str, int]] = set()
+    for job in jobs:
+        space = build_space(job, spaces)
+        key = (job.layout.name, job.kv_dtype, job.group_size)
+        if key not in shown:
+            shown.add(key)
+            default = default_config(job.layout, job.group_size)
+            params, notes = space.params_of(default)
+            lines += [
+                f"== {job.layout.name}  kv={job.kv_dtype}  q={job.q_dtype}  group={job.group_size}",
+                space.describe(),
+                f"  default: {default.short()}"
+                f"{'  [does not fit: ' + space.why_not(default) + ']' if space.why_not(default) else ''}",
+            ]
+            lines += [f"  enqueued as: {', '.join(notes)}"] if notes else []
+        wl = ", ".join(w.label() for w in job.workloads)
+        lines.append(f"  bucket {job.bucket.name} (batch {job.bucket.label()}): {wl}")
+        lines.append(f"    study {study_name(job, space)}")
+    lines.append(f"\n{len(jobs)} studies")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _device(args: argparse.Namespace) -> tuple[str, str]:
+    """(arch, GPU name). The GPU is touched only for the gpu objective of a real run."""
+    if args.dry_run or args.objective == "synthetic":
+        if not args.arch:
+            raise TuneError("--arch is required with --dry-run or --objective synthetic (no GPU is looked at)")
+        return args.arch, "synthetic (no GPU)" if args.objective == "synthetic" else "-"
+    from kgen.tuner.gpu import detect_device
+
+    device = detect_device()
+    if args.arch and args.arch != device.arch:
+        raise TuneError(f"--arch {args.arch} but the GPU is {device.arch} ({device.name}): tune on a {args.arch} GPU")
+    return device.arch, device.name
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.trials < 1:
+        raise TuneError(f"--trials must be >= 1, got {args.trials}")
+    if args.workers < 1:
+        raise TuneError(f"--workers must be >= 1, got {args.workers}")
+    if args.timeout is not None and args.timeout <= 0:
+        raise TuneError(f"--timeout must be > 0 seconds, got {args.timeout}")
+
+
+def _gpus(args: argparse.Namespace) -> list[str | None]:
+    if args.objective != "gpu":
+        return [None] * args.workers
+    import torch
+
+    from kgen.tuner.gpu import select_gpu
+
+    count = torch.cuda.device_count()
+    if args.workers > count:
+        raise TuneError(f"--workers {args.workers} but only {count} GPU(s) are visible: one worker per GPU")
+    return [select_gpu(i) for i in range(args.workers)]
+
+
+def _tune_job(
+    job: TuneJob,
+    args: argparse.Namespace,
+    spaces: SpacesFile,
+    workloads: WorkloadsFile,
+    storage: str,
+    gpus: list[str | None],
+) -> JobResult:
+    from kgen.tuner.results import finalize
+
+    space = build_space(job, spaces)
+    spec = BackendSpec(kind=args.objective, seed=args.seed, synthetic_delay_s=args.synthetic_delay)
+    enqueue = _enqueue(job)
+    progress = not args.no_progress
+    backend = None
+    if args.workers == 1:
+        backend = make_backend(spec, job, space, workloads)
+        study = run_inprocess(job, space, backend, storage, args.trials, args.timeout, args.seed, enqueue, progress)
+    else:
+        specs = [
+            WorkerSpec(job, spaces, workloads, spec, storage, args.trials, args.timeout, args.seed, i, gpu)
+            for i, gpu in enumerate(gpus)
+        ]
+        study = run_workers(specs, space, enqueue, progress)
+        backend = make_backend(spec, job, space, workloads)
+    return finalize(job, study, enqueue[0], backend, workloads.timing)
+
+
+def _default_out(args: argparse.Namespace, arch: str) -> Path | None:
+    if args.out:
+        return args.out
+    return None if args.objective == "synthetic" else TABLE_DIR / f"{arch}.json"
+
+
+SYNTHETIC_NOTE = "SYNTHETIC: made by `kgen tune --objective synthetic` (no GPU); the times are not real"
+
+
+def _quiet_optuna() -> None:
+    """The progress bar and the closing table are the output; Optuna's per-trial log lines
+    would bury them."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """Run ``kgen tune``; returns the exit status (130 after Ctrl-C, with work kept)."""
+    from kgen.tuner.results import format_results, write_results
+
+    _check_args(args)
+    spaces, workloads = load_spaces(args.spaces), load_workloads(args.workloads)
+    arch, gpu_name = _device(args)
+    jobs = plan_jobs(args, arch, spaces, workloads)
+    storage = args.storage or default_storage_url()
+    out = _default_out(args, arch)
+    if args.dry_run:
+        print(dry_run(jobs, spaces, storage, out))
+        return 0
+    gpus = _gpus(args)
+    _quiet_optuna()
+    results, status = [], 0
+    try:
+        for job in jobs:
+            results.append(_tune_job(job, args, spaces, workloads, storage, gpus))
+    except KeyboardInterrupt:
+        status = 130
+        print(
+            f"\ninterrupted: finished trials are kept in {storage}; run the same command again to resume",
+            file=sys.stderr,
+        )
+    if results:
+        print(format_results(results))
+        if out is not None:
+            note = SYNTHETIC_NOTE if args.objective == "synthetic" else ""
+            _table, changed = write_results(out, arch, gpu_name, results, note)
+            print(f"{'wrote' if changed else 'unchanged:'} {out}")
+        else:
+            print("synthetic objective: no table written (pass --out PATH to write one)")
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry: ``python -m kgen.tuner.cli tune ...``."""
+    parser = argparse.ArgumentParser(prog="kgen")
+    add_tune_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except KgenError as exc:
+        print(f"kgen tune: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

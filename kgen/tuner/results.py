@@ -1,0 +1,313 @@
+"""What a finished study decides, and how it lands in a table.
+
+A study's best value was measured once, among many noisy trials: it is biased low. So
+the best few distinct configs and the default are measured again ``repeats`` times; the
+default's spread is the noise, and a tuned config replaces the default only when its
+median beats the default's by more than max(noise, min_gain_pct) percent.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kgen.blockconfig import (
+    TABLE_SCHEMA,
+    BlockConfig,
+    Measured,
+    TableEntry,
+    TableFile,
+    TableMetadata,
+    read_table,
+    write_table,
+)
+from kgen.tuner.errors import TuneError
+
+if TYPE_CHECKING:
+    import optuna
+
+    from kgen.tuner.objective import Backend
+    from kgen.tuner.study import TuneJob
+    from kgen.tuner.workloads import Timing
+
+
+@dataclass
+class JobResult:
+    """The outcome of one study after re-measurement."""
+
+    job: TuneJob
+    study_name: str
+    finished: int
+    pruned: int
+    default: BlockConfig
+    default_us: float | None
+    default_error: str | None
+    noise_pct: float
+    chosen: BlockConfig | None
+    chosen_us: float | None
+    replaced: bool
+    candidates: list[tuple[BlockConfig, float]] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.default_us and self.chosen_us:
+            return self.default_us / self.chosen_us
+        return None
+
+
+def spread_pct(samples: list[float]) -> float:
+    """(max - min) / median, in percent: the noise of repeated measurements."""
+    med = statistics.median(samples)
+    return 100.0 * (max(samples) - min(samples)) / med if med > 0 else 0.0
+
+
+def top_configs(study: optuna.Study, k: int) -> list[BlockConfig]:
+    """The ``k`` fastest distinct configs of the study's complete trials."""
+    import optuna
+
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    out: list[BlockConfig] = []
+    for trial in sorted(done, key=lambda t: t.value):
+        raw = trial.user_attrs.get("config")
+        if raw is None:
+            continue
+        cfg = BlockConfig.model_validate(raw)
+        if cfg not in out:
+            out.append(cfg)
+        if len(out) == k:
+            break
+    return out
+
+
+def _check_reason(backend: Backend, cfg: BlockConfig) -> str | None:
+    try:
+        wrong = backend.check(cfg)
+    except Exception as exc:  # the default itself may not compile on this arch
+        return f"{type(exc).__name__}: {exc}"
+    return f"wrong output: {wrong}" if wrong else None
+
+
+def measure_interleaved(
+    backend: Backend, configs: list[BlockConfig], repeats: int
+) -> tuple[list[list[float]], list[str | None]]:
+    """``repeats`` rounds, each timing every config once (so a drift of clocks or
+    temperature hits all of them alike). A config whose check fails or that raises gets
+    no samples and a reason."""
+    samples: list[list[float]] = [[] for _ in configs]
+    errors = [_check_reason(backend, cfg) for cfg in configs]
+    for _ in range(repeats):
+        for i, cfg in enumerate(configs):
+            if errors[i] is not None:
+                continue
+            try:
+                samples[i].append(backend.measure(cfg))
+            except Exception as exc:
+                errors[i], samples[i] = f"{type(exc).__name__}: {exc}", []
+    return samples, errors
+
+
+def decide(
+    default_samples: list[float],
+    candidates: list[tuple[BlockConfig, list[float]]],
+    min_gain_pct: float,
+) -> tuple[int | None, float]:
+    """Index of the candidate that replaces the default (None: keep it), and the noise.
+
+    The fastest candidate (by median) must beat the default's median by more than
+    max(noise, min_gain_pct) percent, where the noise is the spread of the default's
+    repeated measurements, or the winner's when that is larger. With no default samples
+    (the default failed) the fastest candidate wins outright.
+    """
+    measured = [(i, statistics.median(s)) for i, (_, s) in enumerate(candidates) if s]
+    if not measured:
+        return None, spread_pct(default_samples) if default_samples else 0.0
+    best_i, best_us = min(measured, key=lambda x: x[1])
+    if not default_samples:
+        return best_i, 0.0
+    noise = max(spread_pct(default_samples), spread_pct(candidates[best_i][1]))
+    threshold = max(noise, min_gain_pct)
+    default_us = statistics.median(default_samples)
+    return (best_i if best_us < default_us * (1.0 - threshold / 100.0) else None), noise
+
+
+def finalize(
+    job: TuneJob,
+    study: optuna.Study,
+    default: BlockConfig,
+    backend: Backend,
+    timing: Timing,
+) -> JobResult:
+    """Re-measure the default and the top ``timing.top_k`` configs; pick the winner."""
+    import optuna
+
+    tops = [c for c in top_configs(study, timing.top_k) if c != default]
+    samples, errors = measure_interleaved(backend, [default, *tops], timing.repeats)
+    default_samples, default_error = samples[0], errors[0]
+    candidates = list(zip(tops, samples[1:], strict=True))
+    winner, noise = decide(default_samples, candidates, timing.min_gain_pct)
+    default_us = statistics.median(default_samples) if default_samples else None
+    if winner is not None:
+        chosen, chosen_us = candidates[winner][0], statistics.median(candidates[winner][1])
+    else:
+        chosen, chosen_us = (default, default_us) if default_samples else (None, None)
+    pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    return JobResult(
+        job=job,
+        study_name=study.study_name,
+        finished=len(pruned) + len(complete),
+        pruned=len(pruned),
+        default=default,
+        default_us=default_us,
+        default_error=default_error,
+        noise_pct=noise,
+        chosen=chosen,
+        chosen_us=chosen_us,
+        replaced=winner is not None,
+        candidates=[(c, statistics.median(s)) for c, s in candidates if s],
+    )
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def entry_for(result: JobResult) -> TableEntry | None:
+    """The table entry of one result (None when neither the default nor a tuned config ran)."""
+    if result.chosen is None or result.chosen_us is None:
+        return None
+    job = result.job
+    measured = None
+    if result.default_us is not None:
+        measured = Measured(
+            tuned_us=round(result.chosen_us, 3),
+            default_us=round(result.default_us, 3),
+            noise_pct=round(result.noise_pct, 2),
+            workloads=[w.model_dump() for w in job.workloads],
+        )
+    return TableEntry(
+        layout=job.layout.name,
+        kv_dtype=job.kv_dtype,
+        group_size=job.group_size,
+        batch_min=job.bucket.batch_min,
+        batch_max=job.bucket.batch_max,
+        config=result.chosen.for_arch(job.arch),
+        measured=measured,
+    )
+
+
+def _same_key(a: TableEntry, b: TableEntry) -> bool:
+    return (a.layout, a.kv_dtype, a.group_size) == (b.layout, b.kv_dtype, b.group_size)
+
+
+def _subtract(entry: TableEntry, lo: int, hi: int) -> list[TableEntry]:
+    """``entry`` with the batch range lo..hi cut out (0, 1 or 2 pieces)."""
+    if hi < entry.batch_min or lo > entry.batch_max:
+        return [entry]
+    pieces = []
+    if entry.batch_min < lo:
+        pieces.append(entry.model_copy(update={"batch_max": lo - 1}))
+    if entry.batch_max > hi:
+        pieces.append(entry.model_copy(update={"batch_min": hi + 1}))
+    return pieces
+
+
+def merge_entries(old: list[TableEntry], new: list[TableEntry]) -> list[TableEntry]:
+    """Old entries with every newly tuned (layout, kv, group, batch range) cut out, plus the
+    new ones: a partial tune replaces exactly what it measured and keeps the rest."""
+    kept = list(old)
+    for n in new:
+        nxt: list[TableEntry] = []
+        for e in kept:
+            nxt.extend(_subtract(e, n.batch_min, n.batch_max) if _same_key(e, n) else [e])
+        kept = nxt
+    return sorted(kept + list(new), key=lambda e: (e.layout, e.kv_dtype, e.group_size, e.batch_min))
+
+
+def _version(*dists: str) -> str | None:
+    for name in dists:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def tune_metadata(arch: str, gpu_name: str, trials: int, previous: TableMetadata | None, note: str) -> TableMetadata:
+    return TableMetadata(
+        gpu_name=gpu_name,
+        arch=arch,
+        torch_version=_version("torch"),
+        triton_version=_version("triton", "pytorch-triton-rocm", "pytorch-triton"),
+        date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        trials=(previous.trials if previous else 0) + trials,
+        tuned=True,
+        note=note,
+    )
+
+
+def write_results(
+    path: Path, arch: str, gpu_name: str, results: list[JobResult], note: str = ""
+) -> tuple[TableFile, bool]:
+    """Merge the results into the table at ``path`` (created if absent) and write it
+    atomically. Returns the table and whether the file changed."""
+    path = Path(path)
+    previous = read_table(path) if path.exists() else None
+    if previous is not None and previous.arch != arch:
+        raise TuneError(f"{path} holds the table of {previous.arch}, not {arch}: pass --out for {arch}")
+    new = [e for e in (entry_for(r) for r in results) if e is not None]
+    entries = merge_entries(list(previous.entries) if previous else [], new)
+    carried = sum(1 for e in entries if e.measured is None)
+    if not note:
+        note = f"kgen tune on {gpu_name}: {len(new)} {'entry' if len(new) == 1 else 'entries'} measured in this run"
+        if carried:
+            note += f"; {carried} entries without 'measured' were carried over untuned"
+    trials = sum(r.finished for r in results)
+    meta = tune_metadata(arch, gpu_name, trials, previous.metadata if previous else None, note)
+    table = TableFile.model_validate(
+        {
+            "schema": TABLE_SCHEMA,
+            "arch": arch,
+            "metadata": meta.model_dump(),
+            "entries": [e.model_dump() for e in entries],
+        }
+    )
+    return table, write_table(path, table)
+
+
+def format_results(results: list[JobResult]) -> str:
+    """The closing table: default vs tuned per bucket."""
+    head = ("layout", "kv", "group", "batch", "trials", "default us", "tuned us", "speedup", "noise %", "decision")
+    rows = [head]
+    for r in results:
+        j = r.job
+        if r.chosen is None:
+            decision = f"nothing ran: {r.default_error or 'every trial pruned'}"
+        elif r.default_error:
+            decision = f"tuned (default failed: {r.default_error[:60]})"
+        else:
+            decision = "tuned" if r.replaced else "kept default (no win beyond noise)"
+        rows.append(
+            (
+                j.layout.name,
+                j.kv_dtype,
+                str(j.group_size),
+                j.bucket.label(),
+                f"{r.finished} ({r.pruned} pruned)",
+                f"{r.default_us:.2f}" if r.default_us else "-",
+                f"{r.chosen_us:.2f}" if r.chosen_us else "-",
+                f"{r.speedup:.3f}x" if r.speedup else "-",
+                f"{r.noise_pct:.2f}",
+                decision,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    chosen = [f"  {r.job.label()}: {r.chosen.short()}" for r in results if r.replaced and r.chosen]
+    if chosen:
+        lines += ["", "tuned configs:", *chosen]
+    return "\n".join(lines)

@@ -1,0 +1,403 @@
+"""Optuna studies for ``kgen tune``: naming, storage, resuming, budgets and workers.
+
+One study per (arch, layout, KV dtype, Q dtype, group size, bucket), named so that the
+same command finds it again: an interrupted run (Ctrl-C, a crash, a killed job) resumes
+with every finished trial kept, because each trial is committed to the RDB storage as it
+ends. The default storage is an SQLite file in the user's cache directory; ``--storage``
+takes any Optuna RDB URL (PostgreSQL lets workers on many hosts share one study).
+
+Budgets count finished trials (complete + pruned) of the whole study, so ``--trials 200``
+means 200 in all, however many runs or workers it takes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from kgen.blockconfig import BlockConfig
+from kgen.spec import LayoutSpec
+from kgen.tuner.errors import TuneError
+from kgen.tuner.space import ProblemShape, SearchSpace, SpacesFile, arch_profile
+from kgen.tuner.workloads import Bucket, Workload, WorkloadsFile
+
+if TYPE_CHECKING:
+    import optuna
+
+    from kgen.tuner.objective import Backend
+
+STUDY_PREFIX = "kgen-tune"
+HEARTBEAT_S = 30
+GRACE_S = 120
+SQLITE_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class TuneJob:
+    """One study: everything that selects a table entry, plus the bucket's workloads."""
+
+    arch: str
+    layout: LayoutSpec
+    kv_dtype: str
+    q_dtype: str
+    group_size: int
+    bucket: Bucket
+    workloads: tuple[Workload, ...]
+
+    def label(self) -> str:
+        return f"{self.layout.name} kv={self.kv_dtype} g={self.group_size} batch {self.bucket.label()}"
+
+
+def build_space(job: TuneJob, spaces: SpacesFile) -> SearchSpace:
+    drafts = tuple(sorted({w.draft for w in job.workloads}))
+    shape = ProblemShape.of(job.layout, job.kv_dtype, job.q_dtype, job.group_size, drafts, spaces.kernel)
+    return SearchSpace.build(arch_profile(job.arch, spaces), shape)
+
+
+def study_name(job: TuneJob, space: SearchSpace) -> str:
+    """arch + layout + dtypes + group + bucket, and a hash of the space and workloads so
+    a changed space file starts a new study instead of resuming a mismatched one."""
+    digest = space.digest([w.model_dump() for w in job.workloads])
+    return (
+        f"{STUDY_PREFIX}:{job.arch}:{job.layout.name}:{job.kv_dtype}:{job.q_dtype}:"
+        f"g{job.group_size}:{job.bucket.name}:{digest}"
+    )
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def cache_dir(env: dict[str, str] | None = None) -> Path:
+    """``$KGEN_CACHE_DIR``, else platformdirs' user cache dir for kgen, else ~/.cache/kgen."""
+    env = os.environ if env is None else env
+    if env.get("KGEN_CACHE_DIR"):
+        return Path(env["KGEN_CACHE_DIR"]).expanduser()
+    try:
+        import platformdirs
+    except ImportError:
+        return Path.home() / ".cache" / "kgen"
+    return Path(platformdirs.user_cache_dir("kgen"))
+
+
+def default_storage_url(env: dict[str, str] | None = None) -> str:
+    return f"sqlite:///{cache_dir(env) / 'tune.db'}"
+
+
+def make_storage(url: str) -> optuna.storages.RDBStorage:
+    """An RDB storage with heartbeats: a trial whose process died is marked failed after
+    the grace period and re-enqueued once, so a crash loses at most the trial it killed."""
+    import optuna
+    from optuna.storages import RDBStorage
+
+    engine_kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_TIMEOUT_S}
+    else:
+        engine_kwargs["pool_pre_ping"] = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        try:
+            return RDBStorage(
+                url,
+                engine_kwargs=engine_kwargs,
+                heartbeat_interval=HEARTBEAT_S,
+                grace_period=GRACE_S,
+                **_retry_stale_trials(),
+            )
+        except ImportError as exc:
+            raise TuneError(
+                f"storage {url!r} needs a database driver that is not installed ({exc}); "
+                "for PostgreSQL: pip install 'kgen[postgres]'"
+            ) from None
+        except Exception as exc:
+            raise TuneError(f"cannot open the study storage {url!r}: {type(exc).__name__}: {exc}") from None
+
+
+def _retry_stale_trials() -> dict[str, Any]:
+    """Re-enqueue a trial whose worker died, once: Optuna >= 4.9 names the callback
+    ``heartbeat_stale_trial_callback``, older releases ``failed_trial_callback``."""
+    from optuna import storages
+
+    if hasattr(storages, "RetryHeartbeatStaleTrialCallback"):
+        return {"heartbeat_stale_trial_callback": storages.RetryHeartbeatStaleTrialCallback(max_retry=1)}
+    return {"failed_trial_callback": storages.RetryFailedTrialCallback(max_retry=1)}
+
+
+def _as_storage(storage: str | optuna.storages.BaseStorage) -> Any:
+    return make_storage(storage) if isinstance(storage, str) else storage
+
+
+# --------------------------------------------------------------------------- the study
+
+
+def make_sampler(seed: int, worker: int = 0) -> optuna.samplers.TPESampler:
+    """Seeded TPE; each worker gets its own seed, and ``constant_liar`` keeps parallel
+    workers from proposing the config another is still timing."""
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=seed + 1000 * worker, multivariate=True, constant_liar=True, n_startup_trials=10
+        )
+
+
+def open_study(
+    job: TuneJob,
+    space: SearchSpace,
+    storage: str | optuna.storages.BaseStorage,
+    seed: int = 0,
+    worker: int = 0,
+    enqueue: tuple[BlockConfig, ...] = (),
+) -> optuna.Study:
+    """Create or load the job's study; enqueue ``enqueue`` (the default first) unless a
+    trial with the same parameters already exists."""
+    import optuna
+
+    study = optuna.create_study(
+        study_name=study_name(job, space),
+        storage=_as_storage(storage),
+        sampler=make_sampler(seed, worker),
+        direction="minimize",
+        load_if_exists=True,
+    )
+    for cfg in enqueue:
+        params, notes = space.params_of(cfg)
+        attrs = {"enqueued": cfg.model_dump(exclude_none=True), "enqueue_notes": notes}
+        study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=True)
+    if "arch" not in study.user_attrs:
+        study.set_user_attr("arch", job.arch)
+        study.set_user_attr("job", job.label())
+        study.set_user_attr("workloads", [w.model_dump() for w in job.workloads])
+    return study
+
+
+def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    import optuna
+
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return study.get_trials(deepcopy=False, states=states)
+
+
+def best_value(study: optuna.Study) -> float | None:
+    import optuna
+
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    return min((t.value for t in done), default=None)
+
+
+class ProgressBar:
+    """A tqdm bar over the study's finished trials with the best time so far."""
+
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool = True) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=total,
+            initial=initial,
+            desc=desc,
+            unit="trial",
+            disable=not enabled,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            leave=True,
+        )
+
+    def show(self, finished: int, best: float | None) -> None:
+        self.bar.n = min(finished, self.bar.total)
+        self.bar.set_postfix_str(f"best {best:.2f} us" if best is not None else "best -", refresh=False)
+        self.bar.refresh()
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        self.show(len(finished_trials(study)), best_value(study))
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def optimize(
+    study: optuna.Study,
+    objective: Callable[[optuna.Trial], float],
+    n_trials: int,
+    timeout: float | None = None,
+    callbacks: list[Callable[..., None]] | None = None,
+) -> None:
+    """Run trials until the study holds ``n_trials`` finished ones or ``timeout`` passes.
+
+    Only ``FatalDeviceError`` and ``KeyboardInterrupt`` escape (Optuna marks the running
+    trial failed first); every finished trial is already in the storage.
+    """
+    import optuna
+    from optuna.study import MaxTrialsCallback
+
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    remaining = n_trials - len(finished_trials(study))
+    if remaining <= 0:
+        return
+    stop = MaxTrialsCallback(n_trials, states=states)
+    study.optimize(
+        objective,
+        n_trials=remaining,
+        timeout=timeout,
+        callbacks=[stop, *(callbacks or [])],
+        catch=(),
+        gc_after_trial=False,
+    )
+
+
+def run_inprocess(
+    job: TuneJob,
+    space: SearchSpace,
+    backend: Backend,
+    storage: str | optuna.storages.BaseStorage,
+    n_trials: int,
+    timeout: float | None = None,
+    seed: int = 0,
+    enqueue: tuple[BlockConfig, ...] = (),
+    progress: bool = True,
+) -> optuna.Study:
+    """One worker in this process: the study for ``job`` is run to its budget."""
+    from kgen.tuner.objective import make_objective
+
+    study = open_study(job, space, storage, seed=seed, enqueue=enqueue)
+    bar = ProgressBar(n_trials, len(finished_trials(study)), job.label(), enabled=progress)
+    try:
+        bar.show(len(finished_trials(study)), best_value(study))
+        objective = make_objective(space, backend, worker_tags(0, None))
+        optimize(study, objective, n_trials, timeout, callbacks=[bar])
+    finally:
+        bar.close()
+    return study
+
+
+# --------------------------------------------------------------------------- workers
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """How a worker process builds its backend (it cannot be pickled across processes)."""
+
+    kind: Literal["gpu", "synthetic"] = "gpu"
+    seed: int = 0
+    synthetic_delay_s: float = 0.0
+    synthetic_jitter_pct: float = 0.0
+
+
+def make_backend(spec: BackendSpec, job: TuneJob, space: SearchSpace, workloads: WorkloadsFile) -> Backend:
+    """The synthetic bowl, or the GPU backend on the current device for ``job``."""
+    if spec.kind == "synthetic":
+        from kgen.tuner.objective import SyntheticBowl, synthetic_optimum
+
+        return SyntheticBowl(
+            synthetic_optimum(space, spec.seed),
+            delay_s=spec.synthetic_delay_s,
+            jitter_pct=spec.synthetic_jitter_pct,
+            seed=spec.seed,
+        )
+    from kgen.tuner.gpu import GpuBackend, check_kernel_rules, detect_device, load_module
+
+    device = detect_device()
+    module = load_module(job.layout.name, job.kv_dtype, job.q_dtype)
+    check_kernel_rules(module, space.shape.min_dot, space.shape.max_rows)
+    return GpuBackend(
+        module,
+        arch=job.arch,
+        layout=job.layout,
+        kv_dtype=job.kv_dtype,
+        q_dtype=job.q_dtype,
+        group_size=job.group_size,
+        num_kv_heads=workloads.num_kv_heads,
+        workloads=list(job.workloads),
+        check=workloads.check,
+        timing=workloads.timing,
+        l2_bytes=device.l2_bytes,
+    )
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    job: TuneJob
+    spaces: SpacesFile
+    workloads: WorkloadsFile
+    backend: BackendSpec
+    storage: str
+    n_trials: int
+    timeout: float | None
+    seed: int
+    worker: int
+    gpu: str | None
+
+
+def worker_tags(worker: int, gpu: str | None) -> dict[str, object]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "worker": worker, "gpu": gpu}
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    """Entry point of one worker process: pick its GPU first, then join the study."""
+    if spec.gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec.gpu
+    import optuna
+
+    from kgen.tuner.objective import make_objective
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = build_space(spec.job, spec.spaces)
+    backend = make_backend(spec.backend, spec.job, space, spec.workloads)
+    study = open_study(spec.job, space, spec.storage, seed=spec.seed, worker=spec.worker)
+    objective = make_objective(space, backend, worker_tags(spec.worker, spec.gpu))
+    optimize(study, objective, spec.n_trials, spec.timeout)
+
+
+def run_workers(
+    specs: list[WorkerSpec],
+    space: SearchSpace,
+    enqueue: tuple[BlockConfig, ...] = (),
+    progress: bool = True,
+    poll_s: float = 1.0,
+) -> optuna.Study:
+    """Start one process per spec on one study (the parent enqueues the defaults first, so
+    workers never race to enqueue them), show progress, and wait for all of them."""
+    first = specs[0]
+    study = open_study(first.job, space, first.storage, seed=first.seed, enqueue=enqueue)
+    ctx = multiprocessing.get_context("spawn")  # CUDA cannot survive fork
+    procs = [ctx.Process(target=worker_main, args=(s,), name=f"kgen-tune-{s.worker}") for s in specs]
+    bar = ProgressBar(first.n_trials, len(finished_trials(study)), first.job.label(), enabled=progress)
+    try:
+        for p in procs:
+            p.start()
+        while any(p.is_alive() for p in procs):
+            bar.show(len(finished_trials(study)), best_value(study))
+            time.sleep(poll_s)
+        bar.show(len(finished_trials(study)), best_value(study))
+    except BaseException:
+        _stop(procs)
+        raise
+    finally:
+        bar.close()
+    bad = [(p.name, p.exitcode) for p in procs if p.exitcode != 0]
+    if bad:
+        raise TuneError(
+            f"worker(s) {bad} exited with an error (see above); finished trials are kept in "
+            f"{first.storage}: run the same command again to resume"
+        )
+    return study
+
+
+def _stop(procs: list[multiprocessing.process.BaseProcess], wait_s: float = 10.0) -> None:
+    """Give our worker processes (they got the same Ctrl-C) time to stop, then end them."""
+    deadline = time.monotonic() + wait_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(5.0)

@@ -1,0 +1,126 @@
+"""`kgen tune` on the command line: the hook for the main CLI, dry runs, errors, a
+synthetic end-to-end run that writes a table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kgen.blockconfig import read_table
+from kgen.errors import KgenError
+from kgen.tuner.cli import SYNTHETIC_NOTE, add_tune_parser, main, run_tune
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kgen")
+    add_tune_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["tune", *argv])
+
+
+def test_the_main_cli_hooks_in_through_add_tune_parser() -> None:
+    args = parse("--arch", "sm_90", "--dry-run", "--layout", "gqa64", "--group", "8", "--trials", "7")
+    assert args.func is run_tune
+    assert (args.arch, args.trials, args.workers, args.layout, args.group) == ("sm_90", 7, 1, ["gqa64"], [8])
+
+
+def test_dry_run_prints_space_and_workloads_without_torch(tmp_path: Path) -> None:
+    code = (
+        "import sys; from kgen.tuner.cli import main; "
+        "rc = main(['tune', '--dry-run', '--arch', 'gfx942', '--layout', 'qwen3_5_gqa256', '--group', '4']); "
+        "assert 'torch' not in sys.modules, 'a dry run imported torch'; sys.exit(rc)"
+    )
+    env = {**os.environ, "KGEN_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert f"sqlite:///{tmp_path}/tune.db" in text
+    assert "kgen/tables/gfx942.json" in text
+    assert "float8_e4m3fnuz" in text and "float8_e4m3fn " not in text  # gfx942's fp8 flavour
+    assert "matrix_instr_nonkdim" in text and "65536" in text
+    assert "bs256/P16384/L4" in text and "8 studies" in text  # 2 KV dtypes x 4 buckets
+    assert not list(tmp_path.iterdir()), "a dry run wrote nothing"
+
+
+@pytest.mark.parametrize(
+    ("argv", "pattern"),
+    [
+        (["--dry-run"], "--arch is required"),
+        (["--dry-run", "--arch", "tpu_v5"], "unknown arch"),
+        (["--dry-run", "--arch", "sm_90", "--layout", "llama"], r"unknown layout.*gqa128"),
+        (["--dry-run", "--arch", "sm_90", "--bucket", "huge"], r"unknown bucket 'huge'.*b1-8"),
+        (["--dry-run", "--arch", "sm_90", "--kv-dtype", "int4"], "unknown KV dtype"),
+        (["--dry-run", "--arch", "sm_90", "--layout", "gqa64", "--group", "4"], r"group size\(s\) \[4\]"),
+        (["--dry-run", "--arch", "sm_90", "--trials", "0"], "--trials must be >= 1"),
+    ],
+)
+def test_bad_selections_are_errors_that_say_what_to_fix(argv: list[str], pattern: str) -> None:
+    with pytest.raises(KgenError, match=pattern):
+        run_tune(parse(*argv))
+
+
+def test_standalone_main_prints_errors_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--dry-run", "--arch", "sm_90", "--bucket", "huge"]) == 2
+    assert "kgen tune: error: unknown bucket" in capsys.readouterr().err
+
+
+def test_synthetic_run_writes_and_merges_a_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sm_90.json"
+    common = [
+        "--objective",
+        "synthetic",
+        "--arch",
+        "sm_90",
+        "--layout",
+        "gqa64",
+        "--kv-dtype",
+        "bf16",
+        "--storage",
+        f"sqlite:///{tmp_path / 'tune.db'}",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--trials",
+        "25",
+    ]
+    assert run_tune(parse(*common, "--bucket", "b1-8")) == 0
+    first = read_table(out)
+    assert [(e.batch_min, e.batch_max) for e in first.entries] == [(1, 8)]
+    assert first.metadata.note == SYNTHETIC_NOTE and first.metadata.trials == 25
+    printed = capsys.readouterr().out
+    assert "default us" in printed and f"wrote {out}" in printed
+    assert run_tune(parse(*common, "--bucket", "b97+")) == 0
+    second = read_table(out)
+    assert [(e.batch_min, e.batch_max) for e in second.entries] == [(1, 8), (97, 1 << 30)]
+    assert second.entries[0] == first.entries[0]
+    assert json.loads(out.read_text())["schema"] == "kgen.block-config-table/1"
+
+
+def test_synthetic_run_without_out_writes_no_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "--objective",
+        "synthetic",
+        "--arch",
+        "gfx950",
+        "--layout",
+        "gqa64",
+        "--kv-dtype",
+        "bf16",
+        "--bucket",
+        "b1-8",
+        "--storage",
+        f"sqlite:///{tmp_path / 'tune.db'}",
+        "--no-progress",
+        "--trials",
+        "5",
+    ]
+    assert run_tune(parse(*argv)) == 0
+    assert "no table written" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tune.db"]

@@ -1,0 +1,177 @@
+"""The real objective's code path without a GPU: the generated module runs in Triton's
+interpreter on CPU tensors, timed with the host clock instead of CUDA graphs. Only the
+CUDA-graph timer itself is left for the GPU."""
+
+from __future__ import annotations
+
+import os
+
+# The interpreter must be chosen before any generated module (and its @triton.jit) loads.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import optuna
+import pytest
+import torch
+from triton.runtime.errors import OutOfResources
+
+import kgen
+from kgen.blockconfig import BlockConfig
+from kgen.spec import load_layouts
+from kgen.tuner.errors import TuneError
+from kgen.tuner.gpu import GpuBackend, check_kernel_rules, geomean, input_bytes, rotation_count, wall_timer
+from kgen.tuner.objective import make_objective
+from kgen.tuner.results import finalize
+from kgen.tuner.space import default_config, load_spaces
+from kgen.tuner.study import TuneJob, build_space, run_inprocess
+from kgen.tuner.workloads import Bucket, Check, Timing, Workload
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+LAYOUTS = load_layouts()
+SMALL_SPACE = """
+schema = "kgen.tune-space/1"
+[arch_families]
+"interp" = "cpu"
+[family.cpu]
+warp_size = 32
+kv_dtypes = ["bfloat16"]
+[family.cpu.axes]
+block_h = [2, 8]
+block_n = [16, 32]
+num_warps = [4]
+num_stages = [1]
+programs_per_sm = [1, 2]
+max_splits = [4]
+min_tokens_per_split = [64]
+[family.cpu.limits]
+smem_per_block = 101376
+smem_per_sm = 102400
+max_fp32_regs_per_thread = 160
+"""
+CHECK = Check(prefixes=(1, 37, 70), atol=0.02, rtol=0.02)
+TIMING = Timing(replays=2, min_input_sets=1, max_input_sets=2, repeats=2, top_k=2)
+WORKLOAD = Workload(batch=2, prefix=40, draft=2)
+
+
+@pytest.fixture(scope="module")
+def module() -> Any:
+    mod = kgen.load("gqa64", "bfloat16")
+    if not getattr(mod, "_INTERPRET", False):
+        pytest.skip("generated modules were loaded for a GPU in this session: the GPU path covers this")
+    return mod
+
+
+def backend(mod: Any, workloads: list[Workload] | None = None, kv: str = "bfloat16") -> GpuBackend:
+    return GpuBackend(
+        mod,
+        "interpreter",
+        LAYOUTS["gqa64"],
+        kv,
+        "bfloat16",
+        8,
+        1,
+        workloads or [WORKLOAD],
+        CHECK,
+        TIMING,
+        device="cpu",
+        timer=wall_timer,
+    )
+
+
+class Wrapped:
+    """The real module, with chosen configs made wrong or made to fail at launch."""
+
+    def __init__(self, mod: Any, wrong_block_n: int | None = None, oor_block_h: int | None = None) -> None:
+        self.mod, self.wrong_block_n, self.oor_block_h = mod, wrong_block_n, oor_block_h
+        self.MIN_DOT_ROWS, self.MAX_ROWS = mod.MIN_DOT_ROWS, mod.MAX_ROWS
+
+    def launch(self, *args: Any, config: dict[str, Any]) -> None:
+        if config["block_h"] == self.oor_block_h:
+            raise OutOfResources(300000, 101376, "shared memory")
+        self.mod.launch(*args, config=config)
+        if config["block_n"] == self.wrong_block_n:
+            args[3].mul_(1.5)  # o_extend: a plausible-looking wrong answer
+
+
+def test_real_kernel_passes_the_reference_check_and_is_timed(module: Any) -> None:
+    be = backend(module)
+    cfg = BlockConfig(block_h=8, block_n=16, num_warps=4, num_stages=1)
+    assert be.check(cfg) is None
+    assert be.measure(cfg) > 0
+
+
+def test_fp8_check_uses_scales_and_passes(module: Any) -> None:
+    fp8 = kgen.load("gqa64", "float8_e4m3fn")
+    be = backend(fp8, kv="float8_e4m3fn")
+    assert be.check(BlockConfig(block_h=8, block_n=32, num_warps=4, num_stages=1)) is None
+    case, _ = be._reference_case()
+    assert (case.k_scale, case.v_scale) == (CHECK.fp8_k_scale, CHECK.fp8_v_scale)
+
+
+def test_wrong_output_is_caught_with_the_error_size(module: Any) -> None:
+    be = backend(Wrapped(module, wrong_block_n=32))
+    reason = be.check(BlockConfig(block_h=8, block_n=32, num_warps=4, num_stages=1))
+    assert reason and "reference_verify" in reason and "atol" in reason
+
+
+def test_a_short_study_on_the_real_kernel_prunes_wrong_and_failing_configs(module: Any, tmp_path: Path) -> None:
+    spaces_path = tmp_path / "spaces.toml"
+    spaces_path.write_text(SMALL_SPACE)
+    spaces = load_spaces(spaces_path)
+    bucket = Bucket(name="tiny", batch_min=1, batch_max=4, batches=(2,), prefixes=(40,))
+    job = TuneJob("interp", LAYOUTS["gqa64"], "bfloat16", "bfloat16", 8, bucket, (WORKLOAD,))
+    space = build_space(job, spaces)
+    be = backend(Wrapped(module, wrong_block_n=32, oor_block_h=2))
+    default = BlockConfig(block_h=8, block_n=16, num_warps=4, num_stages=1)
+    wrong = default.model_copy(update={"block_n": 32})
+    failing = default.model_copy(update={"block_h": 2})
+    storage = optuna.storages.InMemoryStorage()
+    study = run_inprocess(job, space, be, storage, 6, enqueue=(default, wrong, failing), progress=False)
+    reasons = [t.user_attrs["pruned_reason"] for t in study.trials if t.state.name == "PRUNED"]
+    assert any(r.startswith("wrong output") for r in reasons)
+    assert any("OutOfResources" in r for r in reasons)
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert complete and all(t.params["block_n"] == 16 and t.params["block_h"] == 8 for t in complete)
+    result = finalize(job, study, default, be, TIMING)
+    assert result.default_us and result.chosen == default  # nothing else is right and runs
+
+
+def test_rotation_exceeds_l2_within_memory() -> None:
+    t = Timing(l2_rotate_factor=2.0, min_input_sets=2, max_input_sets=64, max_memory_fraction=0.5)
+    assert rotation_count(10 << 20, 50 << 20, 1 << 40, t) == 10  # 2 x 50 MiB / 10 MiB
+    assert rotation_count(1 << 30, 50 << 20, 1 << 40, t) == 2  # at least min_input_sets
+    assert rotation_count(1 << 10, 50 << 20, 1 << 40, t) == 64  # capped
+    assert rotation_count(10 << 20, 50 << 20, 30 << 20, t) == 1  # memory-bound
+    with pytest.raises(TuneError, match="GiB"):
+        rotation_count(8 << 30, 50 << 20, 4 << 30, t)
+
+
+def test_input_bytes_count_views_once() -> None:
+    k = torch.zeros(10, 4)
+    assert input_bytes([k, k[:, :2], torch.zeros(3)]) == 10 * 4 * 4 + 3 * 4
+
+
+def test_geomean() -> None:
+    assert geomean([1.0, 4.0, 16.0]) == pytest.approx(4.0)
+
+
+def test_kernel_rules_must_match_the_module() -> None:
+    check_kernel_rules(SimpleNamespace(MIN_DOT_ROWS=16, MAX_ROWS=128), 16, 128)
+    with pytest.raises(TuneError, match="spaces.toml"):
+        check_kernel_rules(SimpleNamespace(URI="m", MIN_DOT_ROWS=16, MAX_ROWS=64), 16, 128)
+
+
+def test_objective_on_the_real_backend_records_the_config(module: Any) -> None:
+    spaces = load_spaces()
+    bucket = Bucket(name="tiny", batch_min=1, batch_max=4, batches=(2,), prefixes=(40,))
+    job = TuneJob("sm_90", LAYOUTS["gqa64"], "bfloat16", "bfloat16", 8, bucket, (WORKLOAD,))
+    space = build_space(job, spaces)
+    study = optuna.create_study()
+    params, _ = space.params_of(default_config(job.layout, 8).model_copy(update={"num_stages": 1}))
+    study.enqueue_trial(params)
+    study.optimize(make_objective(space, backend(module)), n_trials=1)
+    assert study.trials[0].state.name == "COMPLETE"
+    assert study.trials[0].user_attrs["config"]["block_h"] == 8

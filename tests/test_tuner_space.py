@@ -1,0 +1,282 @@
+"""The search space of `kgen tune`: per-arch data, mocked devices, pruning before compiling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import optuna
+import pytest
+
+from kgen.blockconfig import BlockConfig, SplitPolicy
+from kgen.spec import load_layouts
+from kgen.tuner.errors import TuneError
+from kgen.tuner.gpu import device_info_from_props, select_gpu
+from kgen.tuner.space import (
+    ProblemShape,
+    SearchSpace,
+    arch_family,
+    arch_profile,
+    default_config,
+    fp32_regs_per_thread,
+    launch_rows,
+    load_spaces,
+    smem_bytes,
+)
+
+LAYOUTS = load_layouts()
+SPACES = load_spaces()
+
+
+def space_for(arch: str, layout: str, group: int, kv: str = "bfloat16", drafts: tuple[int, ...] = (4,)) -> SearchSpace:
+    shape = ProblemShape.of(LAYOUTS[layout], kv, "bfloat16", group, drafts, SPACES.kernel)
+    return SearchSpace.build(arch_profile(arch, SPACES), shape)
+
+
+def cfg(**kw: object) -> BlockConfig:
+    base = {"block_h": 4, "block_n": 64, "num_warps": 4, "num_stages": 2}
+    return BlockConfig(**{**base, **kw})
+
+
+# ----------------------------------------------------------------- mocked devices
+
+
+@pytest.mark.parametrize(
+    ("props", "hip", "arch"),
+    [
+        (
+            SimpleNamespace(
+                name="NVIDIA H200",
+                major=9,
+                minor=0,
+                multi_processor_count=132,
+                L2_cache_size=60 << 20,
+                total_memory=141 << 30,
+            ),
+            False,
+            "sm_90",
+        ),
+        (
+            SimpleNamespace(
+                name="NVIDIA B200",
+                major=10,
+                minor=0,
+                multi_processor_count=148,
+                L2_cache_size=126 << 20,
+                total_memory=180 << 30,
+            ),
+            False,
+            "sm_100",
+        ),
+        (
+            SimpleNamespace(
+                name="AMD Instinct MI300X",
+                gcnArchName="gfx942:sramecc+:xnack-",
+                multi_processor_count=304,
+                L2_cache_size=4 << 20,
+                total_memory=192 << 30,
+            ),
+            True,
+            "gfx942",
+        ),
+        (
+            SimpleNamespace(
+                name="AMD Instinct MI355X",
+                gcnArchName="gfx950:sramecc+:xnack-",
+                multi_processor_count=256,
+                L2_cache_size=4 << 20,
+                total_memory=288 << 30,
+            ),
+            True,
+            "gfx950",
+        ),
+    ],
+)
+def test_mocked_device_properties_map_to_arch_and_family(props: SimpleNamespace, hip: bool, arch: str) -> None:
+    info = device_info_from_props(props, hip=hip)
+    assert info.arch == arch
+    assert info.num_sms == props.multi_processor_count
+    assert arch_family(info.arch, SPACES) == ("rocm" if hip else "cuda")
+
+
+def test_rocm_device_without_gfx_name_is_a_clear_error() -> None:
+    props = SimpleNamespace(name="odd", gcnArchName="", multi_processor_count=1, total_memory=1)
+    with pytest.raises(TuneError, match="--arch"):
+        device_info_from_props(props, hip=True)
+
+
+def test_workers_index_into_the_visible_devices() -> None:
+    assert select_gpu(1, {"CUDA_VISIBLE_DEVICES": "4,5"}) == "5"
+    assert select_gpu(2, {}) == "2"
+    with pytest.raises(TuneError, match="lists only"):
+        select_gpu(2, {"CUDA_VISIBLE_DEVICES": "4,5"})
+
+
+# ----------------------------------------------------------------- spaces per arch
+
+
+def test_sm_90_space_is_cuda_without_amd_knobs() -> None:
+    space = space_for("sm_90", "qwen3_5_gqa256", 8)
+    prof = space.profile
+    assert prof.family == "cuda" and prof.warp_size == 32
+    assert prof.limits.smem_per_block == 232448 and prof.limits.smem_per_sm == 228 * 1024
+    assert set(space.axes) == {
+        "block_h",
+        "block_n",
+        "num_warps",
+        "num_stages",
+        "programs_per_sm",
+        "max_splits",
+        "min_tokens_per_split",
+    }
+    assert space.axes["block_h"] == (1, 2, 4, 8)  # <= next_pow2(group 8)
+    assert prof.kv_dtypes == ("bfloat16", "float8_e4m3fn")
+
+
+def test_gfx950_space_has_amd_knobs_and_160k_lds() -> None:
+    space = space_for("gfx950", "mla_absorbed_512_64", 16)
+    prof = space.profile
+    assert prof.family == "rocm" and prof.warp_size == 64
+    assert prof.limits.smem_per_block == 160 * 1024
+    assert space.axes["matrix_instr_nonkdim"] == (16, 32)
+    assert space.axes["kpack"] == (1,)  # Triton forces kpack 1 on gfx950: not a real choice
+    assert 0 in space.axes["waves_per_eu"]
+    assert space.axes["block_h"] == (1, 2, 4, 8, 16)
+
+
+def test_gfx942_space_has_kpack_and_64k_lds_and_fnuz() -> None:
+    space = space_for("gfx942", "gqa128", 8, kv="float8_e4m3fnuz")
+    prof = space.profile
+    assert prof.limits.smem_per_block == 64 * 1024
+    assert space.axes["kpack"] == (1, 2)
+    assert prof.kv_dtypes == ("bfloat16", "float8_e4m3fnuz")
+
+
+def test_block_h_never_exceeds_next_pow2_of_the_group() -> None:
+    assert space_for("sm_90", "qwen3_5_gqa256", 4).axes["block_h"] == (1, 2, 4)
+    assert max(space_for("sm_90", "mla_absorbed_512_64", 128).axes["block_h"]) == 64
+    assert max(space_for("gfx950", "gqa128", 8).axes["block_h"]) == 8
+
+
+def test_unlisted_arch_falls_back_to_family_limits_and_suffix_is_stripped() -> None:
+    assert arch_profile("sm_90a", SPACES).limits.smem_per_block == 232448
+    fallback = arch_profile("sm_89", SPACES)
+    assert fallback.limits.smem_per_block == 101376 and "fallback" in fallback.limits_from
+
+
+def test_unknown_arch_names_the_known_prefixes() -> None:
+    with pytest.raises(TuneError, match=r"unknown arch 'tpu_v5'.*sm_"):
+        arch_family("tpu_v5", SPACES)
+
+
+# ----------------------------------------------------------------- estimates and pruning
+
+
+def test_launch_rows_mirror_the_generated_launcher() -> None:
+    shape = space_for("sm_90", "gqa128", 16).shape
+    assert launch_rows(1, shape, 4) == (1, 16)  # rows padded to 16 for tl.dot
+    assert launch_rows(4, shape, 4) == (4, 4)
+    assert launch_rows(16, shape, 16) == (8, 16)  # halved to <= 128 rows
+    from kgen.loader import load
+
+    module = load("gqa128", "bfloat16")
+    assert (module.MIN_DOT_ROWS, module.MAX_ROWS) == (SPACES.kernel.min_dot, SPACES.kernel.max_rows)
+
+
+def test_shared_memory_estimate_counts_k_v_tiles_per_stage_and_q() -> None:
+    shape = space_for("sm_90", "qwen3_5_gqa256", 8).shape
+    # K + V tiles: 64 x (256 + 256) x 2 B x 2 stages; Q: 16 rows x 256 x 2 B
+    assert smem_bytes(cfg(block_n=64, num_stages=2), shape, rows=16) == 64 * 512 * 2 * 2 + 16 * 256 * 2
+    mla = space_for("sm_90", "mla_absorbed_512_64", 16).shape
+    # MLA reuses the K tile (512 + 64 wide) as V
+    assert smem_bytes(cfg(block_n=32, num_stages=1), mla, rows=64) == 32 * 576 * 2 + 64 * 576 * 2
+
+
+def test_register_estimate() -> None:
+    shape = space_for("sm_90", "mla_absorbed_512_64", 16).shape
+    regs = fp32_regs_per_thread(cfg(block_h=16, block_n=32, num_warps=8), shape, rows=64, warp_size=32)
+    assert regs == 64 * (512 + 32) / (8 * 32)
+
+
+def test_configs_that_do_not_fit_are_pruned_with_a_reason() -> None:
+    sm90 = space_for("sm_90", "qwen3_5_gqa256", 8)
+    assert "shared memory" in sm90.why_not(cfg(block_n=128, num_stages=4))
+    assert "registers" in sm90.why_not(cfg(block_h=8, block_n=128, num_warps=2, num_stages=1))
+    assert "next_pow2" in sm90.why_not(cfg(block_h=16))
+    assert sm90.why_not(cfg()) is None
+    gfx942 = space_for("gfx942", "qwen3_5_gqa256", 8)
+    fits_h100 = cfg(block_n=64, num_stages=3)
+    assert sm90.why_not(fits_h100) is None and "65536" in gfx942.why_not(fits_h100)
+    gfx950 = space_for("gfx950", "qwen3_5_gqa256", 8)
+    assert "matrix_instr_nonkdim" in gfx950.why_not(cfg(block_n=16, num_stages=1, matrix_instr_nonkdim=32))
+    assert gfx950.why_not(cfg(block_n=64, num_stages=1, matrix_instr_nonkdim=32, block_h=8)) is None
+
+
+def test_duplicates_the_launcher_would_halve_are_pruned() -> None:
+    space = space_for("sm_90", "mla_absorbed_512_64", 128, drafts=(16,))
+    assert "duplicate" in space.why_not(cfg(block_h=16, block_n=16, num_warps=8, num_stages=1))
+
+
+def test_suggest_prunes_before_anything_runs() -> None:
+    space = space_for("sm_90", "qwen3_5_gqa256", 8)
+    too_big = {
+        "block_h": 8,
+        "block_n": 128,
+        "num_warps": 4,
+        "num_stages": 4,
+        "programs_per_sm": 2,
+        "max_splits": 64,
+        "min_tokens_per_split": 256,
+    }
+    with pytest.raises(optuna.TrialPruned, match="does not fit"):
+        space.suggest(optuna.trial.FixedTrial(too_big))
+    ok = space.suggest(optuna.trial.FixedTrial({**too_big, "num_stages": 1, "block_n": 64}))
+    assert ok.split == SplitPolicy(programs_per_sm=2, max_splits=64, min_tokens_per_split=256)
+
+
+def test_every_shipped_default_is_a_point_of_its_space() -> None:
+    for arch in ("sm_90", "sm_100", "gfx950"):
+        for layout in LAYOUTS.values():
+            for group in layout.attention.group_sizes:
+                space = space_for(arch, layout.name, group)
+                default = default_config(layout, group)
+                params, notes = space.params_of(default)
+                assert notes == [] or all("nearest" in n for n in notes)
+                assert space.config(params).block_n == default.block_n
+                assert space.why_not(default) is None, (arch, layout.name, group)
+
+
+def test_rocm_default_gets_baseline_knobs_when_enqueued() -> None:
+    space = space_for("gfx950", "gqa128", 8)
+    params, _ = space.params_of(default_config(LAYOUTS["gqa128"], 8))
+    assert (params["waves_per_eu"], params["matrix_instr_nonkdim"], params["kpack"]) == (0, 16, 1)
+
+
+def test_space_digest_changes_with_the_choices() -> None:
+    a = space_for("sm_90", "gqa128", 8)
+    b = space_for("sm_90", "gqa128", 16)
+    assert a.digest() == space_for("sm_90", "gqa128", 8).digest() != b.digest()
+
+
+def test_counts_and_description() -> None:
+    space = space_for("sm_90", "qwen3_5_gqa256", 8)
+    assert 0 < space.feasible_count() < space.size() == 4 * 4 * 3 * 4 * 4 * 5 * 5
+    text = space.describe()
+    assert "232448" in text and "block_n" in text and "fit" in text
+
+
+# ----------------------------------------------------------------- the data file
+
+
+def test_bad_spaces_file_names_file_and_field(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[1] / "kgen" / "tuner" / "spaces.toml").read_text()
+    bad = tmp_path / "spaces.toml"
+    bad.write_text(text.replace("smem_per_block = 232448", 'smem_per_block = "lots"'))
+    with pytest.raises(TuneError, match=r"spaces\.toml: field 'arch\.sm_90\.limits\.smem_per_block'"):
+        load_spaces(bad)
+    bad.write_text(text.replace("warp_size = 32", "warp_size = 32\nwarp_sise = 32"))
+    with pytest.raises(TuneError, match=r"field 'family\.cuda\.warp_sise': unknown key"):
+        load_spaces(bad)
+    bad.write_text(text + "\n[[[")
+    with pytest.raises(TuneError, match="not valid TOML"):
+        load_spaces(bad)
