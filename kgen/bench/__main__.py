@@ -1,0 +1,7 @@
+"""``python -m kgen.bench``: ``kgen bench`` without the main CLI (e.g. on a GPU machine)."""
+
+import sys
+
+from kgen.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,372 @@
+"""``kgen bench``: argument parsing and the run, for the main CLI and ``python -m kgen.bench``.
+
+The main ``kgen`` CLI calls ``add_bench_parser(subparsers)`` and then ``run_bench(args)``
+(also set as ``func`` on the sub-parser). Exit codes: 0 all cases right and no regression,
+1 a case FAILED or ``--compare`` found a regression, 2 a usage or environment problem.
+
+Without a GPU, ``--list`` prints the cases and ``--from-json RESULT`` re-renders a result
+(and ``--compare``s it), so the report side runs anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kgen.bench.cases import (
+    KERNELS,
+    BenchUsageError,
+    Case,
+    build_matrix,
+    format_case_list,
+    parse_kv_dtypes,
+    parse_layout_groups,
+    parse_sizes,
+    split_list,
+)
+from kgen.bench.measure import CaseResult
+from kgen.bench.report import (
+    COMPARE_NAME,
+    DEFAULT_THRESHOLD,
+    BenchMeta,
+    BenchReportError,
+    BenchRun,
+    compare_runs,
+    format_comparison,
+    read_run,
+    speedup_summary,
+    write_json,
+    write_report,
+)
+from kgen.errors import KgenError
+
+DEFAULT_OUT = "bench-out"
+DESCRIPTION = (
+    "Time the generated grouped-head verify kernel against the per-head split-KV kernel, "
+    "FlexAttention and SDPA on the same inputs, with the device-copy bandwidth as the ceiling. "
+    "Writes bench.json, bench.md and PNG plots into --out."
+)
+EPILOG = """examples:
+  kgen bench --quick                                  32 cases, a few minutes on an H200
+  kgen bench --layout qwen3_5_gqa256:16 --kv-dtype bf16 --batch 64 --prefix 16K --draft 4
+  kgen bench --compare benchmarks/baselines/h200.json exit 1 on a >10% kgen slowdown
+  kgen bench --from-json bench-out/bench.json --compare benchmarks/baselines/h200.json
+  kgen bench --list                                   the cases, no GPU needed"""
+FLEX_SWEEP_MODES = ("headline", "all", "none")
+
+
+class BenchEnvironmentError(KgenError, RuntimeError):
+    """No GPU, or a missing package the measurement needs."""
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every ``kgen bench`` option (shared by the sub-command and ``python -m kgen.bench``)."""
+    sel = parser.add_argument_group("cases (repeat an option or separate values by commas)")
+    sel.add_argument(
+        "--layout",
+        action="append",
+        metavar="NAME[:GROUP]",
+        help="layouts (default: qwen3_5_gqa256:16, :4, mla_absorbed_512_64:16, gqa128:8)",
+    )
+    sel.add_argument(
+        "--kv-dtype",
+        action="append",
+        metavar="DTYPE",
+        help="KV dtypes: bf16, fp8 ... (default: bfloat16, float8_e4m3fn)",
+    )
+    sel.add_argument("--batch", action="append", metavar="N", help="batches (default 1,16,64,128)")
+    sel.add_argument(
+        "--prefix", action="append", metavar="TOKENS", help="prefix lengths, K suffix allowed (default 1K,4K,16K,32K)"
+    )
+    sel.add_argument("--draft", action="append", metavar="L", help="draft lengths (default 1,2,4)")
+    sel.add_argument("--kv-heads", type=int, default=1, help="KV heads per rank (default 1)")
+    sel.add_argument(
+        "--quick", action="store_true", help="the fast subset: batch 16,64 x prefix 1K,16K x L 4 (32 cases)"
+    )
+    sel.add_argument(
+        "--kernels", action="append", metavar="NAME", help=f"kernels to run (default all: {', '.join(KERNELS)})"
+    )
+    sel.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
+
+    out = parser.add_argument_group("output and verdict")
+    out.add_argument("--out", metavar="DIR", help=f"output directory (default {DEFAULT_OUT})")
+    out.add_argument(
+        "--compare", metavar="BASELINE.json", help="exit 1 when a kgen kernel is more than --threshold slower than here"
+    )
+    out.add_argument(
+        "--threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD * 100,
+        metavar="PCT",
+        help="regression threshold in percent (default 10)",
+    )
+    out.add_argument(
+        "--from-json", metavar="RESULT.json", help="no measurement: re-render (with --out) and --compare a saved result"
+    )
+    out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    run = parser.add_argument_group("measurement")
+    run.add_argument(
+        "--flex-sweep",
+        choices=FLEX_SWEEP_MODES,
+        help="FlexAttention kernel-option sweep: on the headline cases (default), "
+        "on all cases, or none (default with --quick)",
+    )
+    run.add_argument("--replays", type=int, default=15, help="graph replays per timing (default 15)")
+    run.add_argument(
+        "--min-graph-us",
+        type=float,
+        default=1000.0,
+        help="launches per graph are chosen to last at least this long (default 1000)",
+    )
+    run.add_argument(
+        "--time-limit",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="skip the cases left after this long and write what was measured (0: none)",
+    )
+    run.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy-ceiling copy")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--flex-eager", action="store_true", help="run FlexAttention without torch.compile (debugging only: unfused)"
+    )
+    return parser  # fmt: skip
+
+
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``bench`` on the main CLI's sub-parsers; ``func`` is ``run_bench``."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark the generated kernels against per-head, FlexAttention and SDPA",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_bench_arguments(parser)
+    parser.set_defaults(func=run_bench)
+    return parser
+
+
+def select_cases(args: argparse.Namespace) -> list[Case]:
+    from kgen.spec import load_layouts
+
+    specs = load_layouts()
+    drafts = parse_sizes(args.draft)
+    return build_matrix(
+        specs,
+        layout_groups=parse_layout_groups(args.layout, specs),
+        kv_dtypes=parse_kv_dtypes(args.kv_dtype),
+        batches=parse_sizes(args.batch),
+        prefixes=parse_sizes(args.prefix),
+        drafts=drafts,
+        quick=args.quick,
+        kv_heads=args.kv_heads,
+    )
+
+
+def select_kernels(args: argparse.Namespace) -> list[str]:
+    names = split_list(args.kernels) or list(KERNELS)
+    unknown = [n for n in names if n not in KERNELS]
+    if unknown:
+        raise BenchUsageError(f"unknown kernel(s) {unknown}; choose from {', '.join(KERNELS)}")
+    return [k for k in KERNELS if k in names]
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run ``kgen bench`` with parsed arguments; returns the exit code."""
+    try:
+        return _run(args)
+    except (BenchUsageError, BenchReportError, BenchEnvironmentError) as exc:
+        print(f"kgen bench: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.replays < 1:
+        raise BenchUsageError("--replays must be at least 1")
+    if args.from_json:
+        run = read_run(args.from_json)
+        out_dir = Path(args.out) if args.out else None
+    else:
+        cases = select_cases(args)
+        if args.list:
+            print(format_case_list(cases))
+            return 0
+        out_dir = Path(args.out or DEFAULT_OUT)
+        run = measure(args, cases, out_dir)
+    if out_dir is not None:
+        for path in write_report(run, out_dir, plots=not args.no_plots):
+            print(f"wrote {path}")
+    print(summary_text(run))
+    code = 1 if any(c.status == "FAILED" for c in run.cases) else 0
+    if args.compare:
+        cmp = compare_runs(run, read_run(args.compare), args.threshold / 100.0)
+        text = format_comparison(cmp, args.compare)
+        print(text)
+        if out_dir is not None:
+            (out_dir / COMPARE_NAME).write_text(text + "\n", encoding="utf-8")
+        code = code or (0 if cmp.ok else 1)
+    return code
+
+
+def case_line(res: CaseResult) -> str:
+    """One log line per case (used instead of the progress bar in logs)."""
+    g = res.kernels.get("grouped")
+    head = f"{res.key:48s} {res.status:7s}"
+    if g is None or not g.timed:
+        return f"{head} grouped {g.status if g else '-'}"
+    pct = f" {g.pct_copy:5.1f}% copy" if g.pct_copy is not None else ""
+    ups = " ".join(f"x{k}={v:.2f}" for k, v in res.speedup.items())
+    return f"{head} grouped {g.median_us:9.1f} us{pct} {ups}"
+
+
+def summary_text(run: BenchRun) -> str:
+    failed = [c.key for c in run.cases if c.status == "FAILED"]
+    skipped = sum(1 for c in run.cases if c.status == "skipped")
+    lines = [f"{len(run.cases)} cases, {len(failed)} FAILED, {skipped} skipped"]
+    for name, (g, n) in speedup_summary(run.cases).items():
+        lines.append(f"  grouped vs {name}: {g:.2f}x geometric mean over {n} cases")
+    lines += [f"  FAILED: {key}" for key in failed]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- measurement
+
+
+def _git_state() -> tuple[str | None, bool | None]:
+    """The commit measured: $KGEN_GIT_COMMIT (a copy of the tree without .git), else git."""
+    env = os.environ.get("KGEN_GIT_COMMIT")
+    if env:
+        return env, None
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return head or None, bool(dirty.strip())
+
+
+def collect_meta(args: argparse.Namespace, copy_gbps: float, copy_bytes: int) -> BenchMeta:
+    import torch
+    import triton
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if torch.version.hip:
+        arch = str(props.gcnArchName).split(":")[0]
+    else:
+        arch = f"sm_{props.major}{props.minor}"
+    commit, dirty = _git_state()
+    return BenchMeta(
+        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        gpu_name=str(props.name),
+        arch=arch,
+        num_sms=int(props.multi_processor_count),
+        l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0) or None,
+        total_memory=int(props.total_memory),
+        torch_version=torch.__version__,
+        triton_version=triton.__version__,
+        cuda_version=torch.version.cuda or torch.version.hip,
+        git_commit=commit,
+        git_dirty=dirty,
+        copy_ceiling_gbps=copy_gbps,
+        copy_bytes=copy_bytes,
+        quick=bool(args.quick),
+        argv=list(sys.argv),
+        timer={
+            "kind": "cuda-graph",
+            "replays": args.replays,
+            "min_graph_us": args.min_graph_us,
+            "l2_rotate_factor": 2.0,
+        },  # fmt: skip
+        flex_sweep=flex_sweep_mode(args),
+    )
+
+
+def flex_sweep_mode(args: argparse.Namespace) -> str:
+    if args.flex_sweep:
+        return args.flex_sweep
+    return "none" if args.quick else "headline"
+
+
+def sweep_cases(cases: Sequence[Case], mode: str) -> list[Case]:
+    """One case per peer shape (the peers do not depend on the KV dtype)."""
+    if mode == "none":
+        return []
+    first: dict[str, Case] = {}
+    for case in cases:
+        if mode == "all" or case.is_headline:
+            first.setdefault(case.peer_key, case)
+    return list(first.values())
+
+
+def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path) -> BenchRun:
+    """The GPU run: copy ceiling, the matrix (checkpointed to bench.json after every case),
+    then the FlexAttention sweep while time is left."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise BenchEnvironmentError(f"torch is needed to measure: {exc}") from None
+    if not torch.cuda.is_available():
+        raise BenchEnvironmentError(
+            "no CUDA/ROCm GPU is visible: kgen bench times kernels on a GPU. "
+            "Use --list to see the cases, or --from-json RESULT.json [--compare BASELINE.json]."
+        )
+    from kgen.bench.measure import apply_sweep, run_matrix, run_sweep
+    from kgen.bench.peers import FLEX_SWEEP_GRID, DeviceProvider, flex_label
+    from kgen.bench.timing import CudaGraphTimer, copy_ceiling_gbps
+
+    started = time.monotonic()
+    deadline = started + args.time_limit if args.time_limit > 0 else None
+    kernels = select_kernels(args)
+    timer = CudaGraphTimer(replays=args.replays, min_graph_us=args.min_graph_us)
+    copy_bytes = int(args.copy_gib * (1 << 30))
+    copy_gbps = copy_ceiling_gbps(timer, copy_bytes)
+    meta = collect_meta(args, copy_gbps, copy_bytes)
+    print(f"{meta.gpu_name} ({meta.arch}): copy ceiling {copy_gbps:.0f} GB/s; {len(cases)} cases",
+          flush=True)  # fmt: skip
+    provider = DeviceProvider(l2_bytes=meta.l2_bytes or (50 << 20), seed=args.seed,
+                              compile_flex=not args.flex_eager)  # fmt: skip
+    checkpoint = out_dir / "bench.json"
+
+    def on_case(results: list[CaseResult]) -> None:
+        write_json(BenchRun(meta=meta, cases=results), checkpoint)
+        if args.no_progress:
+            print(case_line(results[-1]), flush=True)
+
+    results = run_matrix(cases, provider, timer, copy_gbps, kernels, deadline=deadline,
+                         progress=not args.no_progress, on_case=on_case)  # fmt: skip
+    sweeps = []
+    refused = {r.case.peer_key for r in results if r.kernels.get("flex") and r.kernels["flex"].status == "unsupported"}
+    targets = [c for c in sweep_cases(cases, flex_sweep_mode(args)) if c.peer_key not in refused]
+    if "flex" not in kernels:
+        targets = []
+    if targets:
+        labels = [flex_label(o) for o in FLEX_SWEEP_GRID]
+        sweeps = run_sweep(targets, provider, "flex", labels, timer, copy_gbps, deadline=deadline,
+                           progress=not args.no_progress)  # fmt: skip
+        results = apply_sweep(results, sweeps, copy_gbps)
+    meta.duration_s = time.monotonic() - started
+    if deadline is not None and time.monotonic() > deadline:
+        meta.notes.append(f"time limit of {args.time_limit:.0f} s reached: later cases skipped")
+    return BenchRun(meta=meta, cases=results, sweeps=sweeps)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m kgen.bench``: the same options as ``kgen bench``."""
+    parser = argparse.ArgumentParser(
+        prog="kgen bench", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_bench_arguments(parser)
+    return run_bench(parser.parse_args(argv))

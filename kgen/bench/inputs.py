@@ -1,0 +1,261 @@
+"""The tensors of one case: a paged KV pool, a shuffled page table and rotated input sets.
+
+The generated kernels read SGLang's token-slot pool: ``k_buffer [slots, H_kv, D_qk]``,
+``v_buffer [slots, H_kv, D_v]`` (absorbed MLA: a view of K's first D_v columns),
+``kv_indices`` int32 into it. The page table is a random permutation of the slots, as in
+a long-running server, not ``arange`` (which would flatter any kernel with perfectly
+sequential reads). Each input set owns its own slots, queries and outputs; together the
+sets exceed twice the L2 so a replayed graph reads K/V from HBM every launch.
+
+The peers read the same values gathered into dense ``[bs, H, S, D]`` bf16 tensors (FP8
+pool values dequantized with the case's scales), built outside any timed region.
+
+Inputs are made to be *checkable*: each request's draft queries and keys share a random
+direction whose score stands ~ln(prefix) above the prefix keys', so the draft block
+carries a visible share of the softmax mass and a wrong causal mask on the draft tail
+shows in the output instead of drowning in a 32K-token average.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+
+from kgen.bench.cases import Case
+from kgen.reference import reference_verify
+
+FP8_K_SCALE = 0.75
+FP8_V_SCALE = 1.25
+CHECK_REQUESTS = 2  # requests compared with the reference (the reference is slow)
+_POOL_CHUNK_ELEMS = 64 << 20  # random fill in chunks: bounded fp32 temporaries
+
+
+def draft_affinity(case: Case) -> float:
+    """Scale of the shared query/key direction: a draft score of about ln(P) + 2 over
+    prefix scores of about N(0, 1 + beta^2)."""
+    return math.sqrt((math.log(max(case.prefix, 2)) + 2.0) / math.sqrt(case.qk_dim))
+
+
+@dataclass
+class InputSet:
+    q: torch.Tensor  # [bs*L, H_q, D_qk] bf16
+    k_extend: torch.Tensor  # [bs*L, H_kv, D_qk] bf16
+    v_extend: torch.Tensor  # [bs*L, H_kv, D_v] bf16 (MLA: view of k_extend)
+    o: torch.Tensor  # [bs*L, H_q, D_v] bf16
+    kv_indices: torch.Tensor  # [bs*P] int32, this set's slots in shuffled order
+
+
+@dataclass
+class CaseInputs:
+    case: Case
+    k_buffer: torch.Tensor
+    v_buffer: torch.Tensor
+    qo_indptr: torch.Tensor
+    kv_indptr: torch.Tensor
+    sets: list[InputSet]
+    k_scale: float
+    v_scale: float
+    sm_scale: float
+    _reference: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def n_sets(self) -> int:
+        return len(self.sets)
+
+    @property
+    def check_requests(self) -> int:
+        return min(CHECK_REQUESTS, self.case.batch)
+
+    def reference(self) -> torch.Tensor:
+        """fp32 output of the first requests of set 0, computed once per case."""
+        if self._reference is None:
+            self._reference = reference_subset(self)
+        return self._reference
+
+
+def _case_generator(case: Case, device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(case.key.encode()))
+
+
+def _random_pool(
+    slots: int, heads: int, dim: int, dtype: torch.dtype, scale: float, gen: torch.Generator, device: torch.device
+) -> torch.Tensor:
+    """N(0, 1) values stored as ``x / scale`` (what an engine's FP8 quantizer stores)."""
+    out = torch.empty(slots, heads, dim, dtype=dtype, device=device)
+    rows = max(1, _POOL_CHUNK_ELEMS // (heads * dim))
+    for start in range(0, slots, rows):
+        n = min(rows, slots - start)
+        x = torch.randn(n, heads, dim, generator=gen, device=device)
+        if scale != 1.0:
+            x.div_(scale)
+        out[start : start + n] = x.to(dtype)
+    return out
+
+
+def _draft_set(case: Case, kv_indices: torch.Tensor, gen: torch.Generator, device: torch.device) -> InputSet:
+    bs, L, hq, hkv = case.batch, case.draft, case.num_q_heads, case.kv_heads
+    bf16 = torch.bfloat16
+    shared = torch.randn(bs, 1, 1, case.qk_dim, generator=gen, device=device) * draft_affinity(case)
+    q = torch.randn(bs, L, hq, case.qk_dim, generator=gen, device=device) + shared
+    k_ext = torch.randn(bs, L, hkv, case.qk_dim, generator=gen, device=device) + shared
+    q = q.reshape(bs * L, hq, case.qk_dim).to(bf16)
+    k_ext = k_ext.reshape(bs * L, hkv, case.qk_dim).to(bf16)
+    if case.separate_v:
+        v_ext = torch.randn(bs * L, hkv, case.v_dim, generator=gen, device=device).to(bf16)
+    else:
+        v_ext = k_ext[..., : case.v_dim]
+    o = torch.full((bs * L, hq, case.v_dim), float("nan"), dtype=bf16, device=device)
+    return InputSet(q=q, k_extend=k_ext, v_extend=v_ext, o=o, kv_indices=kv_indices)
+
+
+def build_inputs(case: Case, device: str | torch.device, n_sets: int = 1, seed: int = 0) -> CaseInputs:
+    """One pool holding ``n_sets`` x batch x prefix slots, each set's slots a disjoint slice
+    of one random permutation."""
+    dev = torch.device(device)
+    gen = _case_generator(case, dev, seed)
+    kv_dtype = getattr(torch, case.kv_dtype)
+    k_scale, v_scale = (FP8_K_SCALE, FP8_V_SCALE) if case.is_fp8 else (1.0, 1.0)
+    per_set = case.batch * case.prefix
+    slots = n_sets * per_set
+    k_buffer = _random_pool(slots, case.kv_heads, case.qk_dim, kv_dtype, k_scale, gen, dev)
+    if case.separate_v:
+        v_buffer = _random_pool(slots, case.kv_heads, case.v_dim, kv_dtype, v_scale, gen, dev)
+    else:
+        v_buffer = k_buffer[..., : case.v_dim]
+    perm = torch.randperm(slots, generator=gen, device=dev).to(torch.int32)
+    steps = torch.arange(case.batch + 1, dtype=torch.int32, device=dev)
+    sets = [_draft_set(case, perm[s * per_set : (s + 1) * per_set], gen, dev) for s in range(n_sets)]
+    return CaseInputs(
+        case=case,
+        k_buffer=k_buffer,
+        v_buffer=v_buffer,
+        qo_indptr=steps * case.draft,
+        kv_indptr=steps * case.prefix,
+        sets=sets,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        sm_scale=1.0 / math.sqrt(case.qk_dim),
+    )
+
+
+def gather_rows(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``buffer[slots]`` for any dtype: FP8 rows move as bytes (indexing kernels for FP8
+    types are not on every torch build)."""
+    if buffer.element_size() == 1 and buffer.is_floating_point():
+        return buffer.view(torch.uint8)[slots].view(buffer.dtype)
+    return buffer[slots]
+
+
+def reference_subset(inputs: CaseInputs) -> torch.Tensor:
+    """``kgen.reference.reference_verify`` on the first requests of set 0, over a compact
+    copy of just their slots (fp32 holds FP8 values exactly)."""
+    case, s0 = inputs.case, inputs.sets[0]
+    n = inputs.check_requests
+    rows, toks = n * case.draft, n * case.prefix
+    slots = s0.kv_indices[:toks].long()
+    k_c = gather_rows(inputs.k_buffer, slots).float()
+    v_c = gather_rows(inputs.v_buffer, slots).float() if case.separate_v else k_c[..., : case.v_dim]
+    return reference_verify(
+        s0.q[:rows],
+        s0.k_extend[:rows],
+        s0.v_extend[:rows],
+        k_c,
+        v_c,
+        inputs.qo_indptr[: n + 1],
+        inputs.kv_indptr[: n + 1],
+        torch.arange(toks, dtype=torch.int32, device=slots.device),
+        inputs.k_scale,
+        inputs.v_scale,
+        inputs.sm_scale,
+    )
+
+
+def max_rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| / max |ref| over the compared rows; NaN or inf anywhere gives inf
+    (an unwritten output is NaN-filled, so a kernel that skips rows cannot pass)."""
+    out32 = out.float()
+    if not bool(torch.isfinite(out32).all()):
+        return math.inf
+    scale = ref.abs().max().clamp_min(1e-12)
+    return float((out32 - ref).abs().max() / scale)
+
+
+@dataclass
+class PeerInputs:
+    """Dense bf16 views of the same problem for FlexAttention and SDPA (one per input set)."""
+
+    case: Case
+    q: list[torch.Tensor]  # [bs, H_q, L, D_qk]
+    q_folded: list[torch.Tensor]  # [bs, H_kv, G*L, D_qk], row g*L + l
+    k: list[torch.Tensor]  # [bs, H_kv, P+L, D_qk]
+    v: list[torch.Tensor]  # [bs, H_kv, P+L, D_v], contiguous (MLA: a copy of K's columns)
+    sm_scale: float
+
+    @property
+    def n_sets(self) -> int:
+        return len(self.q)
+
+
+def _dense(buffer: torch.Tensor, slots: torch.Tensor, draft: torch.Tensor, case: Case, scale: float) -> torch.Tensor:
+    """[bs, H_kv, P + L, D] bf16: the prefix rows in page-table order, then the draft rows."""
+    bs, P, L, hkv = case.batch, case.prefix, case.draft, case.kv_heads
+    prefix = gather_rows(buffer, slots.long()).to(torch.bfloat16)
+    if scale != 1.0:
+        prefix.mul_(scale)
+    width = prefix.shape[-1]
+    full = torch.cat([prefix.view(bs, P, hkv, width), draft.reshape(bs, L, hkv, width)], dim=1)
+    del prefix
+    return full.permute(0, 2, 1, 3).contiguous()
+
+
+def build_peer_inputs(inputs: CaseInputs) -> PeerInputs:
+    case = inputs.case
+    bs, L, G, hkv = case.batch, case.draft, case.group, case.kv_heads
+    qs, folded, ks, vs = [], [], [], []
+    for s in inputs.sets:
+        q = s.q.view(bs, L, hkv, G, case.qk_dim)
+        qs.append(q.permute(0, 2, 3, 1, 4).reshape(bs, hkv * G, L, case.qk_dim).contiguous())
+        folded.append(q.permute(0, 2, 3, 1, 4).reshape(bs, hkv, G * L, case.qk_dim).contiguous())
+        k = _dense(inputs.k_buffer, s.kv_indices, s.k_extend, case, inputs.k_scale)
+        if case.separate_v:
+            v = _dense(inputs.v_buffer, s.kv_indices, s.v_extend, case, inputs.v_scale)
+        else:
+            # V is K's latent columns, dequantized with v_scale (the kernel's V path).
+            v = k[..., : case.v_dim].contiguous()
+            if inputs.v_scale != inputs.k_scale:
+                v[:, :, : case.prefix].mul_(inputs.v_scale / inputs.k_scale)
+        ks.append(k)
+        vs.append(v)
+    return PeerInputs(case=case, q=qs, q_folded=folded, k=ks, v=vs, sm_scale=inputs.sm_scale)
+
+
+def rows_from_heads(out: torch.Tensor, case: Case) -> torch.Tensor:
+    """[bs, H_q, L, D_v] (GQA form) -> [bs*L, H_q, D_v], kgen's row order."""
+    bs, hq, L, dv = out.shape
+    return out.permute(0, 2, 1, 3).reshape(bs * L, hq, dv)
+
+
+def rows_from_folded(out: torch.Tensor, case: Case) -> torch.Tensor:
+    """[bs, H_kv, G*L, D_v] (heads folded into query rows) -> [bs*L, H_q, D_v]."""
+    bs, hkv, _, dv = out.shape
+    folded = out.view(bs, hkv, case.group, case.draft, dv).permute(0, 3, 1, 2, 4)
+    return folded.reshape(bs * case.draft, hkv * case.group, dv)
+
+
+@functools.lru_cache(maxsize=64)
+def draft_mask(prefix: int, draft: int, repeat: int, device: str, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Additive mask [1, 1, repeat*L, P+L]: row r (draft position r % L) sees the prefix and
+    draft 0..(r % L). Stored inside a 16-column-aligned buffer so SDPA's mem-efficient
+    kernel takes it as is instead of padding a copy on every call."""
+    total = prefix + draft
+    padded = -(-total // 16) * 16
+    col = torch.arange(padded, device=device)
+    pos = torch.arange(draft, device=device).repeat(repeat)
+    visible = col[None, :] <= (prefix + pos)[:, None]
+    mask = torch.zeros(repeat * draft, padded, dtype=dtype, device=device)
+    mask.masked_fill_(~visible, float("-inf"))
+    return mask[None, None, :, :total]

@@ -1,0 +1,524 @@
+"""What a bench run leaves behind: bench.json, bench.md, two PNG plots, and --compare.
+
+The JSON is the one source: the Markdown and the plots are rendered from it (``kgen bench
+--from-json`` re-renders them), and a baseline such as ``benchmarks/baselines/h200.json``
+is simply a committed bench.json. Cases are matched by ``key``
+(``layout/gGROUP/kvtag/bsB/pP/LL``), so a ``--quick`` run compares against a full baseline
+on the cases they share.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kgen.bench import SCHEMA
+from kgen.bench.cases import HEADLINE_KERNEL, KERNELS, KGEN_KERNELS
+from kgen.bench.measure import CaseResult, KernelResult, SweepEntry
+from kgen.errors import KgenError
+from kgen.spec import KV_DTYPES
+
+JSON_NAME = "bench.json"
+MARKDOWN_NAME = "bench.md"
+BANDWIDTH_PNG = "bandwidth.png"
+SPEEDUP_PNG = "speedup.png"
+COMPARE_NAME = "compare.md"
+DEFAULT_THRESHOLD = 0.10
+KERNEL_COLORS = {"grouped": "tab:blue", "per_head": "tab:orange", "flex": "tab:green", "sdpa": "tab:red"}
+KERNEL_TITLES = {
+    "grouped": "kgen grouped",
+    "per_head": "kgen per-head",
+    "flex": "FlexAttention",
+    "sdpa": "SDPA",
+}
+
+
+class BenchReportError(KgenError, ValueError):
+    """A result or baseline file cannot be read."""
+
+
+class BenchMeta(BaseModel):
+    """Where and how a run was made. Unknown fields are kept (newer writers)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    created: str = ""
+    gpu_name: str = "unknown"
+    arch: str = ""
+    num_sms: int | None = None
+    l2_bytes: int | None = None
+    total_memory: int | None = None
+    torch_version: str | None = None
+    triton_version: str | None = None
+    cuda_version: str | None = None
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+    copy_ceiling_gbps: float | None = None
+    copy_bytes: int | None = None
+    quick: bool = False
+    argv: list[str] = Field(default_factory=list)
+    timer: dict[str, Any] = Field(default_factory=dict)
+    flex_sweep: str = "none"
+    duration_s: float | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class BenchRun(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    schema_: Literal["kgen.bench/1"] = Field(default=SCHEMA, alias="schema")
+    meta: BenchMeta = Field(default_factory=BenchMeta)
+    cases: list[CaseResult] = Field(default_factory=list)
+    sweeps: list[SweepEntry] = Field(default_factory=list)
+
+    def by_key(self) -> dict[str, CaseResult]:
+        return {c.key: c for c in self.cases}
+
+
+# ---------------------------------------------------------------------------- JSON
+
+
+def run_to_json(run: BenchRun) -> str:
+    return json.dumps(run.model_dump(mode="json", by_alias=True), indent=1) + "\n"
+
+
+def write_json(run: BenchRun, path: Path) -> Path:
+    """Write through a temporary file: the checkpoint after each case is never half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(run_to_json(run), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_run(path: Path | str) -> BenchRun:
+    """Read a bench.json (a result or a baseline); errors name the file and the field."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BenchReportError(f"{path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise BenchReportError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    try:
+        return BenchRun.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "<top level>"
+        raise BenchReportError(
+            f"{path}: not a kgen bench result ({SCHEMA}): field '{where}': {first['msg']}"
+            + (f" (and {len(exc.errors()) - 1} more problems)" if len(exc.errors()) > 1 else "")
+        ) from None
+
+
+# ---------------------------------------------------------------------------- summary figures
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def speedup_summary(cases: Sequence[CaseResult]) -> dict[str, tuple[float, int]]:
+    """Per other kernel: the geometric-mean speed-up of the grouped kernel and over how many
+    cases it was measured."""
+    out: dict[str, tuple[float, int]] = {}
+    for name in KERNELS:
+        if name == HEADLINE_KERNEL:
+            continue
+        vals = [c.speedup[name] for c in cases if name in c.speedup]
+        g = geomean(vals)
+        if g is not None:
+            out[name] = (g, len(vals))
+    return out
+
+
+def choice_counts(cases: Sequence[CaseResult], kernel: str) -> dict[str, int]:
+    """How often each configuration won for a peer (shared results counted once)."""
+    counts: dict[str, int] = {}
+    for c in cases:
+        res = c.kernels.get(kernel)
+        if res is None or res.shared_from or res.status != "ok":
+            continue
+        counts[res.choice or "default"] = counts.get(res.choice or "default", 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+# ---------------------------------------------------------------------------- Markdown
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _cell_us(res: KernelResult | None) -> str:
+    if res is None:
+        return "-"
+    if not res.timed:
+        return res.status
+    text = _fmt(res.median_us)
+    return f"FAILED {text}" if res.status == "failed" else text
+
+
+def _cell_choice(res: KernelResult | None) -> str:
+    if res is None or not res.timed:
+        return _cell_us(res)
+    return f"{_cell_us(res)} ({res.choice})" if res.choice else _cell_us(res)
+
+
+def _header(run: BenchRun) -> list[str]:
+    m = run.meta
+    counts = {s: sum(1 for c in run.cases if c.status == s) for s in ("ok", "FAILED", "skipped")}
+    commit = (m.git_commit or "unknown")[:12] + (" (dirty)" if m.git_dirty else "")
+    where = [
+        m.created,
+        m.arch,
+        f"torch {m.torch_version}" if m.torch_version else "",
+        f"triton {m.triton_version}" if m.triton_version else "",
+        f"CUDA {m.cuda_version}" if m.cuda_version else "",
+        f"commit {commit}",
+        "--quick" if m.quick else "",
+    ]
+    lines = [
+        f"# kgen bench: {m.gpu_name}",
+        "",
+        "- " + " · ".join(w for w in where if w),
+        f"- copy ceiling: **{_fmt(m.copy_ceiling_gbps, 0)} GB/s** "
+        f"({(m.copy_bytes or 0) / (1 << 30):.0f} GiB device-to-device copy, bytes read + written)",
+        f"- {len(run.cases)} cases: {counts['ok']} ok, {counts['FAILED']} FAILED, "
+        f"{counts['skipped']} skipped" + (f" · {m.duration_s:.0f} s" if m.duration_s else ""),
+    ]
+    summary = speedup_summary(run.cases)
+    if summary:
+        parts = [f"{KERNEL_TITLES.get(k, k)} **{g:.2f}x** ({n} cases)" for k, (g, n) in summary.items()]
+        lines.append("- grouped kernel speed-up (geometric mean) over: " + ", ".join(parts))
+    for note in m.notes:
+        lines.append(f"- {note}")
+    return lines
+
+
+def _failures(run: BenchRun) -> list[str]:
+    rows = []
+    for c in run.cases:
+        for name, res in c.kernels.items():
+            if res.status in ("failed", "error") or (name in KGEN_KERNELS and res.status == "unsupported"):
+                err = _fmt(res.max_rel_err, 4) if res.max_rel_err is not None else "-"
+                rows.append(f"| {c.key} | {name} | {res.status} | {err} | {res.note or '-'} |")
+    if not rows:
+        return []
+    return ["", "## Failures and errors", "", "| case | kernel | status | max rel err | note |",
+            "| --- | --- | --- | --- | --- |", *rows]  # fmt: skip
+
+
+def _group_title(c: CaseResult) -> str:
+    tag = KV_DTYPES.get(c.case.kv_dtype, c.case.kv_dtype)
+    extra = f", {c.case.kv_heads} KV heads" if c.case.kv_heads != 1 else ""
+    return f"{c.case.layout}, group {c.case.group}, KV {tag}{extra}"
+
+
+def _case_row(c: CaseResult) -> str:
+    k = c.kernels
+    g = k.get("grouped")
+    cells = [
+        str(c.case.batch), str(c.case.prefix), str(c.case.draft),
+        _cell_us(g) + (f" ({_fmt(g.p10_us)}–{_fmt(g.p90_us)})" if g and g.timed else ""),
+        _fmt(g.gbps, 0) if g else "-",
+        _fmt(g.pct_copy, 1) if g else "-",
+        _cell_us(k.get("per_head")),
+        _cell_choice(k.get("flex")),
+        _cell_choice(k.get("sdpa")),
+        *(_fmt(c.speedup.get(name), 2) for name in ("per_head", "flex", "sdpa")),
+        _fmt(g.scratch_bytes / (1 << 20), 1) if g and g.scratch_bytes is not None else "-",
+        " / ".join(_fmt(k[n].max_rel_err, 4) for n in KGEN_KERNELS if n in k),
+        c.status,
+    ]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+_TABLE_HEAD = [
+    "| batch | prefix | L | grouped µs (p10–p90) | GB/s | % copy | per-head µs | FlexAttention µs "
+    "| SDPA µs | × per-head | × flex | × SDPA | scratch MiB | max rel err (grouped / per-head) "
+    "| status |",
+    "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
+]
+
+
+def _case_tables(run: BenchRun) -> list[str]:
+    lines: list[str] = []
+    title = None
+    for c in run.cases:
+        if _group_title(c) != title:
+            title = _group_title(c)
+            lines += ["", f"## {title}", "", *_TABLE_HEAD]
+        lines.append(_case_row(c))
+    return lines
+
+
+def _sweep_table(run: BenchRun) -> list[str]:
+    if not run.sweeps:
+        return []
+    from kgen.bench.measure import best_of_sweep
+
+    best = {id(e) for e in best_of_sweep(run.sweeps).values()}
+    lines = ["", "## FlexAttention kernel-option sweep", "",
+             "| shape | options | µs | status |", "| --- | --- | ---: | --- |"]  # fmt: skip
+    for e in run.sweeps:
+        us = _cell_us(e.result)
+        mark = f"**{us}** (best)" if id(e) in best else us
+        lines.append(f"| {e.peer_key} | {e.options} | {mark} | {e.result.status} |")
+    return lines
+
+
+def _choices(run: BenchRun) -> list[str]:
+    lines = ["", "## Peer configurations that won", ""]
+    for kernel in ("flex", "sdpa"):
+        counts = choice_counts(run.cases, kernel)
+        if counts:
+            text = ", ".join(f"{k}: {v}" for k, v in counts.items())
+            lines.append(f"- {KERNEL_TITLES[kernel]}: {text}")
+    return lines if len(lines) > 3 else []
+
+
+_METHOD = [
+    "",
+    "## Method",
+    "",
+    "- Time: median (p10–p90) µs per launch over CUDA-graph replays; each graph holds a whole "
+    "number of passes over input sets whose total size exceeds 2x the L2, so every launch reads "
+    "its K/V from HBM.",
+    "- GB/s counts the minimum bytes: prefix KV read once (V only where the layout stores it "
+    "apart from K), plus q, draft K/V and o. `% copy` is that over the copy ceiling.",
+    "- kgen kernels read a paged pool through a shuffled page table (SGLang token slots); "
+    "FlexAttention and SDPA read the same values gathered into dense bf16 tensors (FP8 "
+    "dequantized; the gather is not timed), so a peer's figure is shared by the BF16 and FP8 "
+    "case of one shape.",
+    "- `× peer` = peer time / grouped time. max rel err = max|out − ref| / max|ref| on the first "
+    "two requests against `kgen.reference.reference_verify`; above the tolerance the case is FAILED.",
+]
+
+
+def render_markdown(run: BenchRun) -> str:
+    lines = _header(run) + _failures(run) + _case_tables(run) + _sweep_table(run) + _choices(run)
+    return "\n".join(lines + _METHOD) + "\n"
+
+
+# ---------------------------------------------------------------------------- plots
+
+
+def _panels(run: BenchRun) -> list[tuple[str, str, list[CaseResult]]]:
+    """(layout-group label, kv tag, cases) per plot panel, in run order."""
+    order: dict[tuple[str, str], list[CaseResult]] = {}
+    for c in run.cases:
+        row = f"{c.case.layout} g{c.case.group}"
+        order.setdefault((row, KV_DTYPES.get(c.case.kv_dtype, c.case.kv_dtype)), []).append(c)
+    return [(row, kv, cases) for (row, kv), cases in order.items()]
+
+
+def _pick(values: Iterable[int], preferred: int) -> int:
+    vals = sorted(set(values))
+    return preferred if preferred in vals else vals[-1]
+
+
+def _grid(panels: list[tuple[str, str, list[CaseResult]]]):  # noqa: ANN202 - matplotlib types
+    from matplotlib.figure import Figure
+
+    rows = list(dict.fromkeys(p[0] for p in panels))
+    cols = list(dict.fromkeys(p[1] for p in panels))
+    fig = Figure(figsize=(5.2 * len(cols), 3.6 * len(rows)), layout="constrained")
+    axes = fig.subplots(len(rows), len(cols), squeeze=False)
+    return fig, {(r, c): axes[i][j] for i, r in enumerate(rows) for j, c in enumerate(cols)}
+
+
+def _size_label(n: int) -> str:
+    return f"{n >> 10}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def _log2_axis(ax, values: Iterable[int], label: str) -> None:  # noqa: ANN001 - matplotlib Axes
+    ticks = sorted(set(values))
+    ax.set_xscale("log", base=2)
+    if ticks:
+        ax.set_xticks(ticks, [_size_label(t) for t in ticks])
+        ax.minorticks_off()
+    ax.set_xlabel(label)
+    ax.grid(True, alpha=0.3)
+
+
+def plot_bandwidth(run: BenchRun, path: Path) -> Path:
+    """% of the copy ceiling (GB/s when there is none) vs prefix length, one line per
+    kernel, at batch 64 (else the largest) and the longest draft."""
+    panels = _panels(run)
+    fig, axes = _grid(panels)
+    use_pct = run.meta.copy_ceiling_gbps is not None
+    for row, kv, cases in panels:
+        ax = axes[(row, kv)]
+        batch = _pick((c.case.batch for c in cases), 64)
+        draft = _pick((c.case.draft for c in cases), 4)
+        sel = sorted((c for c in cases if c.case.batch == batch and c.case.draft == draft),
+                     key=lambda c: c.case.prefix)  # fmt: skip
+        for name in KERNELS:
+            pts = [(c.case.prefix, c.kernels[name]) for c in sel if name in c.kernels]
+            pts = [(x, r.pct_copy if use_pct else r.gbps) for x, r in pts if r.timed]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=KERNEL_TITLES.get(name, name),
+                        color=KERNEL_COLORS.get(name))  # fmt: skip
+        _log2_axis(ax, (c.case.prefix for c in sel), "prefix length (tokens)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{row} {kv}, batch {batch}, L {draft}", fontsize=9)
+        ax.set_ylabel("% of copy ceiling" if use_pct else "GB/s (min bytes)")
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_speedup(run: BenchRun, path: Path) -> Path:
+    """Grouped-kernel speed-up over each other kernel vs batch, at prefix 16K (else the
+    longest) and the longest draft; the dashed line is parity."""
+    panels = _panels(run)
+    fig, axes = _grid(panels)
+    for row, kv, cases in panels:
+        ax = axes[(row, kv)]
+        prefix = _pick((c.case.prefix for c in cases), 16384)
+        draft = _pick((c.case.draft for c in cases), 4)
+        sel = sorted((c for c in cases if c.case.prefix == prefix and c.case.draft == draft),
+                     key=lambda c: c.case.batch)  # fmt: skip
+        plotted = False
+        for name in KERNELS:
+            pts = [(c.case.batch, c.speedup[name]) for c in sel if name in c.speedup]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=f"vs {KERNEL_TITLES.get(name, name)}",
+                        color=KERNEL_COLORS.get(name))  # fmt: skip
+                plotted = True
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        _log2_axis(ax, (c.case.batch for c in sel), "batch")
+        ax.set_title(f"{row} {kv}, prefix {_size_label(prefix)}, L {draft}", fontsize=9)
+        ax.set_ylabel("speed-up of grouped (x)")
+        if plotted:
+            ax.legend(fontsize=7)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def write_plots(run: BenchRun, out_dir: Path) -> list[Path]:
+    """Both PNGs; none (and no error) without matplotlib or without cases."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return []
+    if not run.cases:
+        return []
+    out_dir = Path(out_dir)
+    return [plot_bandwidth(run, out_dir / BANDWIDTH_PNG), plot_speedup(run, out_dir / SPEEDUP_PNG)]
+
+
+def write_report(run: BenchRun, out_dir: Path, plots: bool = True) -> list[Path]:
+    """bench.json, bench.md and (``plots``) the PNGs into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [write_json(run, out_dir / JSON_NAME)]
+    md = out_dir / MARKDOWN_NAME
+    md.write_text(render_markdown(run), encoding="utf-8")
+    paths.append(md)
+    if plots:
+        paths += write_plots(run, out_dir)
+    return paths
+
+
+# ---------------------------------------------------------------------------- --compare
+
+
+@dataclass(frozen=True)
+class Regression:
+    key: str
+    kernel: str
+    baseline_us: float
+    current_us: float | None
+    status: str = "ok"
+
+    @property
+    def slowdown_pct(self) -> float | None:
+        if self.current_us is None:
+            return None
+        return 100.0 * (self.current_us / self.baseline_us - 1.0)
+
+    def describe(self) -> str:
+        if self.current_us is None:
+            return f"{self.key} [{self.kernel}]: {self.baseline_us:.1f} us in the baseline, now {self.status}"
+        return (
+            f"{self.key} [{self.kernel}]: {self.baseline_us:.1f} us -> {self.current_us:.1f} us "
+            f"({self.slowdown_pct:+.1f}%)"
+        )
+
+
+@dataclass
+class Comparison:
+    """The verdict of a run against a baseline, case by case (matched by key)."""
+
+    threshold: float
+    compared: int = 0
+    regressions: list[Regression] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # in the baseline, not measured now
+    new: list[str] = field(default_factory=list)  # measured now, not in the baseline
+
+    @property
+    def ok(self) -> bool:
+        return not self.regressions
+
+
+def compare_runs(
+    current: BenchRun,
+    baseline: BenchRun,
+    threshold: float = DEFAULT_THRESHOLD,
+    kernels: Sequence[str] = KGEN_KERNELS,
+) -> Comparison:
+    """A kgen kernel more than ``threshold`` slower than in the baseline, or no longer
+    running correctly, is a regression. Peers are not judged (their speed is torch's)."""
+    result = Comparison(threshold=threshold)
+    now = current.by_key()
+    for key, base in baseline.by_key().items():
+        cur = now.get(key)
+        if cur is None or cur.status == "skipped":
+            result.missing.append(key)
+            continue
+        for kernel in kernels:
+            b = base.kernels.get(kernel)
+            c = cur.kernels.get(kernel)
+            if b is None or b.status != "ok" or not b.timed or c is None or c.status == "skipped":
+                continue
+            result.compared += 1
+            if c.status != "ok" or not c.timed:
+                result.regressions.append(Regression(key, kernel, b.median_us, None, c.status))  # type: ignore[arg-type]
+            elif c.median_us > b.median_us * (1.0 + threshold):  # type: ignore[operator]
+                result.regressions.append(Regression(key, kernel, b.median_us, c.median_us))  # type: ignore[arg-type]
+    base_keys = baseline.by_key()
+    result.new = [c.key for c in current.cases if c.key not in base_keys and c.status != "skipped"]
+    return result
+
+
+def format_comparison(cmp: Comparison, baseline_name: str = "baseline") -> str:
+    lines = [
+        f"compare with {baseline_name}: {cmp.compared} kernel/case pairs compared, "
+        f"threshold {cmp.threshold * 100:.0f}% slower"
+    ]
+    if cmp.regressions:
+        lines.append(f"REGRESSIONS ({len(cmp.regressions)}):")
+        lines += [f"  {r.describe()}" for r in cmp.regressions]
+    if cmp.missing:
+        shown = ", ".join(cmp.missing[:5]) + (" ..." if len(cmp.missing) > 5 else "")
+        lines.append(f"not measured in this run ({len(cmp.missing)} baseline cases): {shown}")
+    if cmp.new:
+        shown = ", ".join(cmp.new[:5]) + (" ..." if len(cmp.new) > 5 else "")
+        lines.append(f"not in the baseline ({len(cmp.new)} cases, no verdict): {shown}")
+    if cmp.compared == 0:
+        lines.append("warning: no case of this run has a baseline figure")
+    lines.append("verdict: " + ("PASS" if cmp.ok else "FAIL"))
+    return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""kgen bench: the CLI hooks, --list, --from-json re-rendering and --compare exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_bench_report import make_run
+
+from kgen.bench import cli
+from kgen.bench.cli import add_bench_parser, run_bench, sweep_cases
+from kgen.bench.report import COMPARE_NAME, JSON_NAME, MARKDOWN_NAME, write_json
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kgen")
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["bench", *argv])
+
+
+def test_subparser_hooks_run_bench() -> None:
+    args = _parse("--quick", "--layout", "gqa128:8", "--kv-dtype", "bf16,fp8", "--prefix", "1K")
+    assert args.func is run_bench and args.quick and args.layout == ["gqa128:8"]
+    assert args.kv_dtype == ["bf16,fp8"] and args.replays == 15
+
+
+def test_list_full_and_quick(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_bench(_parse("--list")) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "384 cases"
+    assert run_bench(_parse("--list", "--quick")) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "32 cases" and "(headline)" in out
+
+
+def test_list_with_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_bench(_parse("--list", "--layout", "mla_absorbed_512_64", "--kv-dtype", "fp8",
+                            "--batch", "2", "--prefix", "4K,1K", "--draft", "3"))  # fmt: skip
+    assert code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "2 cases"
+    assert "mla_absorbed_512_64/g16/fp8_e4m3fn/bs2/p1024/L3" in lines[1]
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_bench(_parse("--list", "--layout", "nope")) == 2
+    assert "unknown layout" in capsys.readouterr().err
+    assert run_bench(_parse("--list", "--prefix", "12G")) == 2
+    assert run_bench(_parse("--kernels", "triton")) == 2
+    assert run_bench(_parse("--from-json", "/nonexistent/bench.json")) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_measuring_without_gpu_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_bench(_parse("--quick", "--out", str(tmp_path))) == 2
+    assert "no CUDA/ROCm GPU" in capsys.readouterr().err
+
+
+def test_from_json_rerenders_and_compares(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = write_json(make_run(), tmp_path / "result.json")
+    baseline = write_json(make_run(), tmp_path / "baseline.json")
+    out = tmp_path / "out"
+    code = run_bench(_parse("--from-json", str(result), "--compare", str(baseline), "--out", str(out),
+                            "--no-plots"))  # fmt: skip
+    assert code == 0
+    assert (out / JSON_NAME).exists() and (out / MARKDOWN_NAME).exists()
+    assert (out / COMPARE_NAME).read_text().strip().endswith("verdict: PASS")
+    assert "verdict: PASS" in capsys.readouterr().out
+
+
+def test_compare_regression_exits_1_naming_cases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = write_json(make_run(scale=1.25), tmp_path / "result.json")
+    baseline = write_json(make_run(), tmp_path / "baseline.json")
+    assert run_bench(_parse("--from-json", str(result), "--compare", str(baseline))) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSIONS (32)" in out and "qwen3_5_gqa256/g16/bf16/bs16/p1024/L4 [grouped]" in out
+    # a threshold above the slowdown passes
+    assert run_bench(_parse("--from-json", str(result), "--compare", str(baseline), "--threshold", "30")) == 0
+
+
+def test_failed_case_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key = "mla_absorbed_512_64/g16/bf16/bs16/p1024/L4"
+    result = write_json(make_run(failed_key=key), tmp_path / "result.json")
+    assert run_bench(_parse("--from-json", str(result))) == 1
+    assert f"FAILED: {key}" in capsys.readouterr().out
+
+
+def test_sweep_cases_one_per_peer_shape() -> None:
+    cases = cli.select_cases(_parse("--quick"))
+    targets = sweep_cases(cases, "headline")
+    # 2 headline shapes x 4 layout/group pairs; the FP8 twins share the BF16 peers
+    assert len(targets) == 8 and all(c.kv_dtype == "bfloat16" and c.is_headline for c in targets)
+    assert len(sweep_cases(cases, "all")) == 16
+    assert sweep_cases(cases, "none") == []
+    assert cli.flex_sweep_mode(_parse("--quick")) == "none"
+    assert cli.flex_sweep_mode(_parse()) == "headline"
+    assert cli.flex_sweep_mode(_parse("--quick", "--flex-sweep", "all")) == "all"
+
+
+def test_python_m_entry_point() -> None:
+    proc = subprocess.run([sys.executable, "-m", "kgen.bench", "--list", "--quick"], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).parents[1])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("32 cases")
+
+
+def test_gpu_script_is_wired(tmp_path: Path) -> None:
+    script = Path(__file__).parents[1] / "benchmarks" / "run_h200.sh"
+    text = script.read_text()
+    assert "kgen.bench" in text and "$OUT" in text and "--time-limit" in text
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
