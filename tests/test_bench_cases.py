@@ -100,8 +100,9 @@ def test_input_sets_rotate_past_twice_the_l2() -> None:
     big = make_case(SPECS["mla_absorbed_512_64"], 16, "bfloat16", 128, 32768, 4)
     assert input_sets(big, l2) == 1
     small = make_case(SPECS["gqa128"], 8, "float8_e4m3fn", 1, 1024, 1)
-    n = input_sets(small, l2)
-    assert n == 256  # capped: 2 * 50 MiB / ~270 KB would be ~390
+    assert min_bytes(small).total == 266_752
+    assert input_sets(small, l2) == 394  # ceil(2 * 52,428,800 / 266,752)
+    assert input_sets(small, l2, max_sets=256) == 256
     mid = make_case(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 16, 1024, 4)
     n_mid = input_sets(mid, l2)
     assert n_mid * min_bytes(mid).total >= 2 * l2 > (n_mid - 1) * min_bytes(mid).total

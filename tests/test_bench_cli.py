@@ -113,3 +113,51 @@ def test_gpu_script_is_wired(tmp_path: Path) -> None:
     assert "kgen.bench" in text and "$OUT" in text and "--time-limit" in text
     proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_execute_on_cpu_writes_everything(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The orchestration of a real run (matrix, peer sharing, sweep, report) on CPU tensors,
+    with a reference-backed stand-in for the generated modules and a fake timer."""
+    from test_bench_peers import ReferenceModule, fake_timer
+
+    from kgen.bench.peers import DeviceProvider
+    from kgen.bench.report import BenchMeta, write_report
+
+    args = _parse("--layout", "gqa128:8", "--kv-dtype", "bf16,fp8", "--batch", "2", "--prefix", "64", "--draft", "2",
+                  "--flex-sweep", "all", "--no-progress", "--flex-eager")  # fmt: skip
+    cases = cli.select_cases(args)
+    provider = DeviceProvider(device="cpu", l2_bytes=1 << 16, compile_flex=False, select_timer=fake_timer,
+                              loader=lambda *a: ReferenceModule())  # fmt: skip
+    meta = BenchMeta(gpu_name="cpu", copy_ceiling_gbps=100.0)
+    run = cli.execute(args, cases, provider, fake_timer, meta, tmp_path)
+    assert [c.status for c in run.cases] == ["ok", "ok"]
+    assert len(run.sweeps) == 9  # default + the 8-point grid, once for the shared shape
+    assert {e.peer_key for e in run.sweeps} == {cases[0].peer_key}
+    assert run.meta.duration_s is not None
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("gqa128/g8/bf16/bs2/p64/L2") and "grouped" in lines[0]
+    paths = write_report(run, tmp_path, plots=False)
+    assert "## FlexAttention kernel-option sweep" in paths[1].read_text()
+
+
+def test_warm_up_hands_the_run_kernels_to_precompile(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kgen.bench import warm
+    from kgen.bench.report import BenchMeta
+
+    seen: dict = {}
+
+    def fake_precompile(jobs, workers, timeout_s=0.0, device="cuda"):  # noqa: ANN001, ANN202
+        seen.update(jobs=jobs, workers=workers, timeout=timeout_s)
+        return warm.WarmReport(jobs=len(jobs), workers=workers, done=len(jobs), seconds=1.0)
+
+    monkeypatch.setattr(warm, "precompile", fake_precompile)
+    args = _parse("--quick", "--precompile-workers", "3", "--time-limit", "300", "--kernels", "grouped,flex")
+    meta = BenchMeta()
+    cli.warm_up(args, cli.select_cases(args), meta, started=__import__("time").monotonic())
+    assert seen["workers"] == 3 and 140 < seen["timeout"] <= 150
+    assert {j.kind for j in seen["jobs"]} == {"grouped", "flex"}
+    assert all(not j.options for j in seen["jobs"])  # --quick: no sweep
+    assert meta.notes and meta.notes[0].startswith("precompiled")
+    seen.clear()
+    cli.warm_up(_parse("--quick", "--precompile-workers", "0"), cli.select_cases(args), meta, 0.0)
+    assert not seen

@@ -260,3 +260,25 @@ def test_generated_kernels_pass_the_check_in_the_interpreter() -> None:
     assert len(errors) == 4
     for name, err in errors.items():
         assert isinstance(err, float) and err < TOLERANCE_BF16, (name, err)
+
+
+def test_flex_refusal_is_remembered_per_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head width FlexAttention refuses is tried once, not once per batch and prefix."""
+    from kgen.bench import peers
+    from kgen.bench.measure import KernelRun
+
+    calls: list[str] = []
+
+    def refuse(case, pin, inputs, options=None, compile=True):  # noqa: ANN001, ANN202
+        calls.append(case.key)
+        return KernelRun(unsupported="flex (default): head dim 576 not supported")
+
+    monkeypatch.setattr(peers, "flex_run", refuse)
+    provider = DeviceProvider(device="cpu", compile_flex=False, loader=lambda *a: ReferenceModule())
+    notes = []
+    for batch in (1, 2):
+        case = _case("mla_absorbed_512_64", 16, "bfloat16", 2, batch=batch, prefix=32)
+        with provider(case, frozenset({"flex"})) as runs:
+            notes.append(runs["flex"].unsupported)
+    assert len(calls) == 1
+    assert "head dim 576" in notes[0] and "first refused at mla_absorbed_512_64/g16/bf16/bs1" in notes[1]

@@ -153,7 +153,7 @@ def min_bytes(case: Case) -> MinBytes:
     )
 
 
-def input_sets(case: Case, l2_bytes: int, factor: float = 2.0, max_sets: int = 256) -> int:
+def input_sets(case: Case, l2_bytes: int, factor: float = 2.0, max_sets: int = 512) -> int:
     """How many input sets to rotate so that together they exceed ``factor`` x the L2.
 
     Each launch then reads its K/V from HBM as in serving, not from a cache the previous

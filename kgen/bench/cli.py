@@ -31,7 +31,7 @@ from kgen.bench.cases import (
     parse_sizes,
     split_list,
 )
-from kgen.bench.measure import CaseResult
+from kgen.bench.measure import CaseResult, Provider, SweepEntry
 from kgen.bench.report import (
     COMPARE_NAME,
     DEFAULT_THRESHOLD,
@@ -45,6 +45,7 @@ from kgen.bench.report import (
     write_json,
     write_report,
 )
+from kgen.bench.timing import Timer
 from kgen.errors import KgenError
 
 DEFAULT_OUT = "bench-out"
@@ -60,6 +61,7 @@ EPILOG = """examples:
   kgen bench --from-json bench-out/bench.json --compare benchmarks/baselines/h200.json
   kgen bench --list                                   the cases, no GPU needed"""
 FLEX_SWEEP_MODES = ("headline", "all", "none")
+CHECKPOINT_S = 15.0
 
 
 class BenchEnvironmentError(KgenError, RuntimeError):
@@ -137,9 +139,23 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     run.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy-ceiling copy")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument(
+        "--precompile-workers",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="processes that compile every kernel before timing (default: cores - 4, at most 12; 0: none)",
+    )
+    run.add_argument(
+        "--precompile-timeout",
+        type=float,
+        default=240.0,
+        metavar="SECONDS",
+        help="longest wait for the precompile processes (default 240)",
+    )
+    run.add_argument(
         "--flex-eager", action="store_true", help="run FlexAttention without torch.compile (debugging only: unfused)"
     )
-    return parser  # fmt: skip
+    return parser
 
 
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -312,8 +328,8 @@ def sweep_cases(cases: Sequence[Case], mode: str) -> list[Case]:
 
 
 def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path) -> BenchRun:
-    """The GPU run: copy ceiling, the matrix (checkpointed to bench.json after every case),
-    then the FlexAttention sweep while time is left."""
+    """The GPU run: the copy ceiling, then ``execute`` with the CUDA-graph timer and the
+    device provider."""
     try:
         import torch
     except ImportError as exc:
@@ -323,35 +339,82 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path) -> B
             "no CUDA/ROCm GPU is visible: kgen bench times kernels on a GPU. "
             "Use --list to see the cases, or --from-json RESULT.json [--compare BASELINE.json]."
         )
-    from kgen.bench.measure import apply_sweep, run_matrix, run_sweep
-    from kgen.bench.peers import FLEX_SWEEP_GRID, DeviceProvider, flex_label
+    from kgen.bench.peers import DeviceProvider
     from kgen.bench.timing import CudaGraphTimer, copy_ceiling_gbps
 
     started = time.monotonic()
-    deadline = started + args.time_limit if args.time_limit > 0 else None
-    kernels = select_kernels(args)
+    select_kernels(args)  # a bad --kernels fails before the copy ceiling is measured
     timer = CudaGraphTimer(replays=args.replays, min_graph_us=args.min_graph_us)
     copy_bytes = int(args.copy_gib * (1 << 30))
     copy_gbps = copy_ceiling_gbps(timer, copy_bytes)
     meta = collect_meta(args, copy_gbps, copy_bytes)
-    print(f"{meta.gpu_name} ({meta.arch}): copy ceiling {copy_gbps:.0f} GB/s; {len(cases)} cases",
-          flush=True)  # fmt: skip
-    provider = DeviceProvider(l2_bytes=meta.l2_bytes or (50 << 20), seed=args.seed,
-                              compile_flex=not args.flex_eager)  # fmt: skip
+    print(f"{meta.gpu_name} ({meta.arch}): copy ceiling {copy_gbps:.0f} GB/s; {len(cases)} cases", flush=True)
+    provider = DeviceProvider(l2_bytes=meta.l2_bytes or (50 << 20), seed=args.seed, compile_flex=not args.flex_eager)
+    warm_up(args, cases, meta, started)
+    return execute(args, cases, provider, timer, meta, out_dir, started)
+
+
+def precompile_workers(args: argparse.Namespace) -> int:
+    if args.precompile_workers >= 0:
+        return args.precompile_workers
+    return max(1, min(12, (os.cpu_count() or 2) - 4))
+
+
+def warm_up(args: argparse.Namespace, cases: Sequence[Case], meta: BenchMeta, started: float) -> None:
+    """Compile every kernel the run needs in parallel processes first (``kgen.bench.warm``):
+    the timed loop then loads them from the on-disk caches instead of compiling one by one."""
+    from kgen.bench.peers import FLEX_SWEEP_GRID, flex_label
+    from kgen.bench.warm import precompile, warm_jobs
+
+    workers = precompile_workers(args)
+    kernels = [k for k in select_kernels(args) if not (k == "flex" and args.flex_eager)]
+    mode = flex_sweep_mode(args)
+    labels = [flex_label(o) for o in FLEX_SWEEP_GRID] if mode != "none" else []
+    jobs = warm_jobs(cases, kernels, sweep_cases(cases, mode), labels)
+    timeout = args.precompile_timeout
+    if args.time_limit > 0:
+        timeout = min(timeout, 0.5 * args.time_limit - (time.monotonic() - started))
+    if workers == 0 or not jobs or timeout <= 0:
+        return
+    print(f"precompiling {len(jobs)} kernels in {workers} processes (at most {timeout:.0f} s)", flush=True)
+    report = precompile(jobs, workers, timeout)
+    meta.notes.append(report.note())
+    print(report.note(), flush=True)
+
+
+def execute(
+    args: argparse.Namespace,
+    cases: Sequence[Case],
+    provider: Provider,
+    timer: Timer,
+    meta: BenchMeta,
+    out_dir: Path,
+    started: float | None = None,
+) -> BenchRun:
+    """The matrix (checkpointed to bench.json as it goes), then the FlexAttention sweep
+    while time is left. Device-free: the provider and timer carry the device."""
+    from kgen.bench.measure import apply_sweep, run_matrix, run_sweep
+    from kgen.bench.peers import FLEX_SWEEP_GRID, flex_label
+
+    started = time.monotonic() if started is None else started
+    deadline = started + args.time_limit if args.time_limit > 0 else None
+    kernels = select_kernels(args)
+    copy_gbps = meta.copy_ceiling_gbps
     checkpoint = out_dir / "bench.json"
+    last_write = [time.monotonic()]
 
     def on_case(results: list[CaseResult]) -> None:
-        write_json(BenchRun(meta=meta, cases=results), checkpoint)
+        # A checkpoint every CHECKPOINT_S: a killed run still leaves most of its figures.
+        if time.monotonic() - last_write[0] > CHECKPOINT_S:
+            write_json(BenchRun(meta=meta, cases=results), checkpoint)
+            last_write[0] = time.monotonic()
         if args.no_progress:
             print(case_line(results[-1]), flush=True)
 
     results = run_matrix(cases, provider, timer, copy_gbps, kernels, deadline=deadline,
                          progress=not args.no_progress, on_case=on_case)  # fmt: skip
-    sweeps = []
-    refused = {r.case.peer_key for r in results if r.kernels.get("flex") and r.kernels["flex"].status == "unsupported"}
-    targets = [c for c in sweep_cases(cases, flex_sweep_mode(args)) if c.peer_key not in refused]
-    if "flex" not in kernels:
-        targets = []
+    sweeps: list[SweepEntry] = []
+    targets = sweep_targets(results, flex_sweep_mode(args)) if "flex" in kernels else []
     if targets:
         labels = [flex_label(o) for o in FLEX_SWEEP_GRID]
         sweeps = run_sweep(targets, provider, "flex", labels, timer, copy_gbps, deadline=deadline,
@@ -359,8 +422,15 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path) -> B
         results = apply_sweep(results, sweeps, copy_gbps)
     meta.duration_s = time.monotonic() - started
     if deadline is not None and time.monotonic() > deadline:
-        meta.notes.append(f"time limit of {args.time_limit:.0f} s reached: later cases skipped")
+        meta.notes.append(f"time limit of {args.time_limit:.0f} s reached: the rest was skipped")
     return BenchRun(meta=meta, cases=results, sweeps=sweeps)
+
+
+def sweep_targets(results: Sequence[CaseResult], mode: str) -> list[Case]:
+    """The sweep's cases: one per peer shape, where FlexAttention ran at all."""
+    refused = {r.case.peer_key for r in results if "flex" in r.kernels and r.kernels["flex"].status == "unsupported"}
+    measured = [r.case for r in results if r.status != "skipped"]
+    return [c for c in sweep_cases(measured, mode) if c.peer_key not in refused]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

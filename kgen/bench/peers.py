@@ -19,6 +19,7 @@ import contextlib
 import gc
 import inspect
 import itertools
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -196,6 +197,8 @@ def _flex_forward(q, k, v, kv_num_blocks, kv_indices, full_num_blocks, full_indi
 
 
 _COMPILED_FLEX: list[Callable[..., torch.Tensor]] = []
+# Errors that come from the dynamic KV length rather than from the shape itself.
+_DYNAMIC_TROUBLE = re.compile(r"symbolic|dynamic|SymInt|Constraint|guard|speciali", re.IGNORECASE)
 
 
 def _raise_recompile_limits(limit: int = 4096) -> None:
@@ -259,7 +262,7 @@ def flex_run(
         return forward(pin.q[i], pin.k[i], pin.v[i], *masks, prefix_t, pin.sm_scale, opts)
 
     first = _first_call(fn)
-    if first is not None and compile:
+    if first is not None and compile and _DYNAMIC_TROUBLE.search(first):
         # A torch that refuses a symbolic KV length: compile this shape statically.
         _unmark_dynamic([*pin.k, *pin.v, *(m for m in masks if m is not None)])
         note = f"static shapes (dynamic KV length refused: {first})"
@@ -411,10 +414,13 @@ class DeviceProvider:
     device: str = "cuda"
     l2_bytes: int = 50 << 20
     seed: int = 0
-    max_sets: int = 256
+    max_sets: int = 512
     compile_flex: bool = True
     select_timer: Timer = field(default_factory=EagerTimer)
     loader: Loader | None = None
+    # (layout, group, L == 1, options) -> why FlexAttention refused it: a refusal of a head
+    # width holds for every batch and prefix, and each attempt costs a compile.
+    flex_refused: dict[tuple[str, int, bool, str], str] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def __call__(self, case: Case, names: frozenset[str]) -> Iterator[dict[str, KernelRun]]:
@@ -434,13 +440,22 @@ class DeviceProvider:
             del inputs
             _free_device_memory(self.device)
 
+    def _flex(self, case: Case, pin: PeerInputs, inputs: CaseInputs, label: str) -> KernelRun:
+        key = (case.layout, case.group, case.draft == 1, label or "default")
+        if key in self.flex_refused:
+            return KernelRun(unsupported=self.flex_refused[key])
+        run = flex_run(case, pin, inputs, parse_flex_label(label), self.compile_flex)
+        if run.unsupported and "out of memory" not in run.unsupported.lower():
+            self.flex_refused[key] = f"{run.unsupported} (first refused at {case.key})"
+        return run
+
     def _peers(self, case: Case, inputs: CaseInputs, names: list[str]) -> dict[str, KernelRun]:
         pin = build_peer_inputs(inputs)
         runs: dict[str, KernelRun] = {}
         for name in names:
             base, _, label = name.partition(VARIANT_SEP)
             if base == "flex":
-                runs[name] = flex_run(case, pin, inputs, parse_flex_label(label), self.compile_flex)
+                runs[name] = self._flex(case, pin, inputs, label)
             elif base == "sdpa":
                 runs[name] = sdpa_run(case, pin, inputs, self.select_timer)
             else:

@@ -1,0 +1,178 @@
+"""Compile ahead, in parallel: fill Triton's and Inductor's on-disk caches before timing.
+
+A full run needs a few hundred compilations: each generated kernel once per
+specialization (layout, group, KV dtype, variant, L, and the split count that the batch
+decides), FlexAttention once per (layout, batch, L) and per swept option set. One process
+compiles them one after another, seconds each, which would take most of the run. Worker
+processes launch every specialization once on a small prefix (the same batch and L, so
+the same Triton specialization and the same FlexAttention graph) and the caches they fill
+on disk are shared with the main process, whose compilations become cache loads.
+
+Best effort by design: a job that fails, or is still running at the deadline, only means
+the main process compiles that kernel itself; nothing measured depends on this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from kgen.bench.cases import KGEN_KERNELS, Case
+
+# Longest a worker may take; what is not compiled by then is compiled by the main process.
+DEFAULT_TIMEOUT_S = 240.0
+
+
+@dataclass(frozen=True)
+class WarmJob:
+    """One compilation: a kgen variant or a FlexAttention option set, on a small case."""
+
+    kind: str  # "grouped", "per_head" or "flex"
+    case: dict
+    options: str = ""  # FlexAttention options label ("" = default)
+
+    def label(self) -> str:
+        variant = f"{self.kind}@{self.options}" if self.options else self.kind
+        return f"{variant} {Case(**self.case).key}"
+
+
+def warm_jobs(
+    cases: Sequence[Case],
+    kernels: Iterable[str],
+    sweep: Sequence[Case] = (),
+    sweep_labels: Sequence[str] = (),
+) -> list[WarmJob]:
+    """One job per distinct compilation the run will need. The prefix is the matrix's
+    shortest: it does not change a kgen specialization, and FlexAttention's KV length is
+    dynamic (but must stay past one 128-token block, or it would specialize)."""
+    kernels = list(kernels)
+    prefix = max(256, min((c.prefix for c in cases), default=1024))
+    jobs: dict[tuple, WarmJob] = {}
+    for case in cases:
+        small = replace(case, prefix=prefix)
+        for kind in KGEN_KERNELS:
+            if kind in kernels:
+                jobs.setdefault((kind, small.key), WarmJob(kind, asdict(small)))
+        if "flex" in kernels:  # the peers read bf16 whatever the pool holds
+            peer = replace(small, kv_dtype="bfloat16")
+            jobs.setdefault(("flex", peer.peer_key, ""), WarmJob("flex", asdict(peer)))
+    for case in sweep:
+        peer = replace(case, prefix=prefix, kv_dtype="bfloat16")
+        for label in sweep_labels:
+            jobs.setdefault(("flex", peer.peer_key, label), WarmJob("flex", asdict(peer), label))
+    # Interleave the slow FlexAttention jobs with the kgen ones across workers.
+    flex = [j for j in jobs.values() if j.kind == "flex"]
+    other = [j for j in jobs.values() if j.kind != "flex"]
+    mixed: list[WarmJob] = []
+    while flex or other:
+        if flex:
+            mixed.append(flex.pop(0))
+        mixed.extend(other[:3])
+        other = other[3:]
+    return mixed
+
+
+def split_jobs(jobs: Sequence[WarmJob], workers: int) -> list[list[WarmJob]]:
+    """Round-robin: each worker gets a similar mix."""
+    workers = max(1, min(workers, len(jobs)))
+    return [list(jobs[i::workers]) for i in range(workers)]
+
+
+def run_job(job: WarmJob, device: str) -> None:
+    """Build the small case and launch the kernel once (that compiles it)."""
+    from kgen.bench.inputs import build_inputs, build_peer_inputs
+    from kgen.bench.peers import flex_run, kgen_run, parse_flex_label
+
+    case = Case(**job.case)
+    inputs = build_inputs(case, device, 1)
+    if job.kind == "flex":
+        run = flex_run(case, build_peer_inputs(inputs), inputs, parse_flex_label(job.options))
+    elif job.kind in KGEN_KERNELS:
+        run = kgen_run(case, inputs, job.kind)
+    else:
+        raise ValueError(f"unknown kernel {job.kind!r}")
+    if run.fn is None:
+        raise RuntimeError(run.unsupported or run.error or "no kernel")
+    run.fn(0)
+
+
+def worker_main(path: str, device: str) -> int:
+    """``python -m kgen.bench.warm JOBS.json DEVICE``: run the jobs, one line per job."""
+    jobs = [WarmJob(**j) for j in json.loads(Path(path).read_text())]
+    for job in jobs:
+        t0 = time.monotonic()
+        try:
+            run_job(job, device)
+            status = "ok"
+        except Exception as exc:  # noqa: BLE001 - the main process will see it again
+            status = f"failed {type(exc).__name__}: {str(exc)[:200]}"
+        print(f"{job.label()} {time.monotonic() - t0:.1f}s {status}", flush=True)
+    return 0
+
+
+@dataclass
+class WarmReport:
+    jobs: int = 0
+    workers: int = 0
+    done: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    timed_out: bool = False
+
+    def note(self) -> str:
+        late = ", stopped at its deadline" if self.timed_out else ""
+        return (
+            f"precompiled {self.done}/{self.jobs} kernels in {self.workers} worker processes in "
+            f"{self.seconds:.0f} s ({self.failed} failed{late})"
+        )
+
+
+def precompile(
+    jobs: Sequence[WarmJob], workers: int, timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cuda"
+) -> WarmReport:
+    """Run ``jobs`` in ``workers`` processes; wait at most ``timeout_s``, then stop the
+    ones still running (only processes started here)."""
+    report = WarmReport(jobs=len(jobs))
+    if not jobs or workers < 1:
+        return report
+    start = time.monotonic()
+    chunks = split_jobs(jobs, workers)
+    report.workers = len(chunks)
+    # One compile thread per worker: the workers are the parallelism.
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONUNBUFFERED="1")
+    with tempfile.TemporaryDirectory(prefix="kgen-warm-") as tmp:
+        procs = []
+        for i, chunk in enumerate(chunks):
+            jobs_path = Path(tmp) / f"jobs{i}.json"
+            jobs_path.write_text(json.dumps([asdict(j) for j in chunk]))
+            log = open(Path(tmp) / f"log{i}.txt", "w")  # closed once the worker ends
+            cmd = [sys.executable, "-m", "kgen.bench.warm", str(jobs_path), device]
+            procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+        for proc, log in procs:
+            left = timeout_s - (time.monotonic() - start)
+            try:
+                proc.wait(timeout=max(0.1, left))
+            except subprocess.TimeoutExpired:
+                report.timed_out = True
+                proc.kill()
+                proc.wait()
+            log.close()
+        for i in range(len(chunks)):
+            for line in (Path(tmp) / f"log{i}.txt").read_text(errors="replace").splitlines():
+                if line.endswith(" ok"):
+                    report.done += 1
+                elif " failed " in line:
+                    report.failed += 1
+    report.seconds = time.monotonic() - start
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "cuda"))

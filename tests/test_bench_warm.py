@@ -1,0 +1,64 @@
+"""kgen bench: the parallel precompile (job list, split, worker processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kgen.bench.cases import build_matrix, make_case
+from kgen.bench.cli import sweep_cases
+from kgen.bench.peers import FLEX_SWEEP_GRID, flex_label
+from kgen.bench.warm import WarmJob, precompile, split_jobs, warm_jobs
+from kgen.spec import load_layouts
+
+SPECS = load_layouts()
+LABELS = [flex_label(o) for o in FLEX_SWEEP_GRID]
+
+
+def test_full_run_jobs_are_one_per_compilation() -> None:
+    cases = build_matrix(SPECS)
+    jobs = warm_jobs(cases, ["grouped", "per_head", "flex", "sdpa"], sweep_cases(cases, "headline"), LABELS)
+    kinds = [j.kind for j in jobs]
+    # kgen: 4 layout/group x 2 dtypes x 4 batches x 3 L, per variant (the prefix does not matter)
+    assert kinds.count("grouped") == kinds.count("per_head") == 96
+    # flex: bf16 only, 4 x 4 batches x 3 L, plus 8 headline shapes x the 8-point grid
+    assert kinds.count("flex") == 48 + 8 * 8
+    assert len({(j.kind, j.options, tuple(sorted(j.case.items()))) for j in jobs}) == len(jobs)
+    assert {j.case["prefix"] for j in jobs} == {1024}
+    assert all(j.case["kv_dtype"] == "bfloat16" for j in jobs if j.kind == "flex")
+    assert jobs[0].kind == "flex" and jobs[1].kind != "flex"  # slow jobs spread out
+
+
+def test_jobs_follow_the_kernel_selection() -> None:
+    cases = build_matrix(SPECS, quick=True)
+    jobs = warm_jobs(cases, ["grouped", "sdpa"])
+    assert {j.kind for j in jobs} == {"grouped"} and len(jobs) == 4 * 2 * 2 * 1
+    short = build_matrix(SPECS, [("gqa128", 8)], ["bfloat16"], batches=[2], prefixes=[64], drafts=[2])
+    assert warm_jobs(short, ["flex"])[0].case["prefix"] == 256  # past one 128-token block
+
+
+def test_split_jobs_round_robin() -> None:
+    jobs = [WarmJob("grouped", {"i": i}) for i in range(7)]
+    chunks = split_jobs(jobs, 3)
+    assert [len(c) for c in chunks] == [3, 2, 2] and chunks[0][1].case == {"i": 3}
+    assert len(split_jobs(jobs[:2], 8)) == 2
+    assert WarmJob("flex", _case_dict(), "BLOCK_N=32").label().startswith("flex@BLOCK_N=32 gqa128/g8/bf16")
+
+
+def _case_dict() -> dict:
+    from dataclasses import asdict
+
+    return asdict(make_case(SPECS["gqa128"], 8, "bfloat16", 2, 96, 2))
+
+
+def test_precompile_runs_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two worker processes on CPU (kgen kernels through Triton's interpreter): one job
+    compiles, one fails; the report counts both."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    good = WarmJob("grouped", _case_dict())
+    bad = WarmJob("no_such_variant", _case_dict())
+    report = precompile([good, bad], workers=2, timeout_s=300, device="cpu")
+    assert (report.jobs, report.workers, report.done, report.failed) == (2, 2, 1, 1)
+    assert not report.timed_out and "precompiled 1/2 kernels in 2 worker processes" in report.note()
+    assert precompile([], workers=4).jobs == 0
