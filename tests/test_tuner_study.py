@@ -101,32 +101,50 @@ def finished(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=DONE)
 
 
-def test_study_resumes_after_sigkill_without_losing_finished_trials(tmp_path: Path) -> None:
+def run_until(cmd: list[str], env: dict[str, str], storage: str, name: str, count: int, sig: int) -> tuple[int, str]:
+    """Start the tuner, wait for ``count`` finished trials in the storage, send ``sig``."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(finished(storage, name)) < count:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the tuner made no progress"
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode, out
+
+
+def snapshot(storage: str, name: str) -> dict[int, tuple]:
+    return {t.number: (t.state, t.value, t.params) for t in finished(storage, name)}
+
+
+def test_study_resumes_after_sigkill_and_ctrl_c_without_losing_finished_trials(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
     job = job_for()
     name = study_name(job, build_space(job, SPACES))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        tune_cmd(storage, 60, 0.05), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while len(finished(storage, name)) < 12:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline, "the tuner made no progress"
-            time.sleep(0.1)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(30)
-    assert proc.returncode == -signal.SIGKILL
-    before = {t.number: (t.state, t.value, t.params) for t in finished(storage, name)}
-    assert 12 <= len(before) < 60
+
+    rc, _ = run_until(tune_cmd(storage, 60, 0.05), env, storage, name, 12, signal.SIGKILL)
+    assert rc == -signal.SIGKILL
+    killed = snapshot(storage, name)
+    assert 12 <= len(killed) < 60
+
+    rc, out = run_until(tune_cmd(storage, 60, 0.05), env, storage, name, len(killed) + 8, signal.SIGINT)
+    assert rc == 130 and "run the same command again to resume" in out
+    interrupted = snapshot(storage, name)
+    assert len(interrupted) >= len(killed) + 8
+    assert all(interrupted[n] == killed[n] for n in killed)
 
     resumed = subprocess.run(tune_cmd(storage, 60, 0.0), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert resumed.returncode == 0, resumed.stderr
-    after = {t.number: (t.state, t.value, t.params) for t in finished(storage, name)}
-    assert len(after) == 60  # the budget counts the trials of both runs
-    assert all(after[n] == before[n] for n in before)  # no finished trial lost or changed
+    after = snapshot(storage, name)
+    assert len(after) == 60  # the budget counts the trials of all runs together
+    assert all(after[n] == interrupted[n] for n in interrupted)  # no finished trial lost or changed
     assert "gqa64" in resumed.stdout and "synthetic objective: no table written" in resumed.stdout
 
 
@@ -154,6 +172,36 @@ def check_shared(study: optuna.Study, trials: int) -> None:
 def test_two_worker_processes_share_one_sqlite_study(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
     check_shared(run_two_workers(storage, 30), 30)
+
+
+def test_ctrl_c_stops_worker_processes_cleanly(tmp_path: Path) -> None:
+    """Ctrl-C in a terminal reaches the whole process group: the parent and both workers."""
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    job = job_for()
+    name = study_name(job, build_space(job, SPACES))
+    cmd = [*tune_cmd(storage, 500, 0.1), "--workers", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(finished(storage, name)) < 6:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the workers made no progress"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 130 and "run the same command again to resume" in out
+    study = optuna.load_study(study_name=name, storage=storage)
+    states = {t.state.name for t in study.trials}
+    assert states == {"COMPLETE"}, "each worker finished its running trial before stopping"
+    assert {t.user_attrs["worker"] for t in study.trials} == {0, 1}
+    assert len(study.trials) < 500
 
 
 @pytest.mark.postgres

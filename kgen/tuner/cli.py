@@ -19,6 +19,8 @@ from kgen.tuner.errors import TuneError
 from kgen.tuner.space import SPACES_FILE, SpacesFile, arch_profile, default_config, load_spaces
 from kgen.tuner.study import (
     BackendSpec,
+    Interrupted,
+    StopRequest,
     TuneJob,
     WorkerSpec,
     build_space,
@@ -26,6 +28,7 @@ from kgen.tuner.study import (
     make_backend,
     run_inprocess,
     run_workers,
+    stop_on_sigint,
     study_name,
 )
 from kgen.tuner.workloads import WORKLOADS_FILE, Bucket, WorkloadsFile, load_workloads
@@ -249,7 +252,9 @@ def _tune_job(
     workloads: WorkloadsFile,
     storage: str,
     gpus: list[str | None],
+    stop: StopRequest,
 ) -> JobResult:
+    """Search one study to its budget, then re-measure its finalists and decide."""
     from kgen.tuner.results import finalize
 
     space = build_space(job, spaces)
@@ -259,13 +264,15 @@ def _tune_job(
     backend = None
     if args.workers == 1:
         backend = make_backend(spec, job, space, workloads)
-        study = run_inprocess(job, space, backend, storage, args.trials, args.timeout, args.seed, enqueue, progress)
+        study = run_inprocess(
+            job, space, backend, storage, args.trials, args.timeout, args.seed, enqueue, progress, stop
+        )
     else:
         specs = [
             WorkerSpec(job, spaces, workloads, spec, storage, args.trials, args.timeout, args.seed, i, gpu)
             for i, gpu in enumerate(gpus)
         ]
-        study = run_workers(specs, space, enqueue, progress)
+        study = run_workers(specs, space, enqueue, progress, stop=stop)
         backend = make_backend(spec, job, space, workloads)
     return finalize(job, study, enqueue[0], backend, workloads.timing)
 
@@ -277,6 +284,15 @@ def _default_out(args: argparse.Namespace, arch: str) -> Path | None:
 
 
 SYNTHETIC_NOTE = "SYNTHETIC: made by `kgen tune --objective synthetic` (no GPU); the times are not real"
+
+
+def _require_optuna() -> None:
+    """A clean error instead of an ImportError deep in a study (a dry run needs no Optuna)."""
+    import importlib.util
+
+    missing = [m for m in ("optuna", "sqlalchemy") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise TuneError(f"kgen tune needs {', '.join(missing)}: pip install -e '.[tune]'")
 
 
 def _quiet_optuna() -> None:
@@ -300,13 +316,15 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(dry_run(jobs, spaces, storage, out))
         return 0
+    _require_optuna()
     gpus = _gpus(args)
     _quiet_optuna()
     results, status = [], 0
     try:
-        for job in jobs:
-            results.append(_tune_job(job, args, spaces, workloads, storage, gpus))
-    except KeyboardInterrupt:
+        with stop_on_sigint() as stop:
+            for job in jobs:
+                results.append(_tune_job(job, args, spaces, workloads, storage, gpus, stop))
+    except (Interrupted, KeyboardInterrupt):
         status = 130
         print(
             f"\ninterrupted: finished trials are kept in {storage}; run the same command again to resume",

@@ -12,14 +12,17 @@ means 200 in all, however many runs or workers it takes.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -195,6 +198,52 @@ def best_value(study: optuna.Study) -> float | None:
     return min((t.value for t in done), default=None)
 
 
+@dataclass
+class StopRequest:
+    """Set by the first Ctrl-C: finish the running trial, then stop (see ``stop_on_sigint``)."""
+
+    requested: bool = False
+    notices: list[str] = field(default_factory=list)
+
+    def callback(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """An Optuna callback: end the optimize loop once a stop is requested."""
+        if self.requested:
+            study.stop()
+
+
+class Interrupted(Exception):
+    """The user asked to stop; finished trials are in the storage."""
+
+
+@contextlib.contextmanager
+def stop_on_sigint(
+    notice: str | None = "stopping after the running trial; Ctrl-C again to stop now",
+) -> Iterator[StopRequest]:
+    """The first Ctrl-C lets the running trial finish and commit, then stops the study
+    cleanly; the second raises KeyboardInterrupt at once. A trial cut mid-way is lost
+    anyway, and interrupting a database write can leave its lock held for the busy
+    timeout, so the clean path is the default. Outside the main thread, or where SIGINT is
+    ignored (a background job), no handler is installed."""
+    stop = StopRequest()
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # e.g. a `cmd &` job
+        yield stop
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.requested = True
+        if notice:
+            print(f"\n{notice}", file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class ProgressBar:
     """A tqdm bar over the study's finished trials with the best time so far."""
 
@@ -230,8 +279,10 @@ def optimize(
     n_trials: int,
     timeout: float | None = None,
     callbacks: list[Callable[..., None]] | None = None,
+    stop: StopRequest | None = None,
 ) -> None:
-    """Run trials until the study holds ``n_trials`` finished ones or ``timeout`` passes.
+    """Run trials until the study holds ``n_trials`` finished ones, ``timeout`` passes or
+    ``stop`` is requested (checked after each trial).
 
     Only ``FatalDeviceError`` and ``KeyboardInterrupt`` escape (Optuna marks the running
     trial failed first); every finished trial is already in the storage.
@@ -241,14 +292,14 @@ def optimize(
 
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     remaining = n_trials - len(finished_trials(study))
-    if remaining <= 0:
+    if remaining <= 0 or (stop is not None and stop.requested):
         return
-    stop = MaxTrialsCallback(n_trials, states=states)
+    budget = MaxTrialsCallback(n_trials, states=states)
     study.optimize(
         objective,
         n_trials=remaining,
         timeout=timeout,
-        callbacks=[stop, *(callbacks or [])],
+        callbacks=[budget, *(callbacks or []), *([stop.callback] if stop else [])],
         catch=(),
         gc_after_trial=False,
     )
@@ -264,8 +315,10 @@ def run_inprocess(
     seed: int = 0,
     enqueue: tuple[BlockConfig, ...] = (),
     progress: bool = True,
+    stop: StopRequest | None = None,
 ) -> optuna.Study:
-    """One worker in this process: the study for ``job`` is run to its budget."""
+    """One worker in this process: the study for ``job`` is run to its budget.
+    Raises ``Interrupted`` when ``stop`` was requested (the study is then unfinished)."""
     from kgen.tuner.objective import make_objective
 
     study = open_study(job, space, storage, seed=seed, enqueue=enqueue)
@@ -273,9 +326,11 @@ def run_inprocess(
     try:
         bar.show(len(finished_trials(study)), best_value(study))
         objective = make_objective(space, backend, worker_tags(0, None))
-        optimize(study, objective, n_trials, timeout, callbacks=[bar])
+        optimize(study, objective, n_trials, timeout, callbacks=[bar], stop=stop)
     finally:
         bar.close()
+    if stop is not None and stop.requested:
+        raise Interrupted(study.study_name)
     return study
 
 
@@ -354,7 +409,8 @@ def worker_main(spec: WorkerSpec) -> None:
     backend = make_backend(spec.backend, spec.job, space, spec.workloads)
     study = open_study(spec.job, space, spec.storage, seed=spec.seed, worker=spec.worker)
     objective = make_objective(space, backend, worker_tags(spec.worker, spec.gpu))
-    optimize(study, objective, spec.n_trials, spec.timeout)
+    with stop_on_sigint(notice=None) as stop:  # the parent tells the user
+        optimize(study, objective, spec.n_trials, spec.timeout, stop=stop)
 
 
 def run_workers(
@@ -363,9 +419,14 @@ def run_workers(
     enqueue: tuple[BlockConfig, ...] = (),
     progress: bool = True,
     poll_s: float = 1.0,
+    stop: StopRequest | None = None,
 ) -> optuna.Study:
     """Start one process per spec on one study (the parent enqueues the defaults first, so
-    workers never race to enqueue them), show progress, and wait for all of them."""
+    workers never race to enqueue them), show progress, and wait for all of them.
+
+    Ctrl-C reaches the workers too (one process group): each finishes its running trial
+    and exits; then this raises ``Interrupted``. A second Ctrl-C ends them at once.
+    """
     first = specs[0]
     study = open_study(first.job, space, first.storage, seed=first.seed, enqueue=enqueue)
     ctx = multiprocessing.get_context("spawn")  # CUDA cannot survive fork
@@ -383,6 +444,8 @@ def run_workers(
         raise
     finally:
         bar.close()
+    if stop is not None and stop.requested:
+        raise Interrupted(study.study_name)
     bad = [(p.name, p.exitcode) for p in procs if p.exitcode != 0]
     if bad:
         raise TuneError(
