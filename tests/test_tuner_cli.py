@@ -45,7 +45,7 @@ def test_dry_run_prints_space_and_workloads_without_torch(tmp_path: Path) -> Non
     assert "kgen/tables/gfx942.json" in text
     assert "float8_e4m3fnuz" in text and "float8_e4m3fn " not in text  # gfx942's fp8 flavour
     assert "matrix_instr_nonkdim" in text and "65536" in text
-    assert "bs256/P16384/L4" in text and "8 studies" in text  # 2 KV dtypes x 4 buckets
+    assert "bs256/P16384/L4" in text and "8 studies, 100 finished trials each" in text  # 2 KV dtypes x 4 buckets
     assert not list(tmp_path.iterdir()), "a dry run wrote nothing"
 
 

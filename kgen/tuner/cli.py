@@ -181,7 +181,7 @@ def _enqueue(job: TuneJob) -> tuple[BlockConfig, ...]:
 # --------------------------------------------------------------------------- dry run
 
 
-def dry_run(jobs: list[TuneJob], spaces: SpacesFile, storage: str, out: Path | None) -> str:
+def dry_run(jobs: list[TuneJob], spaces: SpacesFile, storage: str, out: Path | None, budget: str = "") -> str:
     """The spaces, workloads, defaults and study names, as text; no GPU, no writes."""
     lines = [f"storage: {storage}", f"table:   {out or '(none: synthetic objective without --out)'}", ""]
     shown: set[tuple[str, str, int]] = set()
@@ -202,7 +202,7 @@ def dry_run(jobs: list[TuneJob], spaces: SpacesFile, storage: str, out: Path | N
         wl = ", ".join(w.label() for w in job.workloads)
         lines.append(f"  bucket {job.bucket.name} (batch {job.bucket.label()}): {wl}")
         lines.append(f"    study {study_name(job, space)}")
-    lines.append(f"\n{len(jobs)} studies")
+    lines.append(f"\n{len(jobs)} {'study' if len(jobs) == 1 else 'studies'}, {budget}")
     return "\n".join(lines)
 
 
@@ -314,7 +314,8 @@ def run_tune(args: argparse.Namespace) -> int:
     storage = args.storage or default_storage_url()
     out = _default_out(args, arch)
     if args.dry_run:
-        print(dry_run(jobs, spaces, storage, out))
+        budget = f"{args.trials} finished trials each" + (f", at most {args.timeout:g} s each" if args.timeout else "")
+        print(dry_run(jobs, spaces, storage, out, budget))
         return 0
     _require_optuna()
     gpus = _gpus(args)
