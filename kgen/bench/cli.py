@@ -209,6 +209,7 @@ def run_bench(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.replays < 1:
         raise BenchUsageError("--replays must be at least 1")
+    baseline = read_run(args.compare) if args.compare else None  # a bad path fails before measuring
     if args.from_json:
         run = read_run(args.from_json)
         out_dir = Path(args.out) if args.out else None
@@ -224,8 +225,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
     print(summary_text(run))
     code = 1 if any(c.status == "FAILED" for c in run.cases) else 0
-    if args.compare:
-        cmp = compare_runs(run, read_run(args.compare), args.threshold / 100.0)
+    if baseline is not None:
+        cmp = compare_runs(run, baseline, args.threshold / 100.0)
         text = format_comparison(cmp, args.compare)
         print(text)
         if out_dir is not None:
@@ -242,7 +243,10 @@ def case_line(res: CaseResult) -> str:
         return f"{head} grouped {g.status if g else '-'}"
     pct = f" {g.pct_copy:5.1f}% copy" if g.pct_copy is not None else ""
     ups = " ".join(f"x{k}={v:.2f}" for k, v in res.speedup.items())
-    return f"{head} grouped {g.median_us:9.1f} us{pct} {ups}"
+    bad = " ".join(
+        f"{k} {r.status} ({(r.note or str(r.max_rel_err))[:60]})" for k, r in res.kernels.items() if r.status != "ok"
+    )
+    return f"{head} grouped {g.median_us:9.1f} us{pct} {ups} {bad}".rstrip()
 
 
 def summary_text(run: BenchRun) -> str:
