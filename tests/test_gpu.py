@@ -5,9 +5,9 @@ Run on a GPU machine: KGEN_TEST_ON_GPU=1 pytest -m gpu
 
 import pytest
 import torch
+from kernel_cases import SPECS, check_parity, tolerance
 
 import kgen
-from kernel_cases import SPECS, check_parity, tolerance
 from kgen.testing import make_case, relative_error
 
 pytestmark = pytest.mark.gpu

@@ -7,10 +7,10 @@ tables are shuffled, and sizes are small enough for the interpreter.
 
 import pytest
 import torch
+from kernel_cases import build, check_parity
+from triton.runtime.errors import InterpreterError
 
 import kgen
-from triton.runtime.errors import InterpreterError
-from kernel_cases import build, check_parity
 
 GQA = "qwen3_5_gqa256"
 MLA = "mla_absorbed_512_64"

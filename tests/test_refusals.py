@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from kernel_cases import build
 
 import kgen
-from kernel_cases import build
 
 GQA = "qwen3_5_gqa256"
 

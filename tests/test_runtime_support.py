@@ -8,14 +8,11 @@ so the general path is checked against something that shares none of its code.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import torch
 
-# The interpreter must be chosen before any generated module (and its @triton.jit) loads.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# tests/conftest.py chooses Triton's interpreter (CPU runs) before anything imports triton.
 
 
 @dataclass

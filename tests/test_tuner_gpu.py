@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import os
 
-# The interpreter must be chosen before any generated module (and its @triton.jit) loads.
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
+# tests/conftest.py chooses Triton's interpreter before anything imports triton; these
+# tests run the kernels on CPU tensors, so they only make sense there.
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,6 +27,9 @@ from kgen.tuner.results import finalize
 from kgen.tuner.space import default_config, load_spaces
 from kgen.tuner.study import TuneJob, build_space, run_inprocess
 from kgen.tuner.workloads import Bucket, Check, Timing, Workload
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="runs the kernels on CPU tensors in Triton's interpreter")
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 LAYOUTS = load_layouts()
@@ -136,7 +138,10 @@ def test_a_short_study_on_the_real_kernel_prunes_wrong_and_failing_configs(modul
     complete = [t for t in study.trials if t.state.name == "COMPLETE"]
     assert complete and all(t.params["block_n"] == 16 and t.params["block_h"] == 8 for t in complete)
     result = finalize(job, study, default, be, TIMING)
-    assert result.default_us and result.chosen == default  # nothing else is right and runs
+    # Only block_n 16 / block_h 8 configs are right and run; which of them wins is timing
+    # (the interpreter ignores warps and stages), so the test asserts no more than that.
+    assert result.default_us
+    assert (result.chosen.block_n, result.chosen.block_h) == (16, 8)
 
 
 def test_rotation_exceeds_l2_within_memory() -> None:
