@@ -175,3 +175,14 @@ def test_build_check_detects_stale_and_orphan_files(tmp_path: Path):
 def test_shipped_generated_dir_is_up_to_date():
     result = build_all(check_only=True)
     assert not result.changed and not result.orphans, "run `kgen build` and commit generated/"
+
+
+def test_table_from_another_triton_is_used_with_a_warning(ctx):
+    newer = dataclasses.replace(ctx, triton_version="9.9.0")
+    base = legalize(specialize(validate(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"))))
+    plan = select_config(base, newer)
+    warnings = [d for d in plan.decisions if d.what == "table sm_90 warning"]
+    assert warnings and "tuned with Triton 3.6" in warnings[0].why and "kgen tune" in warnings[0].why
+    assert plan.arch_configs["sm_90"], "the table is still used"
+    same = select_config(base, dataclasses.replace(ctx, triton_version="3.6.1"))
+    assert not [d for d in same.decisions if d.what.endswith("warning")]

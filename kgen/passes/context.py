@@ -9,7 +9,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kgen.blockconfig import TABLE_DIR, DefaultsFile, TableSource, read_defaults, resolve_tables
+from kgen.blockconfig import (
+    TABLE_DIR,
+    DefaultsFile,
+    TableSource,
+    installed_triton_version,
+    read_defaults,
+    resolve_tables,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT_DIR = REPO_ROOT / "generated"
@@ -22,6 +29,7 @@ class BuildContext:
     out_dir: Path = DEFAULT_OUT_DIR
     check_only: bool = False
     kgen_version: str = "0.1.0"
+    triton_version: str | None = None  # installed, for the tables' version check
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -35,4 +43,5 @@ def load_context(out_dir: Path | None = None, check_only: bool = False,
         out_dir=Path(out_dir) if out_dir else DEFAULT_OUT_DIR,
         check_only=check_only,
         kgen_version=__version__,
+        triton_version=installed_triton_version(),
     )

@@ -7,7 +7,7 @@ time by arch, group size and batch; rows whose arch is not ROCm lose their AMD k
 
 from __future__ import annotations
 
-from kgen.blockconfig import BlockConfig
+from kgen.blockconfig import BlockConfig, check_triton_version
 from kgen.passes.context import BuildContext
 from kgen.plan import ConfigEntry, Decision, Plan
 
@@ -36,6 +36,9 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
         sources[arch] = f"{source.origin}: {source.path}"
         meta = source.table.metadata if source.table else None
         tuned = "tuned" if meta and meta.tuned else "UNTUNED"
+        warning = check_triton_version(source.table, ctx.triton_version, source.path) if source.table else None
+        if rows and warning:
+            decisions.append(Decision(NAME, f"table {arch} warning", "other Triton version", warning))
         if rows:
             arch_configs[arch] = rows
             decisions.append(Decision(
