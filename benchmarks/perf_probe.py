@@ -98,7 +98,7 @@ def run_case(layout, kv, group, batch, prefix, L, ceiling, sweep, log):
                             "split": {"programs_per_sm": ppsm, "max_splits": 64, "min_tokens_per_split": 256}})
     for cfg in configs:
         try:
-            us = time_us(lambda: mod.launch(*case.launch_args(), config=cfg))
+            us = time_us(lambda c=case, k=cfg: mod.launch(*c.launch_args(), config=k))
         except Exception as exc:  # noqa: BLE001
             log.write(f"{layout} {kv} g{group} b{batch} p{prefix} L{L} cfg={cfg} FAILED {exc!r}\n")
             continue
@@ -106,7 +106,7 @@ def run_case(layout, kv, group, batch, prefix, L, ceiling, sweep, log):
     rows.sort(key=lambda r: r[0])
     best_us, best_cfg = rows[0]
     default_us = [us for us, c in rows if c is None][0]
-    ph_us = time_us(lambda: per_head.launch(*case.launch_args()))
+    ph_us = time_us(lambda c=case: per_head.launch(*c.launch_args()))
     rec = dict(layout=layout, kv=kv, group=group, batch=batch, prefix=prefix, L=L, err=err, ref_err=ref_err,
                bytes=nbytes, floor_us=floor_us, default_us=default_us, best_us=best_us, best_cfg=best_cfg,
                per_head_us=ph_us, pct_ceiling=100 * floor_us / best_us)
@@ -136,11 +136,13 @@ def main() -> int:
         t = time.time()
         recs.append(run_case(*c, ceiling, i in args.sweep, log))
         print(f"case {i} done in {time.time() - t:.0f}s", flush=True)
-    print(f"{'case':48s} {'err':>7s} {'referr':>7s} {'floor':>7s} {'dflt':>7s} {'best':>7s} {'%ceil':>6s} {'perhead':>8s} {'x':>5s}")
+    print(f"{'case':48s} {'err':>7s} {'referr':>7s} {'floor':>7s} {'dflt':>7s} {'best':>7s} {'%ceil':>6s} "
+          f"{'perhead':>8s} {'x':>5s}")
     for r in recs:
         name = f"{r['layout']} {r['kv'][:5]} g{r['group']} b{r['batch']} p{r['prefix']} L{r['L']}"
         print(f"{name:48s} {r['err']:7.4f} {r['ref_err']:7.4f} {r['floor_us']:7.1f} {r['default_us']:7.1f} "
-              f"{r['best_us']:7.1f} {r['pct_ceiling']:6.1f} {r['per_head_us']:8.1f} {r['per_head_us'] / r['best_us']:5.2f}")
+              f"{r['best_us']:7.1f} {r['pct_ceiling']:6.1f} {r['per_head_us']:8.1f} "
+              f"{r['per_head_us'] / r['best_us']:5.2f}")
     return 0
 
 
