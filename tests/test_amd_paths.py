@@ -1,0 +1,78 @@
+"""AMD-specific paths of a generated module with mocked device properties (no AMD GPU here):
+arch detection from gcnArchName, the gfx950 seed table, and the AMD compiler knobs, which
+reach ROCm launches only and never CUDA ones."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from kernel_cases import build
+
+import kgen
+
+MODULE = kgen.load("qwen3_5_gqa256", "bfloat16")
+ROCM_CONFIG = {"block_h": 4, "block_n": 64, "num_warps": 8, "num_stages": 1, "waves_per_eu": 2,
+               "matrix_instr_nonkdim": 16, "kpack": 2}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_device_cache():
+    MODULE._device_info.cache_clear()
+    yield
+    MODULE._device_info.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("hip", "props", "arch"),
+    [
+        ("6.4", SimpleNamespace(gcnArchName="gfx950:sramecc+:xnack-", multi_processor_count=256, major=9, minor=5),
+         "gfx950"),
+        ("6.2", SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-", multi_processor_count=304, major=9, minor=4),
+         "gfx942"),
+        (None, SimpleNamespace(gcnArchName="", multi_processor_count=132, major=9, minor=0), "sm_90"),
+        (None, SimpleNamespace(gcnArchName="", multi_processor_count=148, major=10, minor=0), "sm_100"),
+    ],
+)
+def test_arch_detection_from_device_properties(monkeypatch, hip, props, arch):
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    assert MODULE._device_info("cuda", 0) == (arch, props.multi_processor_count, hip is not None)
+
+
+def test_no_gpu_means_the_interpreter():
+    assert MODULE._device_info("cpu", None)[0] == "interpreter"
+
+
+def test_gfx950_uses_the_seed_table_and_others_the_default():
+    seed = MODULE.select_config("gfx950", 16, 64)
+    assert (seed["block_h"], seed["block_n"], seed["num_warps"]) == (4, 64, 8)
+    assert MODULE.select_config("gfx942", 16, 64) == MODULE._DEFAULT_CONFIG
+
+
+def test_amd_knobs_only_for_rocm():
+    assert MODULE._backend_knobs(ROCM_CONFIG, is_rocm=True) == {"waves_per_eu": 2, "matrix_instr_nonkdim": 16,
+                                                                "kpack": 2}
+    assert MODULE._backend_knobs(ROCM_CONFIG, is_rocm=False) == {}
+
+
+class _Recorder:
+    """Stands in for a @triton.jit kernel: records the launch options."""
+
+    def __init__(self):
+        self.kwargs = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.kwargs.append(kwargs)
+
+
+@pytest.mark.parametrize(("arch", "rocm"), [("gfx950", True), ("sm_90", False)])
+def test_launch_passes_amd_knobs_on_rocm_and_never_on_cuda(monkeypatch, arch, rocm):
+    prefix, merge = _Recorder(), _Recorder()
+    monkeypatch.setattr(MODULE, "_verify_prefix_stage", prefix)
+    monkeypatch.setattr(MODULE, "_verify_merge_stage", merge)
+    monkeypatch.setattr(MODULE, "_device_info", lambda device_type, index: (arch, 8, rocm))
+    case = build("qwen3_5_gqa256", [30], [2], 16, seed=1)
+    MODULE.launch(*case.launch_args(), config=ROCM_CONFIG)
+    for kwargs in prefix.kwargs + merge.kwargs:
+        has = {k for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack") if k in kwargs}
+        assert has == ({"waves_per_eu", "matrix_instr_nonkdim", "kpack"} if rocm else set())
