@@ -154,7 +154,9 @@ def test_study_resumes_after_sigkill_and_ctrl_c_without_losing_finished_trials(t
 def run_two_workers(storage: str, trials: int) -> optuna.Study:
     job = job_for(fresh_bucket())
     space = build_space(job, SPACES)
-    backend = BackendSpec(kind="synthetic", synthetic_delay_s=0.02)
+    # Trials long enough that the second spawned worker (seconds to import torch on a busy
+    # 2-core machine) starts before the first has finished the whole budget alone.
+    backend = BackendSpec(kind="synthetic", synthetic_delay_s=0.25)
     specs = [WorkerSpec(job, SPACES, WORKLOADS, backend, storage, trials, None, 0, i, None) for i in range(2)]
     return run_workers(specs, space, enqueue=(default_config(job.layout, 8),), progress=False, poll_s=0.2)
 
