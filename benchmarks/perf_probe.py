@@ -17,6 +17,8 @@ import torch
 import triton
 
 import kgen
+from kgen.bench.cases import Case
+from kgen.bench.cases import min_bytes as bench_min_bytes
 from kgen.spec import load_layouts
 from kgen.testing import make_case, relative_error
 
@@ -30,16 +32,11 @@ def copy_ceiling_gbs(nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-def min_bytes(case, spec) -> int:
-    kv_el = case.k_buffer.element_size()
-    prefix_tokens = case.kv_indices.numel()
-    h_kv = case.k_buffer.shape[1]
-    width = spec.attention.qk_dim + (0 if spec.attention.v_source == "k_latent" else spec.attention.v_head_dim)
-    pool = prefix_tokens * h_kv * width * kv_el
-    q_side = case.q.numel() * 2 + case.k_extend.numel() * 2 + case.o.numel() * 2
-    if spec.attention.v_source != "k_latent":
-        q_side += case.v_extend.numel() * 2
-    return pool + q_side + case.kv_indices.numel() * case.kv_indices.element_size()
+def min_bytes(layout, kv, group, batch, prefix, draft) -> int:
+    """The benchmark's byte count (kgen.bench.cases): prefix KV once, plus q, draft K/V and o."""
+    a = SPECS[layout].attention
+    return bench_min_bytes(Case(layout=layout, group=group, kv_dtype=kv, batch=batch, prefix=prefix, draft=draft,
+                                qk_dim=a.qk_dim, v_dim=a.v_head_dim, separate_v=a.v_source != "k_latent")).total
 
 
 def time_us(fn) -> float:
@@ -88,7 +85,7 @@ def run_case(layout, kv, group, batch, prefix, L, ceiling, sweep, log):
     ref = sub.reference()
     err = relative_error(sub.o.float(), ref)
     ref_err = relative_error(ref.to(sub.o.dtype).float(), sub.reference(torch.float64))
-    nbytes = min_bytes(case, spec)
+    nbytes = min_bytes(layout, kv, group, batch, prefix, L)
     floor_us = nbytes / (ceiling * 1e9) * 1e6
     rows = []
     configs = [None]

@@ -316,7 +316,7 @@ def _verify_merge_stage(
 _TL_PREFIX_DOT_DTYPE = tl.float16
 _TL_DRAFT_DOT_DTYPE = tl.float16
 _INDEX_DTYPES = (torch.int32, torch.int64)
-_SPLIT_DEFAULTS = {"programs_per_sm": 2, "max_splits": 64, "min_tokens_per_split": 256}
+_SPLIT_DEFAULTS = {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256}
 _SCRATCH = {}
 _DEVICE_SCALES = {}
 

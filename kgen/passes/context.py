@@ -6,7 +6,7 @@ Reading files happens once, here, before the passes run; the passes stay pure.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kgen.blockconfig import (
@@ -30,7 +30,6 @@ class BuildContext:
     check_only: bool = False
     kgen_version: str = "0.1.0"
     triton_version: str | None = None  # installed, for the tables' version check
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def load_context(out_dir: Path | None = None, check_only: bool = False,

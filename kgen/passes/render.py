@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jinja2
 
-from kgen.blockconfig import BlockConfig
+from kgen.blockconfig import BlockConfig, SplitPolicy
 from kgen.errors import BuildError
 from kgen.passes.context import REPO_ROOT, BuildContext
 from kgen.plan import Decision, Plan
@@ -88,6 +88,7 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         "max_rows": plan.max_rows,
         "arch_configs": [(arch, rows) for arch, rows in sorted(plan.arch_configs.items())],
         "default_config": config_literal(plan.default_config),
+        "split_defaults": repr(SplitPolicy().model_dump()),
         "default_why": "the built-in default for this K width (kgen/tables/defaults.json)",
     }
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kgen.blockconfig import BlockConfig, SplitPolicy, read_defaults
+from kgen.passes.legalize import next_pow2
 from kgen.spec import FP8_DTYPES, LayoutSpec
 from kgen.tuner.errors import TuneError, describe_validation
 
@@ -34,10 +35,6 @@ SPACES_FILE = Path(__file__).parent / "spaces.toml"
 CORE_AXES = ("block_h", "block_n", "num_warps", "num_stages")
 SPLIT_AXES = ("programs_per_sm", "max_splits", "min_tokens_per_split")
 ROCM_AXES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
-
-
-def next_pow2(x: int) -> int:
-    return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
 def dtype_bytes(dtype: str) -> int:
