@@ -61,6 +61,7 @@ class Plan:
     block_dpe: int | None = None
     block_dv: int | None = None
     merge_block_dv: int | None = None
+    merge_rows: int | None = None
     min_dot_rows: int | None = None
     draft_block_min: int | None = None
     max_draft_tokens: int | None = None

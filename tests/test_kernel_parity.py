@@ -73,6 +73,17 @@ def test_ragged_prefixes_not_multiples_of_block_n_and_empty_prefix():
     check_parity(case, GQA, "bfloat16", config=SMALL_SPLITS)
 
 
+@pytest.mark.parametrize(("layout", "kv", "group"), [
+    (GQA, "float8_e4m3fn", 8), (MLA, "bfloat16", 16), (MLA, "float8_e4m3fn", 8), ("gqa128", "bfloat16", 4),
+])
+def test_many_splits_draft_tile_in_the_last_split(layout, kv, group):
+    """Several splits per request: the last one also runs the draft tile (and, for FP8, mixes
+    descaled prefix with unscaled draft values); the merge combines them."""
+    scales = {"k_scale": 0.6, "v_scale": 1.7} if kv != "bfloat16" else {}
+    case = build(layout, [70, 0, 33], [4, 2, 3], group, kv_dtype=kv, seed=group + 31, **scales)
+    check_parity(case, layout, kv, config=SMALL_SPLITS)
+
+
 def test_two_kv_heads_and_int64_indices():
     case = build("gqa128", [33, 80], [4, 3], 4, num_kv_heads=2, index_dtype=torch.int64, seed=7)
     check_parity(case, "gqa128", "bfloat16")

@@ -1,0 +1,195 @@
+"""Kernel-variant experiments on a GPU (dev tool, not the benchmark of record).
+
+Patches a generated module's text into variants, times each on a few cases, and writes a
+table. Usage on the H200: python benchmarks/exp_variants.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+import triton
+
+import kgen
+from kgen.bench.cases import Case
+from kgen.bench.cases import min_bytes as bench_min_bytes
+from kgen.spec import load_layouts
+from kgen.testing import make_case, relative_error
+
+SPECS = load_layouts()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+OLD_LOOP = """        for start_n in range(split_start, split_end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < split_end
+            page = tl.load(Kv_Table + table_start + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+"""
+NEW_LOOP = """        offs_next = split_start + tl.arange(0, BLOCK_N)
+        page_next = tl.load(Kv_Table + table_start + offs_next // PAGE_SIZE, mask=offs_next < split_end, other=0)
+        for start_n in range(split_start, split_end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < split_end
+            page = page_next.to(tl.int64)
+            offs_next = offs_n + BLOCK_N
+            page_next = tl.load(Kv_Table + table_start + offs_next // PAGE_SIZE, mask=offs_next < split_end, other=0)
+"""
+
+PATCHES = {
+    "prefetch": [(OLD_LOOP, NEW_LOOP)],
+    "merge3": [("        num_stages=1,\n", "        num_stages=3,\n")],
+    "mdv64": [("MERGE_BLOCK_DV = 256\n", "MERGE_BLOCK_DV = 64\n"), ("MERGE_BLOCK_DV = 512\n", "MERGE_BLOCK_DV = 64\n")],
+}
+
+
+def load_variant(layout: str, kv: str, names: tuple[str, ...], out: str):
+    base = kgen.load(layout, kv)
+    if not names:
+        return base
+    text = open(base.__file__).read()
+    for name in names:
+        for old, new in PATCHES[name]:
+            if old in text:
+                text = text.replace(old, new)
+    path = os.path.join(out, "variants", f"{base.URI}__{'_'.join(names)}.py")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *a, **k: None
+
+
+def time_us(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench_cudagraph(fn, rep=150, return_mode="median")
+    return ms * 1e3
+
+
+def floor_us(layout, kv, group, batch, prefix, draft, ceiling):
+    a = SPECS[layout].attention
+    c = Case(layout=layout, group=group, kv_dtype=kv, batch=batch, prefix=prefix, draft=draft,
+             qk_dim=a.qk_dim, v_dim=a.v_head_dim, separate_v=a.v_source != "k_latent")
+    return bench_min_bytes(c).total / (ceiling * 1e9) * 1e6
+
+
+def cfg(bh, bn, w, st, ppsm=2, minsp=128, maxsp=64):
+    return {"block_h": bh, "block_n": bn, "num_warps": w, "num_stages": st,
+            "split": {"programs_per_sm": ppsm, "max_splits": maxsp, "min_tokens_per_split": minsp}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--only", nargs="*", default=[])
+    args = ap.parse_args()
+    src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    ceiling = 2 * src.numel() * 2 / (ms * 1e-3) / 1e9
+    src = dst = None  # free before the cases
+    print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
+    log = open(os.path.join(args.out, "exp.log"), "w")
+    results = []
+
+    def record(tag, layout, kv, group, batch, prefix, L, us, extra=""):
+        fl = floor_us(layout, kv, group, batch, prefix, L, ceiling)
+        rec = dict(tag=tag, layout=layout, kv=kv, group=group, batch=batch, prefix=prefix, L=L, us=us,
+                   pct=100 * fl / us if us else 0, extra=extra)
+        results.append(rec)
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+        print(f"{tag:42s} {layout[:8]} {kv[:5]} g{group} b{batch} p{prefix} L{L}: {us:8.1f} us "
+              f"{rec['pct']:5.1f}% {extra}", flush=True)
+
+    def run(tag, layout, kv, group, batch, prefix, L, variants=(), configs=(None,), shuffle=True,
+            stage=None, rows64=False, check=True):
+        try:
+            mod = load_variant(layout, kv, variants, args.out)
+            fp8 = "float8" in kv
+            case = make_case(SPECS[layout], [prefix] * batch, [L] * batch, group, kv_dtype=kv, device="cuda",
+                             k_scale=0.7 if fp8 else 1.0, v_scale=1.3 if fp8 else 1.0, seed=batch + prefix,
+                             shuffle=shuffle)
+            saved = {}
+            if rows64:
+                saved["MIN_DOT_ROWS"] = mod.MIN_DOT_ROWS
+                mod.MIN_DOT_ROWS = 64
+            if check:
+                sub = make_case(SPECS[layout], [prefix, prefix // 3 + 5], [L, max(1, L - 1)], group, kv_dtype=kv,
+                                device="cuda", k_scale=case.k_scale, v_scale=case.v_scale, seed=7)
+                mod.launch(*sub.launch_args(), config=configs[0])
+                err = relative_error(sub.o.float(), sub.reference())
+            else:
+                err = float("nan")
+            if stage == "prefix":
+                saved["_verify_merge_stage"] = mod._verify_merge_stage
+                mod._verify_merge_stage = _NoLaunch()
+            elif stage == "merge":
+                saved["_verify_prefix_stage"] = mod._verify_prefix_stage
+                mod._verify_prefix_stage = _NoLaunch()
+            for c in configs:
+                try:
+                    us = time_us(lambda c=c: mod.launch(*case.launch_args(), config=c))
+                    record(tag, layout, kv, group, batch, prefix, L, us, f"err={err:.1e} cfg={c}")
+                except Exception as exc:  # noqa: BLE001
+                    log.write(f"{tag} cfg={c} FAILED {exc!r}\n")
+                    print(f"{tag} cfg={c} FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            for k, v in saved.items():
+                setattr(mod, k, v)
+            case = None
+            torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+
+    G = "qwen3_5_gqa256"
+    M = "mla_absorbed_512_64"
+    t0 = time.time()
+    sel = set(args.only)
+
+    def want(name):
+        return not sel or name in sel
+
+    if want("gpu2"):
+        P = itertools.product
+        run("g16", G, "bfloat16", 16, 64, 16384, 4,
+            configs=[None] + [cfg(bh, bn, 4, st) for bh, bn, st in P((16, 8, 4), (32, 64), (3, 4))])
+        run("g8", G, "bfloat16", 8, 64, 16384, 4,
+            configs=[None] + [cfg(bh, bn, 4, st) for bh, bn, st in P((8, 4), (32, 64), (3, 4))])
+        run("g4", G, "bfloat16", 4, 64, 16384, 4,
+            configs=[None] + [cfg(4, bn, 4, st, pp) for bn, st, pp in P((32, 64), (3, 4), (2, 3))])
+        run("g16 p4K", G, "bfloat16", 16, 64, 4096, 4,
+            configs=[None] + [cfg(bh, 32, 4, st, pp) for bh, st, pp in P((16, 8, 4), (3, 4), (2, 3))])
+        run("g4 p4K", G, "bfloat16", 4, 64, 4096, 4,
+            configs=[None] + [cfg(4, bn, 4, st, pp) for bn, st, pp in P((32, 64), (3, 4), (2, 3))])
+        run("b16p1K", G, "bfloat16", 16, 16, 1024, 4,
+            configs=[None] + [cfg(bh, 32, 4, 3, pp, mt) for bh, pp, mt in P((16, 4), (2, 4, 8), (64, 128, 256))])
+        run("fp8 g16", G, "float8_e4m3fn", 16, 64, 16384, 4,
+            configs=[None] + [cfg(bh, bn, 4, st) for bh, bn, st in P((16, 8), (32, 64), (2, 3, 4))])
+        run("mla", M, "bfloat16", 16, 64, 16384, 4,
+            configs=[None, cfg(16, 64, 8, 2, 2), cfg(16, 32, 8, 3, 2), cfg(16, 32, 8, 2, 2), cfg(16, 64, 8, 1, 2)])
+    print(f"total {time.time() - t0:.0f}s")
+    with open(os.path.join(args.out, "exp.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print("\nSUMMARY")
+    for r in results:
+        print(f"{r['tag']:28s} g{r['group']} b{r['batch']} p{r['prefix']} {r['kv'][:5]} {r['us']:8.1f} us "
+              f"{r['pct']:5.1f}%  {r['extra'][:90]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
