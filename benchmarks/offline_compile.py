@@ -35,7 +35,7 @@ def _prefix_signature(module, kv: str) -> tuple[dict, list[str]]:
     kvt = TL[str(module.KV_DTYPE).replace("torch.", "")]
     sig = {}
     for n in names:
-        if n in ("Q",):
+        if n in ("Q", "K_Extend", "V_Extend", "O"):
             sig[n] = "*bf16"
         elif n in ("K_Buffer", "V_Buffer"):
             sig[n] = f"*{kvt}"
@@ -55,9 +55,9 @@ def compile_prefix(args) -> None:
     sig, names = _prefix_signature(module, args.kv)
     block_h, l_pad = module._rows(args.block_h, args.group, args.draft)
     dot = tl.float16 if "float8" in str(module.KV_DTYPE) else tl.bfloat16
-    constexprs = {"GROUP": args.group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": args.block_n,
-                  "MIN_TOKENS_PER_SPLIT": 128, "PAGE_SIZE": 1, "BLOCK_TABLE": False, "DOT_DTYPE": dot,
-                  "SCALES_ON_DEVICE": False}
+    constexprs = {"GROUP": args.group, "BLOCK_H": block_h, "L_PAD": l_pad, "DRAFT_N": max(16, l_pad),
+                  "BLOCK_N": args.block_n, "MIN_TOKENS_PER_SPLIT": 128, "PAGE_SIZE": 1, "BLOCK_TABLE": False,
+                  "DOT_DTYPE": dot, "SCALES_ON_DEVICE": False}
     constexprs = {k: v for k, v in constexprs.items() if k in names}
     for k in constexprs:
         sig[k] = "constexpr"

@@ -60,10 +60,6 @@ _INTERPRETER_NUM_SMS = 4
 
 # Block configs per arch (from kgen/tables/*.json at build time): (group, batch_min, batch_max, config).
 _BLOCK_CONFIGS = {
-    "sm_90": (
-        (8, 9, 32, {'block_h': 1, 'block_n': 64, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}),
-        (8, 33, 96, {'block_h': 1, 'block_n': 64, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}),
-    ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
 _DEFAULT_CONFIG = {'block_h': 1, 'block_n': 64, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}

@@ -67,7 +67,7 @@ _BLOCK_CONFIGS = {
     ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
-_DEFAULT_CONFIG = {'block_h': 1, 'block_n': 32, 'num_warps': 4, 'num_stages': 4, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}
+_DEFAULT_CONFIG = {'block_h': 1, 'block_n': 64, 'num_warps': 4, 'num_stages': 2, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}
 
 
 @triton.jit

@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kgen.errors import TableError
+from kgen.spec import FP8_DTYPES
 
 TABLE_DIR = Path(__file__).parent / "tables"
 DEFAULTS_FILE = TABLE_DIR / "defaults.json"
@@ -183,13 +184,19 @@ class TableFile(BaseModel):
 
 
 class DefaultRule(BaseModel):
-    """A built-in default for every layout whose K width is at most ``max_qk_dim``."""
+    """A built-in default for every layout whose K width is at most ``max_qk_dim``; with
+    ``kv_storage`` ("fp8" or "16bit") only for KV caches stored that way."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_qk_dim: int = Field(gt=0)
+    kv_storage: Literal["fp8", "16bit"] | None = None
     config: BlockConfig
     why: str
+
+    def applies_to(self, qk_dim: int, kv_dtype: str) -> bool:
+        storage = "fp8" if kv_dtype in FP8_DTYPES else "16bit"
+        return qk_dim <= self.max_qk_dim and self.kv_storage in (None, storage)
 
 
 class DefaultsFile(BaseModel):
@@ -198,11 +205,12 @@ class DefaultsFile(BaseModel):
     schema_: Literal["kgen.block-config-defaults/1"] = Field(alias="schema")
     rules: list[DefaultRule] = Field(min_length=1)
 
-    def rule_for(self, qk_dim: int) -> DefaultRule:
-        for rule in sorted(self.rules, key=lambda r: r.max_qk_dim):
-            if qk_dim <= rule.max_qk_dim:
+    def rule_for(self, qk_dim: int, kv_dtype: str = "bfloat16") -> DefaultRule:
+        """The narrowest rule covering this K width; at one width, a KV-storage rule wins."""
+        for rule in sorted(self.rules, key=lambda r: (r.max_qk_dim, r.kv_storage is None)):
+            if rule.applies_to(qk_dim, kv_dtype):
                 return rule
-        return max(self.rules, key=lambda r: r.max_qk_dim)
+        return max(self.rules, key=lambda r: (r.max_qk_dim, r.kv_storage is None))
 
 
 def _describe(path: Path, exc: ValidationError) -> str:

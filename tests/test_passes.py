@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kgen.blockconfig import BlockConfig
+from kgen.blockconfig import BlockConfig, TableFile, TableSource, read_defaults
 from kgen.build import build_all, specializations
 from kgen.errors import BuildError, SpecError
 from kgen.passes.check import check
@@ -177,7 +177,20 @@ def test_shipped_generated_dir_is_up_to_date():
     assert not result.changed and not result.orphans, "run `kgen build` and commit generated/"
 
 
+def _tuned_sm90_table() -> TableSource:
+    """An sm_90 table from Triton 3.6 with one qwen3_5_gqa256 row (independent of the shipped one)."""
+    table = TableFile.model_validate({
+        "schema": "kgen.block-config-table/1", "arch": "sm_90",
+        "metadata": {"gpu_name": "NVIDIA H200", "arch": "sm_90", "torch_version": "2.11.0",
+                     "triton_version": "3.6.0", "date": "2026-11-29T00:00:00Z", "trials": 1, "tuned": True},
+        "entries": [{"layout": "qwen3_5_gqa256", "kv_dtype": "bfloat16", "group_size": 16, "batch_min": 1,
+                     "batch_max": 8, "config": {"block_h": 16, "block_n": 32, "num_warps": 4, "num_stages": 3}}],
+    })
+    return TableSource(arch="sm_90", path="sm_90.json", origin="shipped", table=table)
+
+
 def test_table_from_another_triton_is_used_with_a_warning(ctx):
+    ctx = dataclasses.replace(ctx, tables={**ctx.tables, "sm_90": _tuned_sm90_table()})
     newer = dataclasses.replace(ctx, triton_version="9.9.0")
     base = legalize(specialize(validate(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"))))
     plan = select_config(base, newer)
@@ -186,3 +199,21 @@ def test_table_from_another_triton_is_used_with_a_warning(ctx):
     assert plan.arch_configs["sm_90"], "the table is still used"
     same = select_config(base, dataclasses.replace(ctx, triton_version="3.6.1"))
     assert not [d for d in same.decisions if d.what.endswith("warning")]
+
+
+def test_default_rules_pick_by_k_width_then_kv_storage():
+    rules = read_defaults()
+    bf16, fp8 = rules.rule_for(256, "bfloat16"), rules.rule_for(256, "float8_e4m3fn")
+    assert bf16.kv_storage is None and fp8.kv_storage == "fp8"
+    assert fp8.config != bf16.config
+    assert rules.rule_for(256, "float8_e4m3fnuz").kv_storage == "fp8"
+    assert rules.rule_for(128, "float8_e4m3fn").max_qk_dim == 128  # no fp8 rule that narrow: the K width wins
+    assert rules.rule_for(576, "bfloat16").max_qk_dim == 1024
+    assert rules.rule_for(4096, "bfloat16").kv_storage is None  # past every width: the widest general rule
+
+
+def test_fp8_layout_bakes_the_fp8_default(ctx):
+    plan = select_config(legalize(specialize(validate(new_plan(SPECS["qwen3_5_gqa256"], "float8_e4m3fn",
+                                                                  "bfloat16")))), ctx)
+    assert plan.default_config == read_defaults().rule_for(256, "float8_e4m3fn").config
+    assert any("fp8 KV" in d.why for d in plan.decisions if d.what == "default config")

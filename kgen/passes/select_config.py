@@ -20,10 +20,11 @@ def _per_head(config: BlockConfig) -> BlockConfig:
 
 def select_config(plan: Plan, ctx: BuildContext) -> Plan:
     qk_dim = plan.spec.attention.qk_dim
-    rule = ctx.defaults.rule_for(qk_dim)
+    rule = ctx.defaults.rule_for(qk_dim, plan.kv_dtype)
     default = rule.config if plan.variant == "grouped" else _per_head(rule.config)
     decisions = [Decision(NAME, "default config", default.short(),
-                          f"built-in rule for K width <= {rule.max_qk_dim}: {rule.why}")]
+                          f"built-in rule for K width <= {rule.max_qk_dim}"
+                          + (f", {rule.kv_storage} KV" if rule.kv_storage else "") + f": {rule.why}")]
     arch_configs: dict[str, tuple[ConfigEntry, ...]] = {}
     sources: dict[str, str] = {}
     for arch, source in sorted(ctx.tables.items()):

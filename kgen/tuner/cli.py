@@ -173,7 +173,7 @@ def current_config(job: TuneJob) -> BlockConfig | None:
 
 
 def _enqueue(job: TuneJob) -> tuple[BlockConfig, ...]:
-    default = default_config(job.layout, job.group_size)
+    default = default_config(job.layout, job.group_size, job.kv_dtype)
     current = current_config(job)
     return (default,) if current is None or current == default else (default, current)
 
@@ -190,7 +190,7 @@ def dry_run(jobs: list[TuneJob], spaces: SpacesFile, storage: str, out: Path | N
         key = (job.layout.name, job.kv_dtype, job.group_size)
         if key not in shown:
             shown.add(key)
-            default = default_config(job.layout, job.group_size)
+            default = default_config(job.layout, job.group_size, job.kv_dtype)
             params, notes = space.params_of(default)
             lines += [
                 f"== {job.layout.name}  kv={job.kv_dtype}  q={job.q_dtype}  group={job.group_size}",

@@ -352,10 +352,10 @@ def why_not(cfg: BlockConfig, shape: ProblemShape, profile: ArchProfile) -> str 
 # --------------------------------------------------------------------------- the space
 
 
-def default_config(layout: LayoutSpec, group_size: int) -> BlockConfig:
+def default_config(layout: LayoutSpec, group_size: int, kv_dtype: str = "bfloat16") -> BlockConfig:
     """The built-in default (``kgen/tables/defaults.json``) made legal for the group size:
     block_h is cut to next_pow2(group), since a program never owns more heads than exist."""
-    cfg = read_defaults().rule_for(layout.attention.qk_dim).config
+    cfg = read_defaults().rule_for(layout.attention.qk_dim, kv_dtype).config
     return cfg.model_copy(update={"block_h": min(cfg.block_h, next_pow2(group_size))})
 
 
