@@ -181,6 +181,16 @@ def main() -> int:
             configs=[None] + [cfg(bh, bn, 4, st) for bh, bn, st in P((16, 8), (32, 64), (2, 3, 4))])
         run("mla", M, "bfloat16", 16, 64, 16384, 4,
             configs=[None, cfg(16, 64, 8, 2, 2), cfg(16, 32, 8, 3, 2), cfg(16, 32, 8, 2, 2), cfg(16, 64, 8, 1, 2)])
+    if want("leads"):
+        run("g16 lead", G, "bfloat16", 16, 64, 16384, 4,
+            configs=(cfg(16, 32, 4, 3, 1), cfg(16, 32, 4, 2, 2), cfg(16, 16, 4, 4, 2)))
+        run("g16 p4K lead", G, "bfloat16", 16, 64, 4096, 4,
+            configs=(cfg(16, 32, 4, 3, 1), cfg(16, 32, 4, 2, 2), cfg(16, 32, 4, 3, 1, 512)))
+        run("b16p1K lead", G, "bfloat16", 16, 16, 1024, 4,
+            configs=(cfg(16, 16, 4, 3, 2), cfg(16, 32, 4, 2, 2), cfg(16, 32, 8, 3, 2), cfg(16, 32, 4, 3, 1),
+                     cfg(16, 32, 4, 3, 2, 512)))
+        run("mla lead", M, "bfloat16", 16, 64, 16384, 4,
+            configs=(cfg(16, 32, 8, 3, 1), cfg(16, 16, 8, 4, 2), cfg(16, 32, 8, 2, 1)))
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)
