@@ -87,6 +87,8 @@ def compile_prefix(args) -> None:
     print("  SASS:", ", ".join(f"{k} {v}" for k, v in ops.items()))
     if args.dump:
         Path(args.dump).write_text(sass)
+    if args.dump_ttgir:
+        Path(args.dump_ttgir).write_text(kernel.asm["ttgir"])
 
 
 def main() -> int:
@@ -100,6 +102,7 @@ def main() -> int:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--dump", help="write the SASS here")
+    ap.add_argument("--dump-ttgir", help="write Triton's GPU IR (layouts, where values live) here")
     compile_prefix(ap.parse_args())
     return 0
 

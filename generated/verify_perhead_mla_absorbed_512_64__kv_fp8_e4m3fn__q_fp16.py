@@ -202,6 +202,30 @@ def _verify_prefix_stage(
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+        if split == num_written - 1:
+            # Draft tile: every row against the request's draft tokens, causal (draft token
+            # i sees 0..i), as one more DRAFT_N-wide tile of the same online softmax. Draft
+            # K/V are in the query dtype, never quantized.
+            offs_j = tl.arange(0, DRAFT_N)
+            j_ok = offs_j < q_len
+            kd_row_ptr = K_Extend + (q_start + offs_j)[:, None] * stride_ke_tok + kv_head * stride_ke_head
+            kd = tl.load(kd_row_ptr + offs_d[None, :], mask=j_ok[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(kd.to(DOT_DTYPE)))
+            kd_pe = tl.load(kd_row_ptr + NOPE_DIM + offs_dpe[None, :], mask=j_ok[:, None] & dpe_ok[None, :], other=0.0)
+            s += tl.dot(q_pe, tl.trans(kd_pe.to(DOT_DTYPE)))
+            visible = (offs_j[None, :] <= draft_pos[:, None]) & j_ok[None, :]
+            s = tl.where(visible, s * qk_scale, float("-inf"))
+            # Padding rows (draft_pos >= q_len) can see nothing: keep their max finite.
+            m_new = tl.maximum(m_i, tl.where(row_ok, tl.max(s, 1), 0.0))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            vd_ptr = V_Extend + (q_start + offs_j)[:, None] * stride_ve_tok + kv_head * stride_ve_head + offs_dv[None, :]
+            vd = tl.load(vd_ptr, mask=j_ok[:, None], other=0.0)
+            # The prefix tiles that follow accumulate raw e4m3 V (descaled once, at the end).
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE)) / v_descale
+            m_i = m_new
+
         # The page indices of tile i+1 are loaded while tile i computes: the K/V loads of a
         # tile depend on its indices, and an index load on the critical path stalls the
         # pipeline by a full memory latency per tile (measured: FP8 498 -> 348 us).
@@ -230,29 +254,6 @@ def _verify_prefix_stage(
 
         # The prefix's P.V is dequantized once, here, instead of per tile.
         acc = acc * v_descale
-        if split == num_written - 1:
-            # Draft tile: every row against the request's draft tokens, causal (draft token
-            # i sees 0..i), as one more DRAFT_N-wide tile of the same online softmax. Draft
-            # K/V are in the query dtype, never quantized.
-            offs_j = tl.arange(0, DRAFT_N)
-            j_ok = offs_j < q_len
-            kd_row_ptr = K_Extend + (q_start + offs_j)[:, None] * stride_ke_tok + kv_head * stride_ke_head
-            kd = tl.load(kd_row_ptr + offs_d[None, :], mask=j_ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(kd.to(DOT_DTYPE)))
-            kd_pe = tl.load(kd_row_ptr + NOPE_DIM + offs_dpe[None, :], mask=j_ok[:, None] & dpe_ok[None, :], other=0.0)
-            s += tl.dot(q_pe, tl.trans(kd_pe.to(DOT_DTYPE)))
-            visible = (offs_j[None, :] <= draft_pos[:, None]) & j_ok[None, :]
-            s = tl.where(visible, s * qk_scale, float("-inf"))
-            # Padding rows (draft_pos >= q_len) can see nothing: keep their max finite.
-            m_new = tl.maximum(m_i, tl.where(row_ok, tl.max(s, 1), 0.0))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            vd_ptr = V_Extend + (q_start + offs_j)[:, None] * stride_ve_tok + kv_head * stride_ve_head + offs_dv[None, :]
-            vd = tl.load(vd_ptr, mask=j_ok[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE))
-            m_i = m_new
-
         l_safe = tl.where(row_ok, l_i, 1.0)
         if num_written == 1:
             # One split holds the whole request: write o here; the merge skips it.

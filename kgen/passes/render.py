@@ -75,6 +75,7 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         "has_pe": plan.has_pe,
         "fp8_kv": plan.fp8_kv,
         "v_from_k_tile": plan.v_from_k_tile,
+        "draft_tile_first": plan.draft_tile_first,
         "prefix_dot_dtype": plan.prefix_dot_dtype,
         "prefix_dot_why": "Prefix stage: " + plan.decisions_of("specialize")[-1].why + ".",
         "block_d": plan.block_d,
