@@ -42,9 +42,32 @@ NEW_LOOP = """        offs_next = split_start + tl.arange(0, BLOCK_N)
             page_next = tl.load(Kv_Table + table_start + offs_next // PAGE_SIZE, mask=offs_next < split_end, other=0)
 """
 
+LOOP_HEAD = "        for start_n in range(split_start, split_end, BLOCK_N):\n"
+
+
+def unmasked_full_tiles(text: str) -> str:
+    """Two loops: tiles wholly inside the split without masks, then the partial last tile."""
+    start = text.index(LOOP_HEAD)
+    end = text.index("            m_i = m_new\n", start) + len("            m_i = m_new\n")
+    masked = text[start:end]
+    body = masked[len(LOOP_HEAD):]
+    free = (body.replace("            n_ok = offs_n < split_end\n", "")
+            .replace(", mask=n_ok[:, None], other=0.0)", ")")
+            .replace(", mask=n_ok[:, None] & dpe_ok[None, :], other=0.0)", ", mask=dpe_ok[None, :], other=0.0)")
+            .replace("qk = tl.where(n_ok[None, :], qk * score_scale, float(\"-inf\"))", "qk = qk * score_scale"))
+    assert "n_ok" not in free.replace("d_ok", "").replace("dv_ok", ""), free
+    new = ("        full_end = split_start + (split_end - split_start) // BLOCK_N * BLOCK_N\n"
+           "        for start_n in range(split_start, full_end, BLOCK_N):\n" + free
+           + "        for start_n in range(full_end, split_end, BLOCK_N):\n" + body)
+    return text[:start] + new + text[end:]
+
+
 PATCHES = {
     "prefetch": [(OLD_LOOP, NEW_LOOP)],
     "merge3": [("        num_stages=1,\n", "        num_stages=3,\n")],
+    # S^T = K.Q^T: the converted e4m3 K tile is wgmma's register A operand (no smem round trip).
+    "kq_transposed": [("            qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))\n",
+                       "            qk = tl.trans(tl.dot(k.to(DOT_DTYPE), tl.trans(q)))\n")],
     "mdv64": [("MERGE_BLOCK_DV = 256\n", "MERGE_BLOCK_DV = 64\n"), ("MERGE_BLOCK_DV = 512\n", "MERGE_BLOCK_DV = 64\n")],
 }
 
@@ -55,6 +78,9 @@ def load_variant(layout: str, kv: str, names: tuple[str, ...], out: str):
         return base
     text = open(base.__file__).read()
     for name in names:
+        if name == "unmasked":
+            text = unmasked_full_tiles(text)
+            continue
         for old, new in PATCHES[name]:
             if old in text:
                 text = text.replace(old, new)
@@ -191,6 +217,22 @@ def main() -> int:
                      cfg(16, 32, 4, 3, 2, 512)))
         run("mla lead", M, "bfloat16", 16, 64, 16384, 4,
             configs=(cfg(16, 32, 8, 3, 1), cfg(16, 16, 8, 4, 2), cfg(16, 32, 8, 2, 1)))
+    if want("next"):
+        # Queued for the next device session (docs/perf-notes.md, "Where it stands").
+        g16 = cfg(16, 32, 4, 3, 1)
+        for prefix in (16384, 4096):
+            run(f"g16 p{prefix // 1024}K base", G, "bfloat16", 16, 64, prefix, 4, configs=(g16,))
+            run(f"g16 p{prefix // 1024}K unmasked", G, "bfloat16", 16, 64, prefix, 4, variants=("unmasked",),
+                configs=(g16,))
+        run("g8 unmasked", G, "bfloat16", 8, 64, 16384, 4, variants=("unmasked",), configs=(cfg(8, 32, 4, 3),))
+        run("fp8 unmasked", G, "float8_e4m3fn", 16, 64, 16384, 4, variants=("unmasked",),
+            configs=(cfg(16, 64, 4, 2), cfg(16, 64, 4, 2, 1)))
+        run("mla draft-first", M, "bfloat16", 16, 64, 16384, 4,
+            configs=(None, cfg(16, 32, 8, 3, 1), cfg(16, 64, 8, 2, 1)))
+        run("mla fp8 draft-first", M, "float8_e4m3fn", 16, 64, 16384, 4,
+            configs=(None, cfg(16, 32, 8, 3, 1), cfg(16, 64, 8, 2, 1), cfg(16, 64, 8, 2, 3)))
+        run("b16p1K", G, "bfloat16", 16, 16, 1024, 4, variants=("unmasked",),
+            configs=(cfg(16, 32, 4, 3, 1), cfg(16, 32, 4, 3, 1, 256)))
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -50,8 +50,18 @@ def _prefix_signature(module, kv: str) -> tuple[dict, list[str]]:
     return sig, names
 
 
+def _module_from(path: str):
+    """A module file outside generated/ (a variant written by benchmarks/exp_variants.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def compile_prefix(args) -> None:
-    module = kgen.load(args.layout, args.kv)
+    module = kgen.load(args.layout, args.kv) if not args.module else _module_from(args.module)
     sig, names = _prefix_signature(module, args.kv)
     block_h, l_pad = module._rows(args.block_h, args.group, args.draft)
     dot = tl.float16 if "float8" in str(module.KV_DTYPE) else tl.bfloat16
@@ -101,6 +111,7 @@ def main() -> int:
     ap.add_argument("--block-n", type=int, default=32)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=4)
+    ap.add_argument("--module", help="compile this module file instead of the generated one (a variant)")
     ap.add_argument("--dump", help="write the SASS here")
     ap.add_argument("--dump-ttgir", help="write Triton's GPU IR (layouts, where values live) here")
     compile_prefix(ap.parse_args())
