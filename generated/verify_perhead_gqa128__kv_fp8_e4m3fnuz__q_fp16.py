@@ -376,6 +376,11 @@ def _max_splits(config, programs_per_split, num_sms):
     return max(1, min(wanted, split["max_splits"])), split["min_tokens_per_split"]
 
 
+def _merge_heads(num_q_heads, l_pad):
+    """Query heads per merge program: about MERGE_ROWS rows, a power of two (tl.arange)."""
+    return min(_next_pow2(num_q_heads), max(1, MERGE_ROWS // l_pad))
+
+
 def _backend_knobs(config, is_rocm):
     """AMD compiler knobs go to ROCm launches only; CUDA never sees them."""
     if not is_rocm:
@@ -495,7 +500,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     )
     if max_splits == 1:
         return  # every request had one split and wrote o itself
-    merge_heads = min(num_q_heads, max(1, MERGE_ROWS // l_pad))
+    merge_heads = _merge_heads(num_q_heads, l_pad)
     _verify_merge_stage[(_cdiv(num_q_heads, merge_heads), batch, _cdiv(V_HEAD_DIM, MERGE_BLOCK_DV))](
         o,
         qo_indptr,

@@ -138,3 +138,14 @@ def test_graph_safety_no_host_sync(monkeypatch):
     config = module.select_config(arch, 8, 2)
     module._rows(config["block_h"], 8, case.max_len_extend)
     module._scratch(case.q.device, case.q.shape[0], case.q.shape[1], 4)
+
+
+@pytest.mark.parametrize("num_q_heads", [1, 3, 6, 12, 16, 48, 128])
+@pytest.mark.parametrize("l_pad", [1, 2, 4, 8, 16])
+def test_merge_rows_are_a_power_of_two(num_q_heads, l_pad):
+    """tl.arange needs a power of two: the interpreter does not check it, the GPU compiler does."""
+    module = kgen.load(GQA, "bfloat16")
+    heads = module._merge_heads(num_q_heads, l_pad)
+    rows = heads * l_pad
+    assert heads >= 1 and rows & (rows - 1) == 0
+    assert rows <= max(module.MERGE_ROWS, l_pad)
