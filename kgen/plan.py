@@ -64,7 +64,6 @@ class Plan:
     merge_block_dv: int | None = None
     merge_rows: int | None = None
     min_dot_rows: int | None = None
-    draft_block_min: int | None = None
     max_draft_tokens: int | None = None
     max_rows: int | None = None
     mask_d: bool | None = None

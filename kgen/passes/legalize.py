@@ -60,7 +60,7 @@ def legalize(plan: Plan) -> Plan:
     return plan.with_(
         decisions,
         block_d=block_d, block_dv=block_dv, block_dpe=block_dpe, merge_block_dv=merge_block_dv, merge_rows=MERGE_ROWS,
-        min_dot_rows=MIN_DOT, draft_block_min=MIN_DOT, max_draft_tokens=MAX_DRAFT_TOKENS,
+        min_dot_rows=MIN_DOT, max_draft_tokens=MAX_DRAFT_TOKENS,
         max_rows=MAX_ROWS, mask_d=block_d != shape.nope_dim, mask_dv=block_dv != shape.v_head_dim,
         page_sizes=PAGE_SIZES,
     )
