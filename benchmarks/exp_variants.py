@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import traceback
+from types import SimpleNamespace
 
 import torch
 import triton
@@ -21,6 +22,8 @@ import triton
 import kgen
 from kgen.bench.cases import Case
 from kgen.bench.cases import min_bytes as bench_min_bytes
+from kgen.build import build_one
+from kgen.passes.context import load_context
 from kgen.spec import load_layouts
 from kgen.testing import make_case, relative_error
 
@@ -76,8 +79,13 @@ def load_variant(layout: str, kv: str, names: tuple[str, ...], out: str):
     base = kgen.load(layout, kv)
     if not names:
         return base
+    if "fused" in names:  # the fused_merge experiment (kgen/experiments.py), built apart
+        ctx = load_context(os.path.join(out, "fused"), env={"KGEN_EXPERIMENTS": "fused_merge"})
+        base = SimpleNamespace(URI=base.URI, __file__=build_one(layout, kv, "bfloat16", ctx=ctx).output_path)
     text = open(base.__file__).read()
     for name in names:
+        if name == "fused":
+            continue
         if name == "unmasked":
             text = unmasked_full_tiles(text)
             continue
@@ -231,8 +239,11 @@ def main() -> int:
             configs=(None, cfg(16, 32, 8, 3, 1), cfg(16, 64, 8, 2, 1)))
         run("mla fp8 draft-first", M, "float8_e4m3fn", 16, 64, 16384, 4,
             configs=(None, cfg(16, 32, 8, 3, 1), cfg(16, 64, 8, 2, 1), cfg(16, 64, 8, 2, 3)))
-        run("b16p1K", G, "bfloat16", 16, 16, 1024, 4, variants=("unmasked",),
-            configs=(cfg(16, 32, 4, 3, 1), cfg(16, 32, 4, 3, 1, 256)))
+        for variants in (("unmasked",), ("fused",), ("fused", "unmasked")):
+            run(f"b16p1K {'+'.join(variants)}", G, "bfloat16", 16, 16, 1024, 4, variants=variants,
+                configs=(cfg(16, 32, 4, 3, 1), cfg(16, 32, 4, 3, 1, 256), cfg(16, 32, 4, 3, 2, 64)))
+        run("g16 p4K fused", G, "bfloat16", 16, 64, 4096, 4, variants=("fused",), configs=(g16, cfg(16, 32, 4, 3, 2)))
+        run("g16 p16K fused", G, "bfloat16", 16, 64, 16384, 4, variants=("fused",), configs=(g16,))
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -39,7 +39,7 @@ def _prefix_signature(module, kv: str) -> tuple[dict, list[str]]:
             sig[n] = "*bf16"
         elif n in ("K_Buffer", "V_Buffer"):
             sig[n] = f"*{kvt}"
-        elif n in ("Qo_Indptr", "Kv_Bounds", "Kv_Table"):
+        elif n in ("Qo_Indptr", "Kv_Bounds", "Kv_Table", "Split_Counters"):
             sig[n] = "*i32"
         elif n in ("Partial_O", "Partial_Lse"):
             sig[n] = "*fp32"

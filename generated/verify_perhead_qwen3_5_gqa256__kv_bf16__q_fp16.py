@@ -110,6 +110,27 @@ def _split_plan(prefix_len, max_splits, MIN_TOKENS_PER_SPLIT: tl.constexpr, BLOC
 
 
 @triton.jit
+def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok, tile_ok,
+                    ROWS: tl.constexpr, COLS: tl.constexpr, CACHE: tl.constexpr):
+    """o = the splits' partials weighted by their sum-exp (log2 domain).
+
+    Two passes over the splits: the max first, so the weighted sum's loads do not wait on
+    each other. CACHE ".cg" reads through L2 only (partials another program just wrote).
+    """
+    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    for split in range(0, num_written):
+        m = tl.maximum(m, tl.load(pl_ptr + split, mask=row_ok, other=0.0, cache_modifier=CACHE))
+    l = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, COLS], dtype=tl.float32)
+    for split in range(0, num_written):
+        weight = tl.exp2(tl.load(pl_ptr + split, mask=row_ok, other=0.0, cache_modifier=CACHE) - m)
+        part = tl.load(po_ptr + split * stride_po_split, mask=tile_ok, other=0.0, cache_modifier=CACHE)
+        acc += part * weight[:, None]
+        l += weight
+    tl.store(o_ptr, (acc / l[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
+
+
+@triton.jit
 def _verify_prefix_stage(
     Q,
     K_Buffer,
@@ -302,21 +323,12 @@ def _verify_merge_stage(
         q_tok = q_start + draft_pos
         offs_dv = dv_block * MERGE_BLOCK_DV + tl.arange(0, MERGE_BLOCK_DV)
         dv_ok = offs_dv < V_HEAD_DIM
-        pl_ptr = Partial_Lse + q_tok * stride_pl_tok + q_head * stride_pl_head
-        po_ptr = Partial_O + q_tok[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + offs_dv[None, :]
-        # Two passes: the max first, so the weighted sum's loads do not wait on each other.
-        m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-        for split in range(0, num_written):
-            m = tl.maximum(m, tl.load(pl_ptr + split, mask=row_ok, other=0.0))
-        l = tl.zeros([ROWS], dtype=tl.float32)
-        acc = tl.zeros([ROWS, MERGE_BLOCK_DV], dtype=tl.float32)
-        for split in range(0, num_written):
-            weight = tl.exp2(tl.load(pl_ptr + split, mask=row_ok, other=0.0) - m)
-            part = tl.load(po_ptr + split * stride_po_split, mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
-            acc += part * weight[:, None]
-            l += weight
-        o_ptr = O + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :]
-        tl.store(o_ptr, (acc / l[:, None]).to(O.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+        _combine_splits(
+            Partial_Lse + q_tok * stride_pl_tok + q_head * stride_pl_head,
+            Partial_O + q_tok[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + offs_dv[None, :],
+            O + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :],
+            stride_po_split, num_written, row_ok, row_ok[:, None] & dv_ok[None, :], ROWS, MERGE_BLOCK_DV, "",
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -410,7 +422,8 @@ def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, n
     group = num_q_heads // num_kv_heads
     config = config if config is not None else select_config(arch, group, batch)
     block_h, _ = _rows(config["block_h"], group, max_len)
-    max_splits, _ = _max_splits(config, num_kv_heads * _cdiv(group, block_h) * batch, num_sms)
+    programs = num_kv_heads * _cdiv(group, block_h) * batch
+    max_splits, _ = _max_splits(config, programs, num_sms)
     return 4 * num_tokens * num_q_heads * max_splits * (V_HEAD_DIM + 1)
 
 

@@ -17,6 +17,7 @@ from kgen.blockconfig import (
     read_defaults,
     resolve_tables,
 )
+from kgen.experiments import parse_experiments
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT_DIR = REPO_ROOT / "generated"
@@ -30,17 +31,20 @@ class BuildContext:
     check_only: bool = False
     kgen_version: str = "0.1.0"
     triton_version: str | None = None  # installed, for the tables' version check
+    experiments: frozenset[str] = frozenset()  # $KGEN_EXPERIMENTS (kgen/experiments.py)
 
 
 def load_context(out_dir: Path | None = None, check_only: bool = False,
                  table_dir: Path = TABLE_DIR, env: dict[str, str] | None = None) -> BuildContext:
     from kgen import __version__
 
+    env = os.environ if env is None else env
     return BuildContext(
-        tables=resolve_tables(table_dir, os.environ if env is None else env),
+        tables=resolve_tables(table_dir, env),
         defaults=read_defaults(),
         out_dir=Path(out_dir) if out_dir else DEFAULT_OUT_DIR,
         check_only=check_only,
         kgen_version=__version__,
         triton_version=installed_triton_version(),
+        experiments=parse_experiments(env.get("KGEN_EXPERIMENTS")),
     )

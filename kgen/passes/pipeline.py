@@ -18,7 +18,7 @@ PassFn = Callable[[Plan, BuildContext], Plan]
 
 PASSES: tuple[tuple[str, PassFn], ...] = (
     ("validate", lambda plan, ctx: validate(plan)),
-    ("specialize", lambda plan, ctx: specialize(plan)),
+    ("specialize", lambda plan, ctx: specialize(plan, ctx.experiments)),
     ("legalize", lambda plan, ctx: legalize(plan)),
     ("select_config", select_config),
     ("render", render),

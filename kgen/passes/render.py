@@ -76,8 +76,10 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         "fp8_kv": plan.fp8_kv,
         "v_from_k_tile": plan.v_from_k_tile,
         "draft_tile_first": plan.draft_tile_first,
+        "fused_merge": plan.fused_merge,
         "prefix_dot_dtype": plan.prefix_dot_dtype,
-        "prefix_dot_why": "Prefix stage: " + plan.decisions_of("specialize")[-1].why + ".",
+        "prefix_dot_why": "Prefix stage: " + next(
+            d.why for d in plan.decisions_of("specialize") if d.what == "prefix dot dtype") + ".",
         "block_d": plan.block_d,
         "block_dpe": plan.block_dpe,
         "block_dv": plan.block_dv,

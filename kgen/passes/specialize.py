@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from kgen.experiments import EXPERIMENTS
 from kgen.plan import Decision, Plan
 from kgen.spec import FP8_DTYPES
 
 NAME = "specialize"
 
 
-def specialize(plan: Plan) -> Plan:
+def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
     shape = plan.spec.attention
     has_pe = shape.pe_dim > 0
     fp8_kv = plan.kv_dtype in FP8_DTYPES
@@ -19,6 +20,7 @@ def specialize(plan: Plan) -> Plan:
     # Where the last split runs the draft tile. After the prefix loop, the draft's q·k keeps
     # a register copy of q alive through the whole loop; with a 64x576 q (MLA) that spills.
     draft_tile_first = v_from_k_tile
+    fused_merge = "fused_merge" in experiments
     return plan.with_(
         [
             Decision(NAME, "has_pe", has_pe,
@@ -37,10 +39,14 @@ def specialize(plan: Plan) -> Plan:
                      "unchanged at 52 B)" if draft_tile_first else
                      "after the loop: ptxas sm_90a finds no spills in the measured GQA 256 kernel this way "
                      "(12 B with the draft tile first)"),
+            Decision(NAME, "merge", "fused into the prefix stage" if fused_merge else "second launch",
+                     f"experiment (KGEN_EXPERIMENTS=fused_merge): {EXPERIMENTS['fused_merge']}" if fused_merge
+                     else "a merge kernel after the prefix stage, the path measured on the H200; the fused "
+                     "merge is an experiment not yet timed (KGEN_EXPERIMENTS=fused_merge)"),
             Decision(NAME, "prefix dot dtype", prefix_dot,
                      "fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated"
                      if fp8_kv else "the pool is already in the query dtype"),
         ],
         has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, draft_tile_first=draft_tile_first,
-        prefix_dot_dtype=prefix_dot,
+        fused_merge=fused_merge, prefix_dot_dtype=prefix_dot,
     )
