@@ -161,3 +161,60 @@ def test_warm_up_hands_the_run_kernels_to_precompile(monkeypatch: pytest.MonkeyP
     seen.clear()
     cli.warm_up(_parse("--quick", "--precompile-workers", "0"), cli.select_cases(args), meta, 0.0)
     assert not seen
+
+
+RESUME_CASES = ("--layout", "qwen3_5_gqa256:16,mla_absorbed_512_64:16", "--kv-dtype", "bf16,fp8",
+                "--batch", "16,64", "--prefix", "1K,16K", "--draft", "4")
+
+
+def test_merge_runs_keeps_measured_cases_and_takes_the_rest() -> None:
+    from kgen.bench.report import merge_runs
+
+    prior, new = make_run(), make_run(scale=2.0)
+    skipped = prior.cases[3].key
+    prior.cases[3] = prior.cases[3].model_copy(update={"status": "skipped", "kernels": {}})
+    del prior.cases[5]  # a case the earlier run did not have at all
+    order = [r.case for r in new.cases]
+    merged = merge_runs(prior, new, order, "a/bench.json")
+    got = merged.by_key()
+    assert [r.key for r in merged.cases] == [r.key for r in new.cases]  # the order asked for
+    assert got[skipped] == new.by_key()[skipped] and got[new.cases[5].key] == new.by_key()[new.cases[5].key]
+    assert got[new.cases[0].key] == prior.cases[0]  # measured before: kept as it was
+    assert len(merged.sweeps) == 2  # same keys and options: the new entries replace the old
+    assert merged.meta.notes[-1].startswith("resumed from a/bench.json: 14 case(s) measured there (commit abc123")
+
+
+def test_resume_with_nothing_left_needs_no_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prior = write_json(make_run(), tmp_path / "a" / JSON_NAME)
+    code = run_bench(_parse(*RESUME_CASES, "--resume", str(prior), "--out", str(tmp_path / "b"), "--no-plots"))
+    assert code == 0
+    assert "resuming" in capsys.readouterr().out
+    merged = cli.read_run(tmp_path / "b" / JSON_NAME)
+    assert [c.key for c in merged.cases] == [c.key for c in make_run().cases]
+    assert merged.meta.notes[-1].startswith("resumed from")
+
+
+def test_resume_refuses_another_gpu() -> None:
+    prior, new = make_run(), make_run()
+    new.meta.gpu_name = "NVIDIA B200"
+    with pytest.raises(cli.BenchUsageError, match="measured on NVIDIA H200, this GPU is NVIDIA B200"):
+        cli._same_gpu(prior, new, "a/bench.json")
+
+
+def test_execute_hands_its_result_to_finish(tmp_path: Path) -> None:
+    """With --resume, what execute returns (and checkpoints) is the merged run."""
+    from test_bench_peers import ReferenceModule, fake_timer
+
+    from kgen.bench.peers import DeviceProvider
+    from kgen.bench.report import BenchMeta, merge_runs
+
+    args = _parse("--layout", "gqa128:8", "--kv-dtype", "bf16,fp8", "--batch", "2", "--prefix", "64", "--draft", "2",
+                  "--flex-sweep", "none", "--no-progress", "--flex-eager", "--kernels", "grouped")  # fmt: skip
+    cases = cli.select_cases(args)
+    provider = DeviceProvider(device="cpu", l2_bytes=1 << 16, compile_flex=False, select_timer=fake_timer,
+                              loader=lambda *a: ReferenceModule())  # fmt: skip
+    meta = BenchMeta(gpu_name="cpu", copy_ceiling_gbps=100.0)
+    first = cli.execute(args, cases[:1], provider, fake_timer, meta, tmp_path)
+    run = cli.execute(args, cases[1:], provider, fake_timer, meta.model_copy(), tmp_path,
+                      finish=lambda new: merge_runs(first, new, cases, "first"))  # fmt: skip
+    assert [c.key for c in run.cases] == [c.key for c in cases] and run.cases[0] == first.cases[0]

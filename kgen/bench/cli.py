@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from kgen.bench.report import (
     BenchRun,
     compare_runs,
     format_comparison,
+    merge_runs,
     read_run,
     speedup_summary,
     write_json,
@@ -59,7 +60,9 @@ EPILOG = """examples:
   kgen bench --layout qwen3_5_gqa256:16 --kv-dtype bf16 --batch 64 --prefix 16K --draft 4
   kgen bench --compare benchmarks/baselines/h200.json exit 1 on a >10% kgen slowdown
   kgen bench --from-json bench-out/bench.json --compare benchmarks/baselines/h200.json
-  kgen bench --list                                   the cases, no GPU needed"""
+  kgen bench --list                                   the cases, no GPU needed
+  kgen bench --time-limit 500 --out a; kgen bench --resume a/bench.json --out a
+                                                      a matrix longer than one sitting"""
 FLEX_SWEEP_MODES = ("headline", "all", "none")
 CHECKPOINT_S = 15.0
 
@@ -111,6 +114,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     )
     out.add_argument(
         "--from-json", metavar="RESULT.json", help="no measurement: re-render (with --out) and --compare a saved result"
+    )
+    out.add_argument(
+        "--resume",
+        metavar="RESULT.json",
+        help="keep the cases this earlier run measured (same GPU) and measure only the rest "
+        "(its skipped ones, or cases it did not have); writes the merged run",
     )
     out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -219,7 +228,7 @@ def _run(args: argparse.Namespace) -> int:
             print(format_case_list(cases))
             return 0
         out_dir = Path(args.out or DEFAULT_OUT)
-        run = measure(args, cases, out_dir)
+        run = measure_or_resume(args, cases, out_dir)
     if out_dir is not None:
         for path in write_report(run, out_dir, plots=not args.no_plots):
             print(f"wrote {path}")
@@ -331,7 +340,30 @@ def sweep_cases(cases: Sequence[Case], mode: str) -> list[Case]:
     return list(first.values())
 
 
-def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path) -> BenchRun:
+def measure_or_resume(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path) -> BenchRun:
+    """``measure``, or with ``--resume`` only the cases the earlier run has not measured,
+    every checkpoint holding the merged run (so a killed resume loses nothing)."""
+    if not args.resume:
+        return measure(args, cases, out_dir)
+    prior = read_run(args.resume)
+    done = {c.key for c in prior.cases if c.status != "skipped"}
+    todo = [c for c in cases if c.key not in done]
+    print(f"resuming {args.resume}: {len(cases) - len(todo)} of {len(cases)} cases measured there", flush=True)
+    if not todo:
+        return merge_runs(prior, BenchRun(meta=prior.meta), cases, args.resume)
+    return measure(args, todo, out_dir, finish=lambda new: merge_runs(_same_gpu(prior, new, args.resume), new,
+                                                                       cases, args.resume))
+
+
+def _same_gpu(prior: BenchRun, new: BenchRun, source: str) -> BenchRun:
+    if prior.meta.gpu_name != new.meta.gpu_name:
+        raise BenchUsageError(f"--resume {source} was measured on {prior.meta.gpu_name}, this GPU is "
+                              f"{new.meta.gpu_name}: resume on the same kind of GPU, or start a new run")
+    return prior
+
+
+def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path,
+            finish: Callable[[BenchRun], BenchRun] | None = None) -> BenchRun:
     """The GPU run: the copy ceiling, then ``execute`` with the CUDA-graph timer and the
     device provider."""
     try:
@@ -356,8 +388,10 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path) -> B
     meta = collect_meta(args, copy_gbps, copy_bytes)
     print(f"{meta.gpu_name} ({meta.arch}): copy ceiling {copy_gbps:.0f} GB/s; {len(cases)} cases", flush=True)
     provider = DeviceProvider(l2_bytes=meta.l2_bytes or (50 << 20), seed=args.seed, compile_flex=not args.flex_eager)
+    if finish is not None:
+        finish(BenchRun(meta=meta))  # a resume from another GPU fails here, before any timing
     warm_up(args, cases, meta, started)
-    return execute(args, cases, provider, timer, meta, out_dir, started)
+    return execute(args, cases, provider, timer, meta, out_dir, started, finish)
 
 
 def precompile_workers(args: argparse.Namespace) -> int:
@@ -396,9 +430,12 @@ def execute(
     meta: BenchMeta,
     out_dir: Path,
     started: float | None = None,
+    finish: Callable[[BenchRun], BenchRun] | None = None,
 ) -> BenchRun:
     """The matrix (checkpointed to bench.json as it goes), then the FlexAttention sweep
-    while time is left. Device-free: the provider and timer carry the device."""
+    while time is left. Device-free: the provider and timer carry the device. ``finish``
+    turns what was measured into the run to write (``--resume`` merges it)."""
+    finish = finish or (lambda run: run)
     from kgen.bench.measure import apply_sweep, run_matrix, run_sweep
     from kgen.bench.peers import FLEX_SWEEP_GRID, flex_label
 
@@ -412,7 +449,7 @@ def execute(
     def on_case(results: list[CaseResult]) -> None:
         # A checkpoint every CHECKPOINT_S: a killed run still leaves most of its figures.
         if time.monotonic() - last_write[0] > CHECKPOINT_S:
-            write_json(BenchRun(meta=meta, cases=results), checkpoint)
+            write_json(finish(BenchRun(meta=meta, cases=results)), checkpoint)
             last_write[0] = time.monotonic()
         if args.no_progress:
             print(case_line(results[-1]), flush=True)
@@ -429,7 +466,7 @@ def execute(
     meta.duration_s = time.monotonic() - started
     if deadline is not None and time.monotonic() > deadline:
         meta.notes.append(f"time limit of {args.time_limit:.0f} s reached: the rest was skipped")
-    return BenchRun(meta=meta, cases=results, sweeps=sweeps)
+    return finish(BenchRun(meta=meta, cases=results, sweeps=sweeps))
 
 
 def sweep_targets(results: Sequence[CaseResult], mode: str) -> list[Case]:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kgen.bench import SCHEMA
-from kgen.bench.cases import HEADLINE_KERNEL, KERNELS, KGEN_KERNELS
+from kgen.bench.cases import HEADLINE_KERNEL, KERNELS, KGEN_KERNELS, Case
 from kgen.bench.measure import CaseResult, KernelResult, SweepEntry
 from kgen.errors import KgenError
 from kgen.spec import KV_DTYPES
@@ -79,6 +79,23 @@ class BenchRun(BaseModel):
 
     def by_key(self) -> dict[str, CaseResult]:
         return {c.key: c for c in self.cases}
+
+
+def merge_runs(prior: BenchRun, new: BenchRun, order: Sequence[Case], source: str) -> BenchRun:
+    """A resumed run: for each case of ``order``, its result in ``prior`` unless that was
+    skipped, else its result in ``new``. New sweep entries replace old ones of the same key
+    and options. The new run's meta, with a note naming ``source``."""
+    done = {c.key: c for c in prior.cases if c.status != "skipped"}
+    fresh = new.by_key()
+    cases = [r for r in (done.get(c.key) or fresh.get(c.key) for c in order) if r is not None]
+    seen = {(s.key, s.options) for s in new.sweeps}
+    sweeps = [*new.sweeps, *(s for s in prior.sweeps if (s.key, s.options) not in seen)]
+    kept = sum(1 for r in cases if r.key in done)
+    ceiling = f"{prior.meta.copy_ceiling_gbps:.0f} GB/s" if prior.meta.copy_ceiling_gbps else "unknown"
+    note = (f"resumed from {source}: {kept} case(s) measured there (commit {prior.meta.git_commit}, "
+            f"copy ceiling {ceiling}), {len(cases) - kept} here")
+    meta = new.meta.model_copy(update={"notes": [*new.meta.notes, note]})
+    return BenchRun(meta=meta, cases=cases, sweeps=sweeps)
 
 
 # ---------------------------------------------------------------------------- JSON
