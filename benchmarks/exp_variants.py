@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from types import SimpleNamespace
@@ -138,6 +139,8 @@ def main() -> int:
     src = dst = None  # free before the cases
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     log = open(os.path.join(args.out, "exp.log"), "w")
+    # Variant modules go to a scratch directory: $OUT keeps only the log and the table.
+    work_dir = tempfile.mkdtemp(prefix="kgen-exp-")
     results = []
 
     def record(tag, layout, kv, group, batch, prefix, L, us, extra=""):
@@ -153,7 +156,7 @@ def main() -> int:
     def run(tag, layout, kv, group, batch, prefix, L, variants=(), configs=(None,), shuffle=True,
             stage=None, rows64=False, check=True):
         try:
-            mod = load_variant(layout, kv, variants, args.out)
+            mod = load_variant(layout, kv, variants, work_dir)
             fp8 = "float8" in kv
             case = make_case(SPECS[layout], [prefix] * batch, [L] * batch, group, kv_dtype=kv, device="cuda",
                              k_scale=0.7 if fp8 else 1.0, v_scale=1.3 if fp8 else 1.0, seed=batch + prefix,

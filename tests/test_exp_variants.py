@@ -1,0 +1,35 @@
+"""The variant patches of benchmarks/exp_variants.py still apply to today's generated text
+and stay correct (interpreter): a template change that breaks them fails here, not on the GPU."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from kernel_cases import build, tolerance
+
+import kgen
+from kgen.testing import relative_error
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("exp_variants", ROOT / "benchmarks" / "exp_variants.py")
+exp_variants = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(exp_variants)
+
+
+@pytest.mark.parametrize(("layout", "kv"), [("qwen3_5_gqa256", "bfloat16"), ("qwen3_5_gqa256", "float8_e4m3fn"),
+                                            ("mla_absorbed_512_64", "bfloat16"), ("gqa64", "bfloat16")])
+def test_unmasked_full_tiles_patch_applies(layout, kv):
+    text = Path(kgen.load(layout, kv).__file__).read_text()
+    patched = exp_variants.unmasked_full_tiles(text)
+    assert patched != text and patched.count("for start_n in range(") == 2
+    assert "full_end = split_start" in patched
+
+
+@pytest.mark.parametrize("variants", [("unmasked",), ("fused", "unmasked")])
+def test_variants_match_the_reference(tmp_path, variants):
+    module = exp_variants.load_variant("qwen3_5_gqa256", "float8_e4m3fn", variants, str(tmp_path))
+    case = build("qwen3_5_gqa256", [70, 0, 33], [4, 2, 3], 8, kv_dtype="float8_e4m3fn", k_scale=0.6, v_scale=1.7,
+                 seed=5)
+    module.launch(*case.launch_args(), config=exp_variants.cfg(8, 16, 4, 1, 8, 16))
+    assert relative_error(case.o, case.reference(torch.float64)) <= tolerance(case)
