@@ -26,7 +26,14 @@ def test_unmasked_full_tiles_patch_applies(layout, kv):
     assert "full_end = split_start" in patched
 
 
-@pytest.mark.parametrize("variants", [("unmasked",), ("fused", "unmasked")])
+@pytest.mark.parametrize(("layout", "kv"), [("qwen3_5_gqa256", "bfloat16"), ("mla_absorbed_512_64", "float8_e4m3fn")])
+def test_lazy_rescale_patch_applies(layout, kv):
+    text = Path(kgen.load(layout, kv).__file__).read_text()
+    patched = exp_variants.lazy_rescale(text)
+    assert "if tl.max(grow.to(tl.int32), 0) > 0:" in patched and "acc += tl.dot(" in patched
+
+
+@pytest.mark.parametrize("variants", [("unmasked",), ("fused", "unmasked"), ("lazy",)])
 def test_variants_match_the_reference(tmp_path, variants):
     module = exp_variants.load_variant("qwen3_5_gqa256", "float8_e4m3fn", variants, str(tmp_path))
     case = build("qwen3_5_gqa256", [70, 0, 33], [4, 2, 3], 8, kv_dtype="float8_e4m3fn", k_scale=0.6, v_scale=1.7,
