@@ -312,7 +312,7 @@ def _verify_merge_stage(
     q_start, q_len, table_start, prefix_len = _request_bounds(
         Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE
     )
-    split_len, num_written = _split_plan(prefix_len, max_splits, MIN_TOKENS_PER_SPLIT, BLOCK_N)
+    _, num_written = _split_plan(prefix_len, max_splits, MIN_TOKENS_PER_SPLIT, BLOCK_N)
     if num_written > 1:
         rows = tl.arange(0, ROWS)
         q_head = (head_block * MERGE_HEADS + rows // L_PAD).to(tl.int64)

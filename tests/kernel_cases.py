@@ -9,6 +9,9 @@ from kgen.spec import load_layouts
 from kgen.testing import VerifyCase, make_case, relative_error
 
 SPECS = load_layouts()
+# Many short splits (16-token tiles, up to 8 per request) so that small CPU cases merge.
+SMALL_SPLITS = {"block_h": 16, "block_n": 16, "num_warps": 4, "num_stages": 1,
+                "split": {"programs_per_sm": 8, "max_splits": 8, "min_tokens_per_split": 16}}
 
 
 def tolerance(case: VerifyCase) -> float:

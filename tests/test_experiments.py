@@ -8,16 +8,13 @@ import importlib.util
 
 import pytest
 import torch
-from kernel_cases import build, tolerance
+from kernel_cases import SMALL_SPLITS, build, tolerance
 
 from kgen.build import build_one
 from kgen.errors import BuildError
 from kgen.experiments import EXPERIMENTS, parse_experiments
 from kgen.passes.context import load_context
 from kgen.testing import relative_error
-
-SMALL_SPLITS = {"block_h": 16, "block_n": 16, "num_warps": 4, "num_stages": 1,
-                "split": {"programs_per_sm": 8, "max_splits": 8, "min_tokens_per_split": 16}}
 
 
 def test_parse_experiments():

@@ -7,15 +7,13 @@ tables are shuffled, and sizes are small enough for the interpreter.
 
 import pytest
 import torch
-from kernel_cases import build, check_parity
+from kernel_cases import SMALL_SPLITS, build, check_parity
 from triton.runtime.errors import InterpreterError
 
 import kgen
 
 GQA = "qwen3_5_gqa256"
 MLA = "mla_absorbed_512_64"
-SMALL_SPLITS = {"block_h": 16, "block_n": 16, "num_warps": 4, "num_stages": 1,
-                "split": {"programs_per_sm": 8, "max_splits": 8, "min_tokens_per_split": 16}}
 
 
 def _poison_scratch(module):
