@@ -184,6 +184,13 @@ def open_study(
     return study
 
 
+def waiting_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Enqueued trials no worker has taken yet."""
+    import optuna
+
+    return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+
+
 def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     import optuna
 
@@ -396,8 +403,14 @@ def worker_tags(worker: int, gpu: str | None) -> dict[str, object]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "worker": worker, "gpu": gpu}
 
 
-def worker_main(spec: WorkerSpec) -> None:
-    """Entry point of one worker process: pick its GPU first, then join the study."""
+def worker_main(spec: WorkerSpec, queue_drained: Any = None) -> None:
+    """Entry point of one worker process: pick its GPU first, then join the study.
+
+    ``queue_drained`` (an Event) holds back every worker but the first until the enqueued
+    trials are taken: Optuna pops a waiting trial without a row lock on SQLite
+    (optuna/optuna#4621), so two workers could run the same one and the second fail to
+    tell it ("Cannot tell a COMPLETE trial").
+    """
     if spec.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.gpu
     import optuna
@@ -410,6 +423,8 @@ def worker_main(spec: WorkerSpec) -> None:
     study = open_study(spec.job, space, spec.storage, seed=spec.seed, worker=spec.worker)
     objective = make_objective(space, backend, worker_tags(spec.worker, spec.gpu))
     with stop_on_sigint(notice=None) as stop:  # the parent tells the user
+        while queue_drained is not None and not queue_drained.wait(0.05) and not stop.requested:
+            pass
         optimize(study, objective, spec.n_trials, spec.timeout, stop=stop)
 
 
@@ -430,12 +445,16 @@ def run_workers(
     first = specs[0]
     study = open_study(first.job, space, first.storage, seed=first.seed, enqueue=enqueue)
     ctx = multiprocessing.get_context("spawn")  # CUDA cannot survive fork
-    procs = [ctx.Process(target=worker_main, args=(s,), name=f"kgen-tune-{s.worker}") for s in specs]
+    queue_drained = ctx.Event()  # the first worker has taken every enqueued trial
+    procs = [ctx.Process(target=worker_main, args=(s, queue_drained if i else None), name=f"kgen-tune-{s.worker}")
+             for i, s in enumerate(specs)]
     bar = ProgressBar(first.n_trials, len(finished_trials(study)), first.job.label(), enabled=progress)
     try:
         for p in procs:
             p.start()
         while any(p.is_alive() for p in procs):
+            if not queue_drained.is_set() and (not procs[0].is_alive() or not waiting_trials(study)):
+                queue_drained.set()
             bar.show(len(finished_trials(study)), best_value(study))
             time.sleep(poll_s)
         bar.show(len(finished_trials(study)), best_value(study))
