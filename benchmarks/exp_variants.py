@@ -78,6 +78,55 @@ def lazy_rescale(text: str) -> str:
     return text[:start] + body + text[end:]
 
 
+QK_AHEAD_OLD = """        offs_next = split_start + tl.arange(0, BLOCK_N)
+        page_next = tl.load(Kv_Table + table_start + offs_next // PAGE_SIZE, mask=offs_next < split_end, other=0)
+        for start_n in range(split_start, split_end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < split_end
+            page = page_next.to(tl.int64)
+            offs_next = offs_n + BLOCK_N
+            page_next = tl.load(Kv_Table + table_start + offs_next // PAGE_SIZE, mask=offs_next < split_end, other=0)
+            # int64 addresses: a pool can hold more than 2**31 elements.
+            k_row_ptr = K_Buffer + page * stride_k_page + (offs_n % PAGE_SIZE) * stride_k_slot + kv_head * stride_k_head
+            k = tl.load(k_row_ptr[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+            qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
+            # Scores live in the log2 domain: exp2 is cheaper than exp.
+            qk = tl.where(n_ok[None, :], qk * score_scale, float("-inf"))
+"""
+QK_AHEAD_NEW = """        # Software-pipelined by hand (FA3's intra-warpgroup overlap): tile i+1's q.k is issued
+        # before tile i's softmax, so the tensor cores work while the softmax runs.
+        offs_n = split_start + tl.arange(0, BLOCK_N)
+        page_v = tl.load(Kv_Table + table_start + offs_n // PAGE_SIZE, mask=offs_n < split_end, other=0).to(tl.int64)
+        k_row_ptr = K_Buffer + page_v * stride_k_page + (offs_n % PAGE_SIZE) * stride_k_slot + kv_head * stride_k_head
+        k = tl.load(k_row_ptr[:, None] + offs_d[None, :], mask=(offs_n < split_end)[:, None], other=0.0)
+        qk_next = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
+        offs_next = offs_n + BLOCK_N
+        page_next = tl.load(Kv_Table + table_start + offs_next // PAGE_SIZE, mask=offs_next < split_end, other=0)
+        for start_n in range(split_start, split_end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < split_end
+            qk = qk_next
+            page_k = page_next.to(tl.int64)
+            offs_next = offs_n + BLOCK_N
+            offs_after = offs_next + BLOCK_N
+            page_next = tl.load(Kv_Table + table_start + offs_after // PAGE_SIZE, mask=offs_after < split_end, other=0)
+            k_row_ptr = (K_Buffer + page_k * stride_k_page + (offs_next % PAGE_SIZE) * stride_k_slot
+                         + kv_head * stride_k_head)
+            k = tl.load(k_row_ptr[:, None] + offs_d[None, :], mask=(offs_next < split_end)[:, None], other=0.0)
+            qk_next = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
+            page = page_v
+            page_v = page_k
+            # Scores live in the log2 domain: exp2 is cheaper than exp.
+            qk = tl.where(n_ok[None, :], qk * score_scale, float("-inf"))
+"""
+
+
+def qk_ahead(text: str) -> str:
+    """Issue tile i+1's q.k before tile i's softmax (hand software pipelining)."""
+    assert QK_AHEAD_OLD in text, "qk_ahead: the loop's head changed"
+    return text.replace(QK_AHEAD_OLD, QK_AHEAD_NEW)
+
+
 def kq_transposed(text: str) -> str:
     """S^T = K.Q^T: the converted e4m3 K tile as wgmma's register A operand (dropped: see
     docs/perf-notes.md; kept to reproduce)."""
@@ -88,7 +137,8 @@ def kq_transposed(text: str) -> str:
 
 # Text patches of a generated module; each fails loudly when the text it edits is gone, so a
 # template change never turns a variant silently into the base kernel.
-PATCHES = {"unmasked": unmasked_full_tiles, "lazy": lazy_rescale, "kq_transposed": kq_transposed}
+PATCHES = {"unmasked": unmasked_full_tiles, "lazy": lazy_rescale, "kq_transposed": kq_transposed,
+           "qk_ahead": qk_ahead}
 
 
 def load_variant(layout: str, kv: str, names: tuple[str, ...], out: str):
@@ -237,6 +287,30 @@ def main() -> int:
                 configs=(cfg(16, 32, 4, 3, 1), cfg(16, 32, 4, 3, 1, 256), cfg(16, 32, 4, 3, 2, 64)))
         run("g16 p4K fused", G, "bfloat16", 16, 64, 4096, 4, variants=("fused",), configs=(g16, cfg(16, 32, 4, 3, 2)))
         run("g16 p16K fused", G, "bfloat16", 16, 64, 16384, 4, variants=("fused",), configs=(g16,))
+    if want("ahead"):
+        # Tile i+1's q.k issued before tile i's softmax (qk_ahead): does the overlap ptxas
+        # shows offline pay on the H200, alone and with the lazy rescale?
+        g16 = cfg(16, 32, 4, 3, 1)
+        for prefix in (16384, 4096):
+            run(f"g16 p{prefix // 1024}K base", G, "bfloat16", 16, 64, prefix, 4, configs=(g16,))
+            for variants in (("qk_ahead",), ("qk_ahead", "lazy"), ("lazy",)):
+                run(f"g16 p{prefix // 1024}K {'+'.join(variants)}", G, "bfloat16", 16, 64, prefix, 4,
+                    variants=variants, configs=(g16,) if prefix == 4096 else (g16, cfg(16, 32, 4, 2, 1),
+                                                                               cfg(16, 32, 4, 4, 1)))
+        for group in (8, 4):
+            run(f"g{group} base", G, "bfloat16", group, 64, 16384, 4, configs=(None, cfg(group, 32, 4, 3, 1)))
+            run(f"g{group} qk_ahead", G, "bfloat16", group, 64, 16384, 4, variants=("qk_ahead",),
+                configs=(None, cfg(group, 32, 4, 3, 1)))
+        fp8 = (cfg(16, 64, 4, 2), cfg(16, 32, 4, 3, 1), cfg(16, 32, 4, 3))
+        run("fp8 base", G, "float8_e4m3fn", 16, 64, 16384, 4, configs=fp8)
+        run("fp8 qk_ahead", G, "float8_e4m3fn", 16, 64, 16384, 4, variants=("qk_ahead",), configs=fp8)
+        b16 = (cfg(16, 32, 4, 3, 1), cfg(16, 32, 4, 2, 2))
+        run("b16p1K base", G, "bfloat16", 16, 16, 1024, 4, configs=b16)
+        run("b16p1K qk_ahead", G, "bfloat16", 16, 16, 1024, 4, variants=("qk_ahead",), configs=b16)
+        run("mla fp8", M, "float8_e4m3fn", 16, 64, 16384, 4,
+            configs=(cfg(16, 64, 8, 2, 1), cfg(16, 32, 4, 2, 1), cfg(16, 16, 4, 3, 1), cfg(16, 16, 8, 4, 1)))
+        run("mla bf16", M, "bfloat16", 16, 64, 16384, 4,
+            configs=(cfg(16, 32, 8, 3, 1), cfg(16, 16, 4, 3, 1), cfg(16, 16, 8, 4, 1)))
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -77,6 +77,9 @@ def make_case(
     """A random problem: request b has ``prefix_lens[b]`` prefix and ``draft_lens[b]`` drafts."""
     if len(prefix_lens) != len(draft_lens):
         raise ValueError("prefix_lens and draft_lens must have one entry per request")
+    if any(n < 0 for n in prefix_lens) or any(n < 1 for n in draft_lens):
+        raise ValueError(f"prefix lengths must be >= 0 and draft lengths >= 1, got prefix {list(prefix_lens)} "
+                         f"and draft {list(draft_lens)}")
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(seed)
     shape = spec.attention

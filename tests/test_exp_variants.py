@@ -33,7 +33,8 @@ def test_lazy_rescale_patch_applies(layout, kv):
     assert "if tl.max(grow.to(tl.int32), 0) > 0:" in patched and "acc += tl.dot(" in patched
 
 
-@pytest.mark.parametrize("variants", [("unmasked",), ("fused", "unmasked"), ("lazy",)])
+@pytest.mark.parametrize("variants", [("unmasked",), ("fused", "unmasked"), ("lazy",), ("qk_ahead",),
+                                      ("qk_ahead", "lazy")])
 def test_variants_match_the_reference(tmp_path, variants):
     module = exp_variants.load_variant("qwen3_5_gqa256", "float8_e4m3fn", variants, str(tmp_path))
     case = build("qwen3_5_gqa256", [70, 0, 33], [4, 2, 3], 8, kv_dtype="float8_e4m3fn", k_scale=0.6, v_scale=1.7,

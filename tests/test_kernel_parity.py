@@ -147,3 +147,17 @@ def test_merge_rows_are_a_power_of_two(num_q_heads, l_pad):
     rows = heads * l_pad
     assert heads >= 1 and rows & (rows - 1) == 0
     assert rows <= max(module.MERGE_ROWS, l_pad)
+
+
+def test_make_case_rejects_negative_prefix_and_empty_draft():
+    # A negative length would hand the kernel bounds that index outside the pool (the GPU
+    # reports an illegal address far from the cause), so the case builder refuses it.
+    from kernel_cases import SPECS
+
+    from kgen.testing import make_case
+
+    spec = SPECS[GQA]
+    with pytest.raises(ValueError, match="prefix lengths must be >= 0"):
+        make_case(spec, [5, -3], [1, 1], 4)
+    with pytest.raises(ValueError, match="draft lengths >= 1"):
+        make_case(spec, [5, 3], [1, 0], 4)
