@@ -311,6 +311,24 @@ def main() -> int:
             configs=(cfg(16, 64, 8, 2, 1), cfg(16, 32, 4, 2, 1), cfg(16, 16, 4, 3, 1), cfg(16, 16, 8, 4, 1)))
         run("mla bf16", M, "bfloat16", 16, 64, 16384, 4,
             configs=(cfg(16, 32, 8, 3, 1), cfg(16, 16, 4, 3, 1), cfg(16, 16, 8, 4, 1)))
+    if want("adopt"):
+        # Base against the unmasked / lazy patches, every case in one run (the runs before
+        # were on different machines, ~4% apart on the same base kernel).
+        g16 = cfg(16, 32, 4, 3, 1)
+        for prefix in (16384, 4096):
+            for variants in ((), ("unmasked",), ("lazy",)):
+                run(f"g16 p{prefix // 1024}K {'+'.join(variants) or 'base'}", G, "bfloat16", 16, 64, prefix, 4,
+                    variants=variants, configs=(g16,))
+        for variants in ((), ("unmasked",), ("lazy",)):
+            name = "+".join(variants) or "base"
+            for group in (8, 4):
+                run(f"g{group} {name}", G, "bfloat16", group, 64, 16384, 4, variants=variants)
+            run(f"fp8 {name}", G, "float8_e4m3fn", 16, 64, 16384, 4, variants=variants, configs=(cfg(16, 64, 4, 2),))
+            run(f"mla {name}", M, "bfloat16", 16, 64, 16384, 4, variants=variants, configs=(cfg(16, 32, 8, 3, 1),))
+            run(f"mla fp8 {name}", M, "float8_e4m3fn", 16, 64, 16384, 4, variants=variants,
+                configs=(cfg(16, 64, 8, 2, 1),))
+            run(f"b16p1K {name}", G, "bfloat16", 16, 16, 1024, 4, variants=variants, configs=(g16,))
+            run(f"gqa128 {name}", "gqa128", "bfloat16", 8, 64, 16384, 4, variants=variants)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)
