@@ -35,6 +35,8 @@ LOOP_HEAD = "        for start_n in range(split_start, split_end, BLOCK_N):\n"
 
 def unmasked_full_tiles(text: str) -> str:
     """Two loops: tiles wholly inside the split without masks, then the partial last tile."""
+    if "full_end = split_start" in text:
+        raise ValueError("unmasked_full_tiles: this module already splits its loop (plan decision 'full tiles')")
     start = text.index(LOOP_HEAD)
     end = text.index("            m_i = m_new\n", start) + len("            m_i = m_new\n")
     masked = text[start:end]
@@ -69,13 +71,15 @@ LAZY_NEW = """            # Lazy rescale: a row's max moves only when it grows b
 
 
 def lazy_rescale(text: str) -> str:
-    """The prefix loop's rescale only when some row's max grew past the threshold."""
-    start = text.index(LOOP_HEAD)
-    end = text.index("            m_i = m_new\n", start)
-    body = text[start:end]
-    assert LAZY_OLD in body, "lazy_rescale: the loop's softmax update changed"
-    body = body.replace(LAZY_OLD, LAZY_NEW).replace("acc = acc * alpha[:, None] + tl.dot(", "acc += tl.dot(")
-    return text[:start] + body + text[end:]
+    """Every prefix loop's rescale only when some row's max grew past the threshold."""
+    parts = text.split("        for start_n in range(")
+    assert len(parts) > 1 and all(LAZY_OLD in part for part in parts[1:]), "lazy_rescale: the loop's softmax changed"
+    for i in range(1, len(parts)):
+        end = parts[i].index("            m_i = m_new\n")
+        body = parts[i][:end].replace(LAZY_OLD, LAZY_NEW)
+        body = body.replace("acc = acc * alpha[:, None] + tl.dot(", "acc += tl.dot(")
+        parts[i] = body + parts[i][end:]
+    return "        for start_n in range(".join(parts)
 
 
 QK_AHEAD_OLD = """        offs_next = split_start + tl.arange(0, BLOCK_N)
@@ -127,6 +131,13 @@ def qk_ahead(text: str) -> str:
     return text.replace(QK_AHEAD_OLD, QK_AHEAD_NEW)
 
 
+def no_pdl(text: str) -> str:
+    """Launch without programmatic dependent launch (the A/B for _launch_options)."""
+    old = '    return {"launch_pdl": True} if use_pdl else {}\n'
+    assert old in text, "no_pdl: _launch_options changed"
+    return text.replace(old, "    return {}\n")
+
+
 def kq_transposed(text: str) -> str:
     """S^T = K.Q^T: the converted e4m3 K tile as wgmma's register A operand (dropped: see
     docs/perf-notes.md; kept to reproduce)."""
@@ -138,7 +149,7 @@ def kq_transposed(text: str) -> str:
 # Text patches of a generated module; each fails loudly when the text it edits is gone, so a
 # template change never turns a variant silently into the base kernel.
 PATCHES = {"unmasked": unmasked_full_tiles, "lazy": lazy_rescale, "kq_transposed": kq_transposed,
-           "qk_ahead": qk_ahead}
+           "qk_ahead": qk_ahead, "no_pdl": no_pdl}
 
 
 def load_variant(layout: str, kv: str, names: tuple[str, ...], out: str):
@@ -329,6 +340,17 @@ def main() -> int:
                 configs=(cfg(16, 64, 8, 2, 1),))
             run(f"b16p1K {name}", G, "bfloat16", 16, 16, 1024, 4, variants=variants, configs=(g16,))
             run(f"gqa128 {name}", "gqa128", "bfloat16", 8, 64, 16384, 4, variants=variants)
+    if want("pdl"):
+        # Programmatic dependent launch on (the shipped module) against off, where launch
+        # latency counts most; then the MLA modules as shipped (unmasked whole tiles).
+        for variants in ((), ("no_pdl",)):
+            name = "+".join(variants) or "pdl"
+            run(f"b16p1K {name}", G, "bfloat16", 16, 16, 1024, 4, variants=variants)
+            run(f"b16p1K L2 {name}", G, "bfloat16", 16, 16, 1024, 2, variants=variants)
+            run(f"b1p4K {name}", G, "bfloat16", 16, 1, 4096, 4, variants=variants)
+            run(f"g16 p4K {name}", G, "bfloat16", 16, 64, 4096, 4, variants=variants)
+        run("mla shipped", M, "bfloat16", 16, 64, 16384, 4)
+        run("mla fp8 shipped", M, "float8_e4m3fn", 16, 64, 16384, 4)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -67,7 +67,7 @@ def compile_prefix(args) -> None:
     dot = tl.float16 if "float8" in str(module.KV_DTYPE) else tl.bfloat16
     constexprs = {"GROUP": args.group, "BLOCK_H": block_h, "L_PAD": l_pad, "DRAFT_N": max(16, l_pad),
                   "BLOCK_N": args.block_n, "MIN_TOKENS_PER_SPLIT": 128, "PAGE_SIZE": 1, "BLOCK_TABLE": False,
-                  "DOT_DTYPE": dot, "SCALES_ON_DEVICE": False}
+                  "DOT_DTYPE": dot, "SCALES_ON_DEVICE": False, "USE_PDL": True}
     constexprs = {k: v for k, v in constexprs.items() if k in names}
     for k in constexprs:
         sig[k] = "constexpr"

@@ -28,6 +28,13 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # grid dependency control (Hopper and later, Triton >= 3.4): see _launch_options
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    _HAS_GRID_DEPENDENCY_CONTROL = True
+except ImportError:  # older Triton: kernels take the USE_PDL=False branch and never name them
+    _HAS_GRID_DEPENDENCY_CONTROL = False
+
 URI = "verify_gqa64__kv_fp8_e4m3fnuz__q_bf16"
 LAYOUT = "gqa64"
 VARIANT = "grouped"
@@ -164,6 +171,7 @@ def _verify_prefix_stage(
     BLOCK_TABLE: tl.constexpr,
     SCALES_ON_DEVICE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     HEAD_BLOCKS: tl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
     ROWS: tl.constexpr = BLOCK_H * L_PAD
@@ -179,6 +187,12 @@ def _verify_prefix_stage(
     batch = tl.program_id(2)
     kv_head = pid_heads // HEAD_BLOCKS
     head_block = pid_heads % HEAD_BLOCKS
+    if USE_PDL:
+        # Launched early (programmatic dependent launch): wait until the kernels before us
+        # (which write q, the draft K/V and the page table) are done, then let the next
+        # kernel launch, so its programs are resident and waiting when this grid drains.
+        gdc_wait()
+        gdc_launch_dependents()
 
     q_start, q_len, table_start, prefix_len = _request_bounds(
         Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE
@@ -296,6 +310,7 @@ def _verify_merge_stage(
     BLOCK_N: tl.constexpr,
     MIN_TOKENS_PER_SPLIT: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """o = the splits' partials weighted by their sum-exp (the draft is already in one).
 
@@ -309,6 +324,8 @@ def _verify_merge_stage(
     head_block = tl.program_id(0)
     batch = tl.program_id(1)
     dv_block = tl.program_id(2)
+    if USE_PDL:
+        gdc_wait()  # launched while the prefix stage drains: its partials are complete after this
     q_start, q_len, table_start, prefix_len = _request_bounds(
         Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE
     )
@@ -404,6 +421,15 @@ def _backend_knobs(config, is_rocm):
     return knobs
 
 
+def _launch_options(arch, is_rocm):
+    """Programmatic dependent launch on NVIDIA sm_90+: each kernel starts while the one before
+    it drains (the merge stage's launch latency hides behind the prefix stage's tail) and
+    waits in gdc_wait for its results. Not under the interpreter, on ROCm or before Hopper."""
+    use_pdl = (_HAS_GRID_DEPENDENCY_CONTROL and not _INTERPRET and not is_rocm
+               and arch.startswith("sm_") and int(arch[3:].rstrip("a")) >= 90)
+    return {"launch_pdl": True} if use_pdl else {}
+
+
 def _scratch(device, num_tokens, num_q_heads, max_splits):
     """fp32 partials and log2-sum-exp, cached by shape so graph replays see one address."""
     key = (str(device), num_tokens, num_q_heads, max_splits)
@@ -463,6 +489,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     qk_scale = sm_scale * _LOG2E
     prefix_dot = tl.float32 if _INTERPRET else _TL_PREFIX_DOT_DTYPE
     knobs = _backend_knobs(config, is_rocm)
+    launch_options = _launch_options(arch, is_rocm)
     k_scale, v_scale, scales_on_device = _scales(k_scale, v_scale, q.device)
 
     _verify_prefix_stage[(head_programs, max_splits, batch)](
@@ -507,9 +534,11 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         BLOCK_TABLE=block_table,
         SCALES_ON_DEVICE=scales_on_device,
         DOT_DTYPE=prefix_dot,
+        USE_PDL=bool(launch_options),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
         **knobs,
+        **launch_options,
     )
     if max_splits == 1:
         return  # every request had one split and wrote o itself
@@ -535,9 +564,11 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         BLOCK_N=config["block_n"],
         MIN_TOKENS_PER_SPLIT=min_tokens,
         BLOCK_TABLE=block_table,
+        USE_PDL=bool(launch_options),
         num_warps=4,
         num_stages=2,
         **knobs,
+        **launch_options,
     )
 
 

@@ -28,6 +28,13 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # grid dependency control (Hopper and later, Triton >= 3.4): see _launch_options
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    _HAS_GRID_DEPENDENCY_CONTROL = True
+except ImportError:  # older Triton: kernels take the USE_PDL=False branch and never name them
+    _HAS_GRID_DEPENDENCY_CONTROL = False
+
 URI = "verify_perhead_mla_absorbed_512_64__kv_fp8_e4m3fn__q_bf16"
 LAYOUT = "mla_absorbed_512_64"
 VARIANT = "per_head"
@@ -71,7 +78,7 @@ _BLOCK_CONFIGS = {
     ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
-_DEFAULT_CONFIG = {'block_h': 1, 'block_n': 32, 'num_warps': 8, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}
+_DEFAULT_CONFIG = {'block_h': 1, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}}
 
 
 @triton.jit
@@ -169,6 +176,7 @@ def _verify_prefix_stage(
     BLOCK_TABLE: tl.constexpr,
     SCALES_ON_DEVICE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     HEAD_BLOCKS: tl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
     ROWS: tl.constexpr = BLOCK_H * L_PAD
@@ -185,6 +193,12 @@ def _verify_prefix_stage(
     batch = tl.program_id(2)
     kv_head = pid_heads // HEAD_BLOCKS
     head_block = pid_heads % HEAD_BLOCKS
+    if USE_PDL:
+        # Launched early (programmatic dependent launch): wait until the kernels before us
+        # (which write q, the draft K/V and the page table) are done, then let the next
+        # kernel launch, so its programs are resident and waiting when this grid drains.
+        gdc_wait()
+        gdc_launch_dependents()
 
     q_start, q_len, table_start, prefix_len = _request_bounds(
         Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE
@@ -252,7 +266,29 @@ def _verify_prefix_stage(
         # pipeline by a full memory latency per tile (measured: FP8 498 -> 348 us).
         offs_next = split_start + tl.arange(0, BLOCK_N)
         page_next = tl.load(Kv_Table + table_start + offs_next // PAGE_SIZE, mask=offs_next < split_end, other=0)
-        for start_n in range(split_start, split_end, BLOCK_N):
+        # Whole tiles first, without row masks (no predicates, no -inf select), then the
+        # split's last, partial tile, if any, masked.
+        full_end = split_start + (split_end - split_start) // BLOCK_N * BLOCK_N
+        for start_n in range(split_start, full_end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            page = page_next.to(tl.int64)
+            offs_next = offs_n + BLOCK_N
+            page_next = tl.load(Kv_Table + table_start + offs_next // PAGE_SIZE, mask=offs_next < split_end, other=0)
+            # int64 addresses: a pool can hold more than 2**31 elements.
+            k_row_ptr = K_Buffer + page * stride_k_page + (offs_n % PAGE_SIZE) * stride_k_slot + kv_head * stride_k_head
+            k = tl.load(k_row_ptr[:, None] + offs_d[None, :])
+            qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
+            k_pe = tl.load(k_row_ptr[:, None] + NOPE_DIM + offs_dpe[None, :], mask=dpe_ok[None, :], other=0.0)
+            qk += tl.dot(q_pe, tl.trans(k_pe.to(DOT_DTYPE)))
+            # Scores live in the log2 domain: exp2 is cheaper than exp.
+            qk = qk * score_scale
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), k.to(DOT_DTYPE))
+            m_i = m_new
+        for start_n in range(full_end, split_end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_ok = offs_n < split_end
             page = page_next.to(tl.int64)
@@ -310,6 +346,7 @@ def _verify_merge_stage(
     BLOCK_N: tl.constexpr,
     MIN_TOKENS_PER_SPLIT: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """o = the splits' partials weighted by their sum-exp (the draft is already in one).
 
@@ -323,6 +360,8 @@ def _verify_merge_stage(
     head_block = tl.program_id(0)
     batch = tl.program_id(1)
     dv_block = tl.program_id(2)
+    if USE_PDL:
+        gdc_wait()  # launched while the prefix stage drains: its partials are complete after this
     q_start, q_len, table_start, prefix_len = _request_bounds(
         Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE
     )
@@ -418,6 +457,15 @@ def _backend_knobs(config, is_rocm):
     return knobs
 
 
+def _launch_options(arch, is_rocm):
+    """Programmatic dependent launch on NVIDIA sm_90+: each kernel starts while the one before
+    it drains (the merge stage's launch latency hides behind the prefix stage's tail) and
+    waits in gdc_wait for its results. Not under the interpreter, on ROCm or before Hopper."""
+    use_pdl = (_HAS_GRID_DEPENDENCY_CONTROL and not _INTERPRET and not is_rocm
+               and arch.startswith("sm_") and int(arch[3:].rstrip("a")) >= 90)
+    return {"launch_pdl": True} if use_pdl else {}
+
+
 def _scratch(device, num_tokens, num_q_heads, max_splits):
     """fp32 partials and log2-sum-exp, cached by shape so graph replays see one address."""
     key = (str(device), num_tokens, num_q_heads, max_splits)
@@ -477,6 +525,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     qk_scale = sm_scale * _LOG2E
     prefix_dot = tl.float32 if _INTERPRET else _TL_PREFIX_DOT_DTYPE
     knobs = _backend_knobs(config, is_rocm)
+    launch_options = _launch_options(arch, is_rocm)
     k_scale, v_scale, scales_on_device = _scales(k_scale, v_scale, q.device)
 
     _verify_prefix_stage[(head_programs, max_splits, batch)](
@@ -519,9 +568,11 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         BLOCK_TABLE=block_table,
         SCALES_ON_DEVICE=scales_on_device,
         DOT_DTYPE=prefix_dot,
+        USE_PDL=bool(launch_options),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
         **knobs,
+        **launch_options,
     )
     if max_splits == 1:
         return  # every request had one split and wrote o itself
@@ -547,9 +598,11 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         BLOCK_N=config["block_n"],
         MIN_TOKENS_PER_SPLIT=min_tokens,
         BLOCK_TABLE=block_table,
+        USE_PDL=bool(launch_options),
         num_warps=4,
         num_stages=2,
         **knobs,
+        **launch_options,
     )
 
 

@@ -18,7 +18,7 @@ _spec.loader.exec_module(exp_variants)
 
 
 @pytest.mark.parametrize(("layout", "kv"), [("qwen3_5_gqa256", "bfloat16"), ("qwen3_5_gqa256", "float8_e4m3fn"),
-                                            ("mla_absorbed_512_64", "bfloat16"), ("gqa64", "bfloat16")])
+                                            ("gqa64", "bfloat16")])
 def test_unmasked_full_tiles_patch_applies(layout, kv):
     text = Path(kgen.load(layout, kv).__file__).read_text()
     patched = exp_variants.unmasked_full_tiles(text)
@@ -34,7 +34,7 @@ def test_lazy_rescale_patch_applies(layout, kv):
 
 
 @pytest.mark.parametrize("variants", [("unmasked",), ("fused", "unmasked"), ("lazy",), ("qk_ahead",),
-                                      ("qk_ahead", "lazy")])
+                                      ("qk_ahead", "lazy"), ("no_pdl",)])
 def test_variants_match_the_reference(tmp_path, variants):
     module = exp_variants.load_variant("qwen3_5_gqa256", "float8_e4m3fn", variants, str(tmp_path))
     case = build("qwen3_5_gqa256", [70, 0, 33], [4, 2, 3], 8, kv_dtype="float8_e4m3fn", k_scale=0.6, v_scale=1.7,

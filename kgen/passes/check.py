@@ -10,7 +10,8 @@ from kgen.errors import BuildError
 from kgen.plan import Decision, Plan
 
 NAME = "check"
-ALLOWED_IMPORTS = frozenset({"functools", "math", "os", "torch", "triton", "triton.language"})
+ALLOWED_IMPORTS = frozenset({"functools", "math", "os", "torch", "triton", "triton.language",
+                             "triton.language.extra.cuda"})  # grid dependency control, import guarded
 PE_TEXT = re.compile(r"(?i)\b\w*_pe\b|\bPE_DIM\b|\bBLOCK_DPE\b|\bdpe\b")
 DESCALE_TEXT = re.compile(r"\bk_scale\b.*\*|\bv_scale\b.*\*|SCALES_ON_DEVICE")
 

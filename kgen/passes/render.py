@@ -76,6 +76,7 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         "fp8_kv": plan.fp8_kv,
         "v_from_k_tile": plan.v_from_k_tile,
         "draft_tile_first": plan.draft_tile_first,
+        "unmasked_full_tiles": plan.unmasked_full_tiles,
         "fused_merge": plan.fused_merge,
         "prefix_dot_dtype": plan.prefix_dot_dtype,
         "prefix_dot_why": "Prefix stage: " + next(

@@ -20,6 +20,9 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
     # Where the last split runs the draft tile. After the prefix loop, the draft's q·k keeps
     # a register copy of q alive through the whole loop; with a 64x576 q (MLA) that spills.
     draft_tile_first = v_from_k_tile
+    # Whole tiles in a loop without row masks, the partial last tile in a second loop. Measured
+    # per layout on the H200 (docs/perf-notes.md, entry 12): MLA gains, GQA mostly loses.
+    unmasked_full_tiles = v_from_k_tile
     fused_merge = "fused_merge" in experiments
     return plan.with_(
         [
@@ -39,14 +42,22 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
                      "unchanged at 52 B)" if draft_tile_first else
                      "after the loop: ptxas sm_90a finds no spills in the measured GQA 256 kernel this way "
                      "(12 B with the draft tile first)"),
+            Decision(NAME, "full tiles", "unmasked loop + masked tail" if unmasked_full_tiles else "one masked loop",
+                     "MLA: a loop of whole tiles without row masks, then the partial tile; H200, batch 64, "
+                     "prefix 16K: BF16 752 -> 724 us, FP8 1108 -> 1038 us" if unmasked_full_tiles else
+                     "one loop with row masks: the unmasked split measured slower for GQA on the H200 (group 8 "
+                     "297 -> 313 us, group 4 253 -> 269, FP8 278 -> 304, gqa128 137 -> 154; only group 16 "
+                     "BF16 gained, 296 -> 290)"),
             Decision(NAME, "merge", "fused into the prefix stage" if fused_merge else "second launch",
                      f"experiment (KGEN_EXPERIMENTS=fused_merge): {EXPERIMENTS['fused_merge']}" if fused_merge
-                     else "a merge kernel after the prefix stage, the path measured on the H200; the fused "
-                     "merge is an experiment not yet timed (KGEN_EXPERIMENTS=fused_merge)"),
+                     else "a merge kernel after the prefix stage; the fused merge (KGEN_EXPERIMENTS=fused_merge) "
+                     "measured 27.9 against 15.5 us at batch 16, prefix 1K on the H200: one program merges "
+                     "a request's splits serially"),
             Decision(NAME, "prefix dot dtype", prefix_dot,
                      "fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated"
                      if fp8_kv else "the pool is already in the query dtype"),
         ],
         has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, draft_tile_first=draft_tile_first,
+        unmasked_full_tiles=unmasked_full_tiles,
         fused_merge=fused_merge, prefix_dot_dtype=prefix_dot,
     )

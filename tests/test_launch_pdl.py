@@ -1,0 +1,71 @@
+"""Programmatic dependent launch (grid dependency control) with mocked device properties:
+only NVIDIA sm_90+ launches ask for it, never the interpreter, ROCm or older GPUs, and every
+kernel that may start early waits (gdc_wait) before it reads what an earlier kernel wrote."""
+
+import ast
+import inspect
+
+import pytest
+from kernel_cases import build
+
+import kgen
+
+MODULE = kgen.load("qwen3_5_gqa256", "bfloat16")
+
+
+@pytest.mark.parametrize(("arch", "rocm", "pdl"), [("sm_90", False, True), ("sm_100", False, True),
+                                                   ("sm_80", False, False), ("gfx950", True, False),
+                                                   ("interpreter", False, False)])
+def test_launch_options_ask_for_pdl_on_hopper_and_later_only(monkeypatch, arch, rocm, pdl):
+    monkeypatch.setattr(MODULE, "_INTERPRET", False)
+    assert MODULE._launch_options(arch, rocm) == ({"launch_pdl": True} if pdl else {})
+
+
+def test_no_pdl_under_the_interpreter_or_without_gdc(monkeypatch):
+    assert MODULE._INTERPRET  # the CPU tests run the interpreter
+    assert MODULE._launch_options("sm_90", False) == {}
+    monkeypatch.setattr(MODULE, "_INTERPRET", False)
+    monkeypatch.setattr(MODULE, "_HAS_GRID_DEPENDENCY_CONTROL", False)
+    assert MODULE._launch_options("sm_90", False) == {}
+
+
+class _Recorder:
+    """Stands in for a @triton.jit kernel: records the launch keywords."""
+
+    def __init__(self):
+        self.kwargs = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.kwargs.append(kwargs)
+
+
+@pytest.mark.parametrize(("arch", "rocm"), [("sm_90", False), ("gfx950", True)])
+def test_both_launches_carry_the_same_pdl_choice(monkeypatch, arch, rocm):
+    prefix, merge = _Recorder(), _Recorder()
+    monkeypatch.setattr(MODULE, "_INTERPRET", False)
+    monkeypatch.setattr(MODULE, "_verify_prefix_stage", prefix)
+    monkeypatch.setattr(MODULE, "_verify_merge_stage", merge)
+    monkeypatch.setattr(MODULE, "_device_info", lambda device_type, index: (arch, 8, rocm))
+    case = build("qwen3_5_gqa256", [300], [2], 16, seed=1)
+    MODULE.launch(*case.launch_args(), config={"block_h": 16, "block_n": 16, "num_warps": 4, "num_stages": 2,
+                                               "split": {"programs_per_sm": 4, "min_tokens_per_split": 16}})
+    assert len(prefix.kwargs) == 1 and len(merge.kwargs) == 1, "the case must need a merge"
+    for kwargs in prefix.kwargs + merge.kwargs:
+        assert kwargs["USE_PDL"] is (not rocm)
+        assert kwargs.get("launch_pdl", False) is (not rocm)
+
+
+def _calls_in_order(kernel) -> list[str]:
+    tree = ast.parse(inspect.getsource(kernel.fn))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    return [c.func.id for c in sorted(calls, key=lambda c: (c.lineno, c.col_offset))]
+
+
+@pytest.mark.parametrize("layout", ["qwen3_5_gqa256", "mla_absorbed_512_64"])
+@pytest.mark.parametrize("kernel", ["_verify_prefix_stage", "_verify_merge_stage"])
+def test_kernels_wait_before_their_first_read(layout, kernel):
+    calls = _calls_in_order(getattr(kgen.load(layout, "bfloat16"), kernel))
+    assert "gdc_wait" in calls, f"{kernel} never waits for the kernel before it"
+    assert calls.index("gdc_wait") < calls.index("_request_bounds"), f"{kernel} reads before gdc_wait"
+    if kernel == "_verify_prefix_stage":
+        assert calls.index("gdc_wait") < calls.index("gdc_launch_dependents")
