@@ -351,6 +351,13 @@ def main() -> int:
             run(f"g16 p4K {name}", G, "bfloat16", 16, 64, 4096, 4, variants=variants)
         run("mla shipped", M, "bfloat16", 16, 64, 16384, 4)
         run("mla fp8 shipped", M, "float8_e4m3fn", 16, 64, 16384, 4)
+    if want("bn64"):
+        # FlexAttention's best headline config in the 2026-11-29 run was 64-token tiles, one
+        # warpgroup, 3 stages (288 us): the same tiles here, one program per SM (224 KiB smem).
+        for prefix in (16384, 4096):
+            for variants in ((), ("lazy",)):
+                run(f"g16 p{prefix // 1024}K bn64 {'+'.join(variants)}", G, "bfloat16", 16, 64, prefix, 4,
+                    variants=variants, configs=(cfg(16, 32, 4, 3, 1), cfg(16, 64, 4, 3, 1), cfg(16, 64, 8, 3, 1)))
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)
