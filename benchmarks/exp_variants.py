@@ -358,6 +358,13 @@ def main() -> int:
             for variants in ((), ("lazy",)):
                 run(f"g16 p{prefix // 1024}K bn64 {'+'.join(variants)}", G, "bfloat16", 16, 64, prefix, 4,
                     variants=variants, configs=(cfg(16, 32, 4, 3, 1), cfg(16, 64, 4, 3, 1), cfg(16, 64, 8, 3, 1)))
+    if want("small"):
+        # Batch-16 cases that lost 10-20% between the 11:35 and 13:24 matrices: PDL or not?
+        for variants in ((), ("no_pdl",)):
+            name = "+".join(variants) or "pdl"
+            run(f"g8 b16p4K {name}", G, "bfloat16", 8, 16, 4096, 4, variants=variants)
+            run(f"g4 fp8 b16p4K {name}", G, "float8_e4m3fn", 4, 16, 4096, 4, variants=variants)
+            run(f"mla b16p4K {name}", M, "bfloat16", 16, 16, 4096, 4, variants=variants)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)
