@@ -67,5 +67,6 @@ def test_kernels_wait_before_their_first_read(layout, kernel):
     calls = _calls_in_order(getattr(kgen.load(layout, "bfloat16"), kernel))
     assert "gdc_wait" in calls, f"{kernel} never waits for the kernel before it"
     assert calls.index("gdc_wait") < calls.index("_request_bounds"), f"{kernel} reads before gdc_wait"
-    if kernel == "_verify_prefix_stage":
-        assert calls.index("gdc_wait") < calls.index("gdc_launch_dependents")
+    # No early trigger: it let the merge launch while the prefix stage still ran, 9-10 us
+    # slower at batch 16 on the H200.
+    assert "gdc_launch_dependents" not in calls
