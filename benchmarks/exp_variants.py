@@ -145,7 +145,8 @@ def pdl_early_trigger(text: str) -> str:
     assert text.count(old) == 1, "pdl_early_trigger: the prefix stage's wait changed"
     text = text.replace("from triton.language.extra.cuda import gdc_wait",
                         "from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait")
-    return text.replace(old, "        gdc_wait()\n        gdc_launch_dependents()\n\n    q_start, q_len, table_start, prefix_len")
+    new = old.replace("gdc_wait()\n", "gdc_wait()\n        gdc_launch_dependents()\n")
+    return text.replace(old, new)
 
 
 def kq_transposed(text: str) -> str:
