@@ -52,34 +52,18 @@ def unmasked_full_tiles(text: str) -> str:
     return text[:start] + new + text[end:]
 
 
-LAZY_OLD = """            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-"""
-LAZY_NEW = """            # Lazy rescale: a row's max moves only when it grows by more than 2**8, so most
-            # tiles skip the 64 x D_v accumulator multiply (p stays <= 256: exact in fp32).
-            m_cand = tl.maximum(m_i, tl.max(qk, 1))
-            grow = m_cand > m_i + 8.0
-            m_new = tl.where(grow, m_cand, m_i)
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if tl.max(grow.to(tl.int32), 0) > 0:
-                acc = acc * alpha[:, None]
-"""
+# "lazy" in a variant list is the block-config switch lazy_rescale (in the template since
+# session 3), not a text patch: lazy_configs() turns it into configs.
+LAZY = "lazy"
 
 
-def lazy_rescale(text: str) -> str:
-    """Every prefix loop's rescale only when some row's max grew past the threshold."""
-    parts = text.split("        for start_n in range(")
-    assert len(parts) > 1 and all(LAZY_OLD in part for part in parts[1:]), "lazy_rescale: the loop's softmax changed"
-    for i in range(1, len(parts)):
-        end = parts[i].index("            m_i = m_new\n")
-        body = parts[i][:end].replace(LAZY_OLD, LAZY_NEW)
-        body = body.replace("acc = acc * alpha[:, None] + tl.dot(", "acc += tl.dot(")
-        parts[i] = body + parts[i][end:]
-    return "        for start_n in range(".join(parts)
+def lazy_configs(module, variants: tuple[str, ...], configs: tuple, group: int, batch: int) -> tuple[tuple, tuple]:
+    """Variants without "lazy", and the configs with lazy_rescale on when it was named."""
+    if LAZY not in variants:
+        return variants, configs
+    arch = module._device_info("cuda", None)[0] if torch.cuda.is_available() else "interpreter"
+    configs = tuple({**(c or module.select_config(arch, group, batch)), "lazy_rescale": True} for c in configs)
+    return tuple(v for v in variants if v != LAZY), configs
 
 
 QK_AHEAD_OLD = """        offs_next = split_start + tl.arange(0, BLOCK_N)
@@ -159,7 +143,7 @@ def kq_transposed(text: str) -> str:
 
 # Text patches of a generated module; each fails loudly when the text it edits is gone, so a
 # template change never turns a variant silently into the base kernel.
-PATCHES = {"unmasked": unmasked_full_tiles, "lazy": lazy_rescale, "kq_transposed": kq_transposed,
+PATCHES = {"unmasked": unmasked_full_tiles, "kq_transposed": kq_transposed,
            "qk_ahead": qk_ahead, "no_pdl": no_pdl, "pdl_early_trigger": pdl_early_trigger}
 
 
@@ -231,6 +215,8 @@ def main() -> int:
 
     def run(tag, layout, kv, group, batch, prefix, L, variants=(), configs=(None,)):
         try:
+            base = load_variant(layout, kv, (), work_dir)
+            variants, configs = lazy_configs(base, tuple(variants), tuple(configs), group, batch)
             mod = load_variant(layout, kv, variants, work_dir)
             fp8 = "float8" in kv
             case = make_case(SPECS[layout], [prefix] * batch, [L] * batch, group, kv_dtype=kv, device="cuda",

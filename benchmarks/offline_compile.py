@@ -67,7 +67,8 @@ def compile_prefix(args) -> None:
     dot = tl.float16 if "float8" in str(module.KV_DTYPE) else tl.bfloat16
     constexprs = {"GROUP": args.group, "BLOCK_H": block_h, "L_PAD": l_pad, "DRAFT_N": max(16, l_pad),
                   "BLOCK_N": args.block_n, "MIN_TOKENS_PER_SPLIT": 128, "PAGE_SIZE": 1, "BLOCK_TABLE": False,
-                  "DOT_DTYPE": dot, "SCALES_ON_DEVICE": False, "USE_PDL": True}
+                  "DOT_DTYPE": dot, "SCALES_ON_DEVICE": False, "USE_PDL": True,
+                  "LAZY_RESCALE": args.lazy}
     constexprs = {k: v for k, v in constexprs.items() if k in names}
     for k in constexprs:
         sig[k] = "constexpr"
@@ -111,6 +112,7 @@ def main() -> int:
     ap.add_argument("--block-n", type=int, default=32)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=4)
+    ap.add_argument("--lazy", action="store_true", help="compile with LAZY_RESCALE (the block-config knob)")
     ap.add_argument("--module", help="compile this module file instead of the generated one (a variant)")
     ap.add_argument("--dump", help="write the SASS here")
     ap.add_argument("--dump-ttgir", help="write Triton's GPU IR (layouts, where values live) here")

@@ -168,6 +168,7 @@ def _verify_prefix_stage(
     PAGE_SIZE: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     HEAD_BLOCKS: tl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
@@ -236,12 +237,24 @@ def _verify_prefix_stage(
             # Scores live in the log2 domain: exp2 is cheaper than exp.
             qk = tl.where(n_ok[None, :], qk * score_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
+            if LAZY_RESCALE:
+                # A row's max moves only when it grows by more than 2**8 (p stays <= 256,
+                # exact in fp32), so most tiles skip the ROWS x D_v accumulator multiply.
+                grow = m_new > m_i + 8.0
+                m_new = tl.where(grow, m_new, m_i)
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(qk - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
+            if LAZY_RESCALE:
+                if tl.max(grow.to(tl.int32), 0) > 0:
+                    acc = acc * alpha[:, None]
             v_row_ptr = V_Buffer + page * stride_v_page + (offs_n % PAGE_SIZE) * stride_v_slot + kv_head * stride_v_head
             v = tl.load(v_row_ptr[:, None] + offs_dv[None, :], mask=n_ok[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE))
+            pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE))
+            if LAZY_RESCALE:
+                acc += pv
+            else:
+                acc = acc * alpha[:, None] + pv
             m_i = m_new
 
         if split == num_written - 1:
@@ -500,6 +513,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         PAGE_SIZE=page_size,
         BLOCK_TABLE=block_table,
         DOT_DTYPE=prefix_dot,
+        LAZY_RESCALE=bool(config.get("lazy_rescale")),
         USE_PDL=bool(launch_options),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],

@@ -65,6 +65,9 @@ class BlockConfig(BaseModel):
     waves_per_eu: int | None = Field(default=None, ge=0, le=8)
     matrix_instr_nonkdim: Literal[16, 32] | None = None
     kpack: Literal[1, 2] | None = None
+    # Kernel switch: move a row's running max only when it grows past 2**8, skipping most
+    # accumulator rescales. Wins for 64-row BF16 programs, loses for FP8 (docs/perf-notes.md).
+    lazy_rescale: bool | None = None
 
     @field_validator("block_h", "block_n")
     @classmethod
@@ -96,6 +99,8 @@ class BlockConfig(BaseModel):
             f"stages={self.num_stages} split(ppsm={self.split.programs_per_sm}, "
             f"max={self.split.max_splits}, min_tok={self.split.min_tokens_per_split})"
         )
+        if self.lazy_rescale:
+            s += " lazy_rescale"
         if self.has_rocm_knobs:
             s += f" waves_per_eu={self.waves_per_eu} nonkdim={self.matrix_instr_nonkdim} kpack={self.kpack}"
         return s

@@ -26,18 +26,23 @@ def test_unmasked_full_tiles_patch_applies(layout, kv):
     assert "full_end = split_start" in patched
 
 
-@pytest.mark.parametrize(("layout", "kv"), [("qwen3_5_gqa256", "bfloat16"), ("mla_absorbed_512_64", "float8_e4m3fn")])
-def test_lazy_rescale_patch_applies(layout, kv):
-    text = Path(kgen.load(layout, kv).__file__).read_text()
-    patched = exp_variants.lazy_rescale(text)
-    assert "if tl.max(grow.to(tl.int32), 0) > 0:" in patched and "acc += tl.dot(" in patched
+def test_lazy_is_the_config_switch_not_a_patch():
+    module = kgen.load("qwen3_5_gqa256", "bfloat16")
+    variants, configs = exp_variants.lazy_configs(module, ("qk_ahead", "lazy"), (None, {"block_n": 32}), 16, 64)
+    assert variants == ("qk_ahead",)
+    assert configs[0] == {**module._DEFAULT_CONFIG, "lazy_rescale": True}
+    assert configs[1] == {"block_n": 32, "lazy_rescale": True}
+    assert exp_variants.lazy_configs(module, ("unmasked",), (None,), 16, 64) == (("unmasked",), (None,))
+    assert "lazy" not in exp_variants.PATCHES
 
 
 @pytest.mark.parametrize("variants", [("unmasked",), ("fused", "unmasked"), ("lazy",), ("qk_ahead",),
                                       ("qk_ahead", "lazy"), ("no_pdl",)])
 def test_variants_match_the_reference(tmp_path, variants):
+    base = kgen.load("qwen3_5_gqa256", "float8_e4m3fn")
+    variants, (config,) = exp_variants.lazy_configs(base, variants, (exp_variants.cfg(8, 16, 4, 1, 8, 16),), 8, 3)
     module = exp_variants.load_variant("qwen3_5_gqa256", "float8_e4m3fn", variants, str(tmp_path))
     case = build("qwen3_5_gqa256", [70, 0, 33], [4, 2, 3], 8, kv_dtype="float8_e4m3fn", k_scale=0.6, v_scale=1.7,
                  seed=5)
-    module.launch(*case.launch_args(), config=exp_variants.cfg(8, 16, 4, 1, 8, 16))
+    module.launch(*case.launch_args(), config=config)
     assert relative_error(case.o, case.reference(torch.float64)) <= tolerance(case)

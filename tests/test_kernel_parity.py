@@ -161,3 +161,45 @@ def test_make_case_rejects_negative_prefix_and_empty_draft():
         make_case(spec, [5, -3], [1, 1], 4)
     with pytest.raises(ValueError, match="draft lengths >= 1"):
         make_case(spec, [5, 3], [1, 0], 4)
+
+
+ONE_SPLIT = {"block_h": 16, "block_n": 16, "num_warps": 4, "num_stages": 1,
+             "split": {"programs_per_sm": 1, "max_splits": 1, "min_tokens_per_split": 16}}
+
+
+def _ramp_keys(case, prefix):
+    """Scale each request's prefix keys by 1 -> 5 along the sequence, so a row's running max
+    grows by more than 2**8 between tiles (the lazy rescale's threshold) at least once."""
+    scale = torch.cat([torch.linspace(1.0, 5.0, n) for n in prefix])
+    slots = case.kv_indices.long()
+    pool = case.k_buffer.float()
+    pool[slots] *= scale[:, None, None]
+    case.k_buffer.copy_(pool.to(case.k_buffer.dtype))
+    # The claim above, checked on the reference's scores (log2 domain), so the test cannot
+    # quietly stop exercising the rescale branch.
+    d = case.q.shape[-1]
+    sm = case.sm_scale if case.sm_scale is not None else d ** -0.5
+    start = 0
+    grew = False
+    for b, n in enumerate(prefix):
+        keys = pool[slots[start:start + n], 0].double() * case.k_scale
+        rows = case.q[case.qo_indptr[b]:case.qo_indptr[b + 1]].double()
+        scores = torch.einsum("thd,nd->thn", rows, keys) * sm * 1.4426950408889634
+        first = scores[..., :16].amax(-1)
+        grew |= bool(((scores.amax(-1) - first) > 8).any())
+        start += n
+    assert grew, "the ramp never moved a running max past the lazy threshold"
+
+
+@pytest.mark.parametrize(("layout", "kv"), [(GQA, "bfloat16"), (GQA, "float8_e4m3fn"), (MLA, "bfloat16"),
+                                            (MLA, "float8_e4m3fn")])
+@pytest.mark.parametrize("ramp", [True, False])
+@pytest.mark.parametrize("config", [ONE_SPLIT, SMALL_SPLITS], ids=["one_split", "small_splits"])
+def test_lazy_rescale_matches_the_reference(layout, kv, ramp, config):
+    prefix = [90, 47]
+    fp8 = kv != "bfloat16"
+    case = build(layout, prefix, [4, 3], 16, kv_dtype=kv, k_scale=0.6 if fp8 else 1.0, v_scale=1.7 if fp8 else 1.0,
+                 seed=11)
+    if ramp:
+        _ramp_keys(case, prefix)
+    check_parity(case, layout, kv, config={**config, "lazy_rescale": True})

@@ -128,7 +128,9 @@ def test_sm_90_space_is_cuda_without_amd_knobs() -> None:
         "programs_per_sm",
         "max_splits",
         "min_tokens_per_split",
+        "lazy_rescale",
     }
+    assert space.axes["lazy_rescale"] == (0, 1)
     assert space.axes["block_h"] == (1, 2, 4, 8)  # <= next_pow2(group 8)
     assert prof.kv_dtypes == ("bfloat16", "float8_e4m3fn")
 
@@ -142,6 +144,7 @@ def test_gfx950_space_has_amd_knobs_and_160k_lds() -> None:
     assert space.axes["kpack"] == (1,)  # Triton forces kpack 1 on gfx950: not a real choice
     assert 0 in space.axes["waves_per_eu"]
     assert space.axes["block_h"] == (1, 2, 4, 8, 16)
+    assert "lazy_rescale" not in space.axes  # measured on CUDA only: not searched on ROCm yet
 
 
 def test_gfx942_space_has_kpack_and_64k_lds_and_fnuz() -> None:
@@ -227,11 +230,15 @@ def test_suggest_prunes_before_anything_runs() -> None:
         "programs_per_sm": 2,
         "max_splits": 64,
         "min_tokens_per_split": 256,
+        "lazy_rescale": 0,
     }
     with pytest.raises(optuna.TrialPruned, match="does not fit"):
         space.suggest(optuna.trial.FixedTrial(too_big))
     ok = space.suggest(optuna.trial.FixedTrial({**too_big, "num_stages": 1, "block_n": 64}))
     assert ok.split == SplitPolicy(programs_per_sm=2, max_splits=64, min_tokens_per_split=256)
+    assert ok.lazy_rescale is None  # off is the default, so tables never spell it out
+    lazy = space.suggest(optuna.trial.FixedTrial({**too_big, "num_stages": 1, "block_n": 64, "lazy_rescale": 1}))
+    assert lazy.lazy_rescale is True and "lazy_rescale" in lazy.short()
 
 
 def test_every_shipped_default_is_a_point_of_its_space() -> None:
@@ -260,7 +267,7 @@ def test_space_digest_changes_with_the_choices() -> None:
 
 def test_counts_and_description() -> None:
     space = space_for("sm_90", "qwen3_5_gqa256", 8)
-    assert 0 < space.feasible_count() < space.size() == 4 * 4 * 3 * 4 * 4 * 5 * 5
+    assert 0 < space.feasible_count() < space.size() == 4 * 4 * 3 * 4 * 4 * 5 * 5 * 2
     text = space.describe()
     assert "232448" in text and "block_n" in text and "fit" in text
 

@@ -159,7 +159,9 @@ class SyntheticBowl:
 
     @staticmethod
     def _fields(cfg: BlockConfig) -> dict[str, int | None]:
-        return {**cfg.model_dump(exclude={"split"}), **cfg.split.model_dump()}
+        # A switch that is off is None in the config but a distance of one from on.
+        return {**cfg.model_dump(exclude={"split"}), **cfg.split.model_dump(),
+                "lazy_rescale": int(bool(cfg.lazy_rescale))}
 
     def exact(self, config: BlockConfig) -> float:
         """The noiseless cost."""

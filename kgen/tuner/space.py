@@ -35,6 +35,8 @@ SPACES_FILE = Path(__file__).parent / "spaces.toml"
 CORE_AXES = ("block_h", "block_n", "num_warps", "num_stages")
 SPLIT_AXES = ("programs_per_sm", "max_splits", "min_tokens_per_split")
 ROCM_AXES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+# Kernel switches (0 = off, 1 = on); an axis a family leaves empty is not searched.
+KERNEL_AXES = ("lazy_rescale",)
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -64,6 +66,7 @@ class Axes(BaseModel):
     waves_per_eu: tuple[int, ...] = ()
     matrix_instr_nonkdim: tuple[Literal[16, 32], ...] = ()
     kpack: tuple[Literal[1, 2], ...] = ()
+    lazy_rescale: tuple[Literal[0, 1], ...] = ()
 
     @field_validator("*")
     @classmethod
@@ -86,6 +89,7 @@ class AxesOverride(BaseModel):
     waves_per_eu: tuple[int, ...] | None = None
     matrix_instr_nonkdim: tuple[Literal[16, 32], ...] | None = None
     kpack: tuple[Literal[1, 2], ...] | None = None
+    lazy_rescale: tuple[Literal[0, 1], ...] | None = None
 
 
 class Limits(BaseModel):
@@ -370,7 +374,8 @@ class SearchSpace:
     @classmethod
     def build(cls, profile: ArchProfile, shape: ProblemShape) -> SearchSpace:
         cap = next_pow2(shape.group_size)
-        names = CORE_AXES + SPLIT_AXES + (ROCM_AXES if profile.is_rocm else ())
+        kernel = tuple(n for n in KERNEL_AXES if getattr(profile.axes, n))
+        names = CORE_AXES + SPLIT_AXES + kernel + (ROCM_AXES if profile.is_rocm else ())
         axes = {n: tuple(getattr(profile.axes, n)) for n in names}
         axes["block_h"] = tuple(b for b in axes["block_h"] if b <= cap)
         empty = [n for n, v in axes.items() if not v]
@@ -385,7 +390,8 @@ class SearchSpace:
         """The BlockConfig named by one set of Optuna parameters."""
         split = SplitPolicy(**{n: params[n] for n in SPLIT_AXES})
         knobs = {n: params[n] for n in ROCM_AXES if n in self.axes}
-        return BlockConfig(**{n: params[n] for n in CORE_AXES}, split=split, **knobs)
+        switches = {n: bool(params[n]) or None for n in KERNEL_AXES if n in self.axes}  # off is the default
+        return BlockConfig(**{n: params[n] for n in CORE_AXES}, split=split, **knobs, **switches)
 
     def why_not(self, cfg: BlockConfig) -> str | None:
         return why_not(cfg, self.shape, self.profile)
