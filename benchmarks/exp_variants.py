@@ -147,16 +147,21 @@ PATCHES = {"unmasked": unmasked_full_tiles, "kq_transposed": kq_transposed,
            "qk_ahead": qk_ahead, "no_pdl": no_pdl, "pdl_early_trigger": pdl_early_trigger}
 
 
+# Variant names that are build experiments (kgen/experiments.py), not text patches.
+EXPERIMENT_VARIANTS = {"fused": "fused_merge", "half": "half_partials"}
+
+
 def load_variant(layout: str, kv: str, names: tuple[str, ...], out: str):
     base = kgen.load(layout, kv)
     if not names:
         return base
-    if "fused" in names:  # the fused_merge experiment (kgen/experiments.py), built apart
-        ctx = load_context(os.path.join(out, "fused"), env={"KGEN_EXPERIMENTS": "fused_merge"})
+    experiments = sorted(EXPERIMENT_VARIANTS[n] for n in names if n in EXPERIMENT_VARIANTS)
+    if experiments:  # kgen/experiments.py options, built apart
+        ctx = load_context(os.path.join(out, "_".join(experiments)), env={"KGEN_EXPERIMENTS": ",".join(experiments)})
         base = SimpleNamespace(URI=base.URI, __file__=build_one(layout, kv, "bfloat16", ctx=ctx).output_path)
     text = open(base.__file__).read()
     for name in names:
-        if name != "fused":
+        if name not in EXPERIMENT_VARIANTS:
             text = PATCHES[name](text)
     path = os.path.join(out, "variants", f"{base.URI}__{'_'.join(names)}.py")
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -363,6 +368,17 @@ def main() -> int:
             run(f"g8 b16p4K {name}", G, "bfloat16", 8, 16, 4096, 4, variants=variants)
             run(f"g4 fp8 b16p4K {name}", G, "float8_e4m3fn", 4, 16, 4096, 4, variants=variants)
             run(f"mla b16p4K {name}", M, "bfloat16", 16, 16, 4096, 4, variants=variants)
+    if want("session4"):
+        # Queued for the next device session: half-precision partials (the experiment
+        # half_partials) where the partial round trip is largest, alone and with the fused merge.
+        for variants in ((), ("half",), ("half", "fused")):
+            name = "+".join(variants) or "base"
+            run(f"b16p1K {name}", G, "bfloat16", 16, 16, 1024, 4, variants=variants)
+            run(f"b16p4K g8 {name}", G, "bfloat16", 8, 16, 4096, 4, variants=variants)
+            run(f"b1p4K {name}", G, "bfloat16", 16, 1, 4096, 4, variants=variants)
+            run(f"g16 p4K {name}", G, "bfloat16", 16, 64, 4096, 4, variants=variants)
+            run(f"mla b16p4K {name}", M, "bfloat16", 16, 16, 4096, 4, variants=variants)
+            run(f"mla fp8 b64p16K {name}", M, "float8_e4m3fn", 16, 64, 16384, 4, variants=variants)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -450,7 +450,7 @@ def _launch_options(arch, is_rocm):
 
 
 def _scratch(device, num_tokens, num_q_heads, max_splits):
-    """fp32 partials and log2-sum-exp, cached by shape so graph replays see one address."""
+    """float32 partials and fp32 log2-sum-exp, cached by shape so graph replays see one address."""
     key = (str(device), num_tokens, num_q_heads, max_splits)
     buffers = _SCRATCH.get(key)
     if buffers is None:
@@ -461,7 +461,7 @@ def _scratch(device, num_tokens, num_q_heads, max_splits):
 
 
 def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, num_sms, config=None):
-    """Bytes of scratch (fp32 partials + log2-sum-exp) the launcher allocates for these shapes."""
+    """Bytes of scratch (float32 partials + log2-sum-exp) the launcher allocates for these shapes."""
     group = num_q_heads // num_kv_heads
     config = config if config is not None else select_config(arch, group, batch)
     block_h, _ = _rows(config["block_h"], group, max_len)

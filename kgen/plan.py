@@ -58,6 +58,7 @@ class Plan:
     draft_tile_first: bool | None = None
     unmasked_full_tiles: bool | None = None
     fused_merge: bool | None = None
+    partial_dtype: str | None = None
     prefix_dot_dtype: str | None = None
     # legalize
     block_d: int | None = None

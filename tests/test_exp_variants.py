@@ -37,7 +37,8 @@ def test_lazy_is_the_config_switch_not_a_patch():
 
 
 @pytest.mark.parametrize("variants", [("unmasked",), ("fused", "unmasked"), ("lazy",), ("qk_ahead",),
-                                      ("qk_ahead", "lazy"), ("no_pdl",)])
+                                      ("qk_ahead", "lazy"), ("no_pdl",),
+                                      ("half",), ("half", "fused", "unmasked")])
 def test_variants_match_the_reference(tmp_path, variants):
     base = kgen.load("qwen3_5_gqa256", "float8_e4m3fn")
     variants, (config,) = exp_variants.lazy_configs(base, variants, (exp_variants.cfg(8, 16, 4, 1, 8, 16),), 8, 3)

@@ -130,3 +130,46 @@ def test_fused_merge_experiment_on_the_gpu(tmp_path, layout, kv, group, batch, p
         torch.cuda.synchronize()
         assert relative_error(case.o, ref) <= tolerance(case)
     assert all(int(c.abs().sum()) == 0 for c in module._COUNTERS.values())
+
+
+@pytest.mark.parametrize(("layout", "kv", "group", "batch", "prefix", "draft"), [
+    ("qwen3_5_gqa256", "bfloat16", 16, 64, 8192, 4),
+    ("qwen3_5_gqa256", "float8_e4m3fn", 8, 16, 4096, 3),
+    ("mla_absorbed_512_64", "bfloat16", 16, 16, 8192, 4),
+])
+def test_lazy_rescale_on_the_gpu(layout, kv, group, batch, prefix, draft):
+    """The block-config switch lazy_rescale at real sizes, with keys that grow along the
+    sequence so running maxima move past the 2**8 threshold mid-split."""
+    fp8 = kv != "bfloat16"
+    prefixes = [prefix - 53 * b % (prefix // 2) for b in range(batch)]
+    case = make_case(SPECS[layout], prefixes, [draft] * batch, group, kv_dtype=kv, device="cuda",
+                     k_scale=0.6 if fp8 else 1.0, v_scale=1.7 if fp8 else 1.0, seed=prefix + 7)
+    ramp = torch.cat([torch.linspace(1.0, 4.0, n, device="cuda") for n in prefixes])
+    slots = case.kv_indices.long()
+    pool = case.k_buffer.float()
+    pool[slots] *= ramp[:, None, None]
+    case.k_buffer.copy_(pool.to(case.k_buffer.dtype))
+    module = kgen.load(layout, kv)
+    config = {**module.select_config("sm_90", group, batch), "lazy_rescale": True}
+    check_parity(case, layout, kv, config=config)
+
+
+@pytest.mark.parametrize(("layout", "kv", "group", "batch", "prefix"), [
+    ("qwen3_5_gqa256", "bfloat16", 16, 16, 1024), ("mla_absorbed_512_64", "float8_e4m3fn", 16, 64, 4096),
+])
+def test_half_partials_experiment_on_the_gpu(tmp_path, layout, kv, group, batch, prefix):
+    import importlib.util
+
+    from kgen.build import build_one
+    from kgen.passes.context import load_context
+
+    plan = build_one(layout, kv, "bfloat16", ctx=load_context(tmp_path, env={"KGEN_EXPERIMENTS": "half_partials"}))
+    spec = importlib.util.spec_from_file_location(f"half_gpu_{plan.uri}", plan.output_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fp8 = kv != "bfloat16"
+    case = make_case(SPECS[layout], [prefix - 29 * b % (prefix // 2) for b in range(batch)], [4] * batch, group,
+                     kv_dtype=kv, device="cuda", k_scale=0.6 if fp8 else 1.0, v_scale=1.7 if fp8 else 1.0, seed=9)
+    module.launch(*case.launch_args())
+    assert all(p.dtype == torch.float16 for p, _ in module._SCRATCH.values())
+    assert relative_error(case.o, case.reference(torch.float64)) <= tolerance(case)

@@ -78,6 +78,10 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         "draft_tile_first": plan.draft_tile_first,
         "unmasked_full_tiles": plan.unmasked_full_tiles,
         "fused_merge": plan.fused_merge,
+        "partial_dtype": plan.partial_dtype,
+        "half_partials": plan.partial_dtype != "float32",
+        "active_experiments": [name for name, on in (("fused_merge", plan.fused_merge),
+                                                     ("half_partials", plan.partial_dtype != "float32")) if on],
         "prefix_dot_dtype": plan.prefix_dot_dtype,
         "prefix_dot_why": "Prefix stage: " + next(
             d.why for d in plan.decisions_of("specialize") if d.what == "prefix dot dtype") + ".",

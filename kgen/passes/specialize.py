@@ -24,6 +24,7 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
     # per layout on the H200 (docs/perf-notes.md, entry 12): MLA gains, GQA mostly loses.
     unmasked_full_tiles = v_from_k_tile
     fused_merge = "fused_merge" in experiments
+    partial_dtype = "float16" if "half_partials" in experiments else "float32"
     return plan.with_(
         [
             Decision(NAME, "has_pe", has_pe,
@@ -53,11 +54,15 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
                      else "a merge kernel after the prefix stage; the fused merge (KGEN_EXPERIMENTS=fused_merge) "
                      "measured 27.9 against 15.5 us at batch 16, prefix 1K on the H200: one program merges "
                      "a request's splits serially"),
+            Decision(NAME, "partial dtype", partial_dtype,
+                     f"experiment (KGEN_EXPERIMENTS=half_partials): {EXPERIMENTS['half_partials']}"
+                     if partial_dtype != "float32" else
+                     "fp32 partials, the measured path; half-precision partials are the experiment half_partials"),
             Decision(NAME, "prefix dot dtype", prefix_dot,
                      "fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated"
                      if fp8_kv else "the pool is already in the query dtype"),
         ],
         has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, draft_tile_first=draft_tile_first,
         unmasked_full_tiles=unmasked_full_tiles,
-        fused_merge=fused_merge, prefix_dot_dtype=prefix_dot,
+        fused_merge=fused_merge, partial_dtype=partial_dtype, prefix_dot_dtype=prefix_dot,
     )
