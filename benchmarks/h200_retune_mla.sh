@@ -8,8 +8,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/kgen-site${PYTHONPATH:+:$PYTHONP
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kgen-site .whl/*.whl || exit 2
 timeout 120 python3 benchmarks/exp_variants.py --out "$OUT" --only bn64 2>&1 | grep -v Warning | sed -n '/SUMMARY/,$p' | cut -c1-150
 rm -f "$OUT/exp.log"
-tune() { timeout -s INT "$1" python3 -m kgen.tuner.cli tune --no-progress --timeout "${STUDY_S:-14}" \
+# MLA kernels take seconds each to compile: a 14 s study ran 2 trials (2026-11-29), so 60 s.
+tune() { timeout -s INT "$1" python3 -m kgen.tuner.cli tune --no-progress --timeout "${STUDY_S:-60}" \
     --out kgen/tables/sm_90.json "${@:2}" 2>&1 | tee -a "$OUT/tune.log" | tail -n 8; }
-tune 110 --layout mla_absorbed_512_64 --kv-dtype fp8 --group 16 --bucket b33-96
-tune 100 --layout mla_absorbed_512_64 --kv-dtype bf16 --group 16 --bucket b33-96
+tune 190 --layout mla_absorbed_512_64 --kv-dtype fp8 --group 16 --bucket b33-96
+tune 190 --layout mla_absorbed_512_64 --kv-dtype bf16 --group 16 --bucket b33-96
 cp kgen/tables/sm_90.json "$OUT/sm_90.json"
