@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # grid dependency control (Hopper and later, Triton >= 3.4): see _launch_options
+try:  # grid dependency control (Hopper and later; Triton 3.6 has it): see _launch_options
     from triton.language.extra.cuda import gdc_wait
 
     _HAS_GRID_DEPENDENCY_CONTROL = True
@@ -378,7 +378,7 @@ def _verify_merge_stage(
     batch = tl.program_id(1)
     dv_block = tl.program_id(2)
     if USE_PDL:
-        gdc_wait()  # launched while the prefix stage drains: its partials are complete after this
+        gdc_wait()  # launched early (programmatic dependent launch): the partials are complete after this
     q_start, q_len, table_start, prefix_len = _request_bounds(
         Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE
     )
