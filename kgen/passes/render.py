@@ -52,6 +52,7 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         f"KV {plan.kv_dtype}, queries {plan.q_dtype}."
     )
     tables = ", ".join(f"{arch} ({src})" for arch, src in sorted(plan.table_sources.items())) or "none"
+    half_partials = plan.partial_dtype != "float32"
     return {
         "uri": plan.uri,
         "kgen_version": ctx.kgen_version,
@@ -79,9 +80,9 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         "unmasked_full_tiles": plan.unmasked_full_tiles,
         "fused_merge": plan.fused_merge,
         "partial_dtype": plan.partial_dtype,
-        "half_partials": plan.partial_dtype != "float32",
+        "half_partials": half_partials,
         "active_experiments": [name for name, on in (("fused_merge", plan.fused_merge),
-                                                     ("half_partials", plan.partial_dtype != "float32")) if on],
+                                                     ("half_partials", half_partials)) if on],
         "prefix_dot_dtype": plan.prefix_dot_dtype,
         "prefix_dot_why": "Prefix stage: " + next(
             d.why for d in plan.decisions_of("specialize") if d.what == "prefix dot dtype") + ".",

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from kgen.blockconfig import BlockConfig
+from kgen.tuner.space import KERNEL_AXES
 
 if TYPE_CHECKING:
     import optuna
@@ -161,7 +162,7 @@ class SyntheticBowl:
     def _fields(cfg: BlockConfig) -> dict[str, int | None]:
         # A switch that is off is None in the config but a distance of one from on.
         return {**cfg.model_dump(exclude={"split"}), **cfg.split.model_dump(),
-                "lazy_rescale": int(bool(cfg.lazy_rescale))}
+                **{n: int(bool(getattr(cfg, n))) for n in KERNEL_AXES}}
 
     def exact(self, config: BlockConfig) -> float:
         """The noiseless cost."""
