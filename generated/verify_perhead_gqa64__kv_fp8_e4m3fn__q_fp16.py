@@ -63,6 +63,8 @@ _LOG2E = 1.4426950408889634
 # CPU runs (tests) go through Triton's interpreter, whose bf16 tl.dot is wrong: there the
 # dot operands are upcast to fp32. The GPU path keeps float16 operands.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Engines can turn programmatic dependent launch off (see _launch_options).
+_NO_PDL = os.environ.get("KGEN_NO_PDL", "0") == "1"
 _INTERPRETER_NUM_SMS = 4
 
 # Block configs per arch (from kgen/tables/*.json at build time): (group, batch_min, batch_max, config).
@@ -438,9 +440,11 @@ def _backend_knobs(config, is_rocm):
 def _launch_options(arch, is_rocm):
     """Programmatic dependent launch on NVIDIA sm_90+: each kernel's launch overlaps the end of
     the one before it, and its programs wait in gdc_wait for that kernel's results (H200,
-    batch 1, prefix 4K: 21.6 -> 20.1 us). Not under the interpreter, on ROCm or before Hopper."""
+    batch 1, prefix 4K: 21.6 -> 20.1 us). Not under the interpreter, on ROCm, before Hopper,
+    or with KGEN_NO_PDL=1 in the environment when the module was imported (an engine's switch)."""
     use_pdl = (_HAS_GRID_DEPENDENCY_CONTROL and not _INTERPRET and not is_rocm
-               and arch.startswith("sm_") and int(arch[3:].rstrip("a")) >= 90)
+               and arch.startswith("sm_") and int(arch[3:].rstrip("a")) >= 90
+               and not _NO_PDL)
     return {"launch_pdl": True} if use_pdl else {}
 
 

@@ -3,6 +3,7 @@ only NVIDIA sm_90+ launches ask for it, never the interpreter, ROCm or older GPU
 kernel that may start early waits (gdc_wait) before it reads what an earlier kernel wrote."""
 
 import ast
+import importlib.util
 import inspect
 
 import pytest
@@ -19,6 +20,20 @@ MODULE = kgen.load("qwen3_5_gqa256", "bfloat16")
 def test_launch_options_ask_for_pdl_on_hopper_and_later_only(monkeypatch, arch, rocm, pdl):
     monkeypatch.setattr(MODULE, "_INTERPRET", False)
     assert MODULE._launch_options(arch, rocm) == ({"launch_pdl": True} if pdl else {})
+
+
+def test_engines_can_turn_pdl_off(monkeypatch):
+    monkeypatch.setattr(MODULE, "_INTERPRET", False)
+    monkeypatch.setattr(MODULE, "_NO_PDL", True)
+    assert MODULE._launch_options("sm_90", False) == {}
+    monkeypatch.setattr(MODULE, "_NO_PDL", False)
+    assert MODULE._launch_options("sm_90", False) == {"launch_pdl": True}
+    # The switch is read from the environment when a module is imported.
+    monkeypatch.setenv("KGEN_NO_PDL", "1")
+    spec = importlib.util.spec_from_file_location("no_pdl_copy", MODULE.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    assert copy._NO_PDL is True
 
 
 def test_no_pdl_under_the_interpreter_or_without_gdc(monkeypatch):
