@@ -218,3 +218,23 @@ def test_execute_hands_its_result_to_finish(tmp_path: Path) -> None:
     run = cli.execute(args, cases[1:], provider, fake_timer, meta.model_copy(), tmp_path,
                       finish=lambda new: merge_runs(first, new, cases, "first"))  # fmt: skip
     assert [c.key for c in run.cases] == [c.key for c in cases] and run.cases[0] == first.cases[0]
+
+
+def test_source_digest_names_the_code_that_ran(tmp_path: Path) -> None:
+    assert cli.source_digest(tmp_path) is None  # nothing to name
+    (tmp_path / "kgen" / "templates").mkdir(parents=True)
+    (tmp_path / "generated").mkdir()
+    (tmp_path / "kgen" / "a.py").write_text("x = 1\n")
+    (tmp_path / "kgen" / "templates" / "k.py.j2").write_text("{{ x }}\n")
+    (tmp_path / "generated" / "m.py").write_text("y = 2\n")
+    (tmp_path / "notes.txt").write_text("not code\n")
+    first = cli.source_digest(tmp_path)
+    assert first is not None and len(first) == 64
+    (tmp_path / "notes.txt").write_text("still not code\n")
+    assert cli.source_digest(tmp_path) == first
+    (tmp_path / "generated" / "m.py").write_text("y = 3\n")
+    assert cli.source_digest(tmp_path) != first
+    (tmp_path / "generated" / "m.py").write_text("y = 2\n")
+    assert cli.source_digest(tmp_path) == first
+    (tmp_path / "generated" / "m.py").rename(tmp_path / "generated" / "n.py")  # same bytes, other name
+    assert cli.source_digest(tmp_path) != first

@@ -87,6 +87,9 @@ def test_markdown_table(tmp_path: Path) -> None:
     md = render_markdown(run)
     assert md.startswith("# kgen bench: NVIDIA H200")
     assert "copy ceiling: **4300 GB/s**" in md
+    assert "source " not in md  # no digest, no claim
+    digested = render_markdown(run.model_copy(update={"meta": run.meta.model_copy(update={"source_digest": "f" * 64})}))
+    assert "commit abc123 · source ffffffffffff" in digested
     assert "## qwen3_5_gqa256, group 16, KV bf16" in md
     assert "## mla_absorbed_512_64, group 16, KV fp8_e4m3fn" in md
     assert "## Failures and errors" in md and f"| {key} | grouped | failed | 0.4000 |" in md

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
 import os
 import subprocess
 import sys
@@ -287,6 +288,22 @@ def _git_state() -> tuple[str | None, bool | None]:
     return head or None, bool(dirty.strip())
 
 
+SOURCE_GLOBS = ("kgen/**/*.py", "kgen/**/*.j2", "kgen/**/*.json", "kgen/**/*.toml", "generated/*.py")
+
+
+def source_digest(root: Path | None = None) -> str | None:
+    """sha256 over the paths and bytes of the code a benchmark runs (SOURCE_GLOBS under the
+    repository root), in path order; None when no such file is found."""
+    root = root if root is not None else Path(__file__).resolve().parents[2]
+    files = sorted({p for pattern in SOURCE_GLOBS for p in root.glob(pattern) if p.is_file()})
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def collect_meta(args: argparse.Namespace, copy_gbps: float, copy_bytes: int) -> BenchMeta:
     import torch
     import triton
@@ -309,6 +326,7 @@ def collect_meta(args: argparse.Namespace, copy_gbps: float, copy_bytes: int) ->
         cuda_version=torch.version.cuda or torch.version.hip,
         git_commit=commit,
         git_dirty=dirty,
+        source_digest=source_digest(),
         copy_ceiling_gbps=copy_gbps,
         copy_bytes=copy_bytes,
         quick=bool(args.quick),

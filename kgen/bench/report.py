@@ -59,6 +59,9 @@ class BenchMeta(BaseModel):
     cuda_version: str | None = None
     git_commit: str | None = None
     git_dirty: bool | None = None
+    # sha256 of what ran (kgen/ sources, templates, tables, generated/): names the code even
+    # where the tree was copied without its .git or with a stale one.
+    source_digest: str | None = None
     copy_ceiling_gbps: float | None = None
     copy_bytes: int | None = None
     quick: bool = False
@@ -203,6 +206,7 @@ def _header(run: BenchRun) -> list[str]:
         f"triton {m.triton_version}" if m.triton_version else "",
         f"CUDA {m.cuda_version}" if m.cuda_version else "",
         f"commit {commit}",
+        f"source {m.source_digest[:12]}" if m.source_digest else "",
         "--quick" if m.quick else "",
     ]
     lines = [
