@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The next device session's first call: the GPU tests (the fused-merge experiment's among
-# them), then the variants queued in benchmarks/exp_variants.py --only session4. What comes back
+# The next device session's first call: the GPU tests (the fused-merge, lazy-rescale and
+# half-partials tests among them), then the variants queued in benchmarks/exp_variants.py --only session4. What comes back
 # in $OUT: gpu_tests.log, exp.log, exp.json. Usage: bash benchmarks/h200_next.sh
 set -uo pipefail
 OUT="${OUT:-next-out}"; mkdir -p "$OUT"
