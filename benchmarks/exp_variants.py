@@ -151,6 +151,12 @@ PATCHES = {"unmasked": unmasked_full_tiles, "kq_transposed": kq_transposed,
 EXPERIMENT_VARIANTS = {"fused": "fused_merge", "half": "half_partials"}
 
 
+# "saved:TAG" in a variant list: the module text of SAVED_DIR/<URI>__TAG.py (e.g. the previous
+# commit's generated module, carried to the device in an ignored folder).
+SAVED = "saved:"
+SAVED_DIR = os.environ.get("KGEN_SAVED_MODULES", ".prev")
+
+
 def load_variant(layout: str, kv: str, names: tuple[str, ...], out: str):
     base = kgen.load(layout, kv)
     if not names:
@@ -161,9 +167,11 @@ def load_variant(layout: str, kv: str, names: tuple[str, ...], out: str):
         base = SimpleNamespace(URI=base.URI, __file__=build_one(layout, kv, "bfloat16", ctx=ctx).output_path)
     text = open(base.__file__).read()
     for name in names:
-        if name not in EXPERIMENT_VARIANTS:
+        if name.startswith(SAVED):  # a whole module saved beside the tree (an older build, say)
+            text = open(os.path.join(SAVED_DIR, f"{base.URI}__{name[len(SAVED):]}.py")).read()
+        elif name not in EXPERIMENT_VARIANTS:
             text = PATCHES[name](text)
-    path = os.path.join(out, "variants", f"{base.URI}__{'_'.join(names)}.py")
+    path = os.path.join(out, "variants", f"{base.URI}__{'_'.join(names).replace(':', '-')}.py")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)
@@ -379,6 +387,31 @@ def main() -> int:
             run(f"g16 p4K {name}", G, "bfloat16", 16, 64, 4096, 4, variants=variants)
             run(f"mla b16p4K {name}", M, "bfloat16", 16, 16, 4096, 4, variants=variants)
             run(f"mla fp8 b64p16K {name}", M, "float8_e4m3fn", 16, 64, 16384, 4, variants=variants)
+    if want("session5"):
+        # Clamped gather indices (no row masks on the K/V loads) against the previous build
+        # ("saved:prev"), at the shipped tiles and at 64-token tiles, which ptxas now
+        # compiles for group 16 without spills; MLA also as one clamped loop ("saved:single").
+        prev = ("saved:prev",)
+        for prefix in (16384, 4096):
+            for c in (cfg(16, 32, 4, 3, 1), cfg(16, 64, 4, 3, 1)):
+                run(f"g16 p{prefix // 1024}K prev", G, "bfloat16", 16, 64, prefix, 4, variants=prev, configs=(c,))
+                run(f"g16 p{prefix // 1024}K clamp", G, "bfloat16", 16, 64, prefix, 4, configs=(c,))
+                run(f"g16 p{prefix // 1024}K clamp+lazy", G, "bfloat16", 16, 64, prefix, 4, variants=("lazy",),
+                    configs=(c,))
+        for group in (8, 4):
+            run(f"g{group} prev", G, "bfloat16", group, 64, 16384, 4, variants=prev)
+            run(f"g{group} clamp", G, "bfloat16", group, 64, 16384, 4,
+                configs=(None, cfg(group, 64, 4, 3, 1), cfg(group, 64, 4, 3, 2)))
+        fp8 = (cfg(16, 64, 4, 2), cfg(16, 64, 4, 3, 1), cfg(16, 32, 4, 3, 1))
+        run("fp8 prev", G, "float8_e4m3fn", 16, 64, 16384, 4, variants=prev, configs=fp8[:1])
+        run("fp8 clamp", G, "float8_e4m3fn", 16, 64, 16384, 4, configs=fp8)
+        mla = (cfg(16, 32, 8, 3, 1), cfg(16, 64, 8, 2, 1))
+        for kv in ("bfloat16", "float8_e4m3fn"):
+            run(f"mla {kv[:4]} prev", M, kv, 16, 64, 16384, 4, variants=prev, configs=mla)
+            run(f"mla {kv[:4]} clamp", M, kv, 16, 64, 16384, 4, configs=mla)
+            run(f"mla {kv[:4]} clamp single", M, kv, 16, 64, 16384, 4, variants=("saved:single",), configs=mla)
+        run("b16p1K prev", G, "bfloat16", 16, 16, 1024, 4, variants=prev)
+        run("b16p1K clamp", G, "bfloat16", 16, 16, 1024, 4)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -11,6 +11,7 @@ STUDY_S="${STUDY_S:-12}"
 tune() { KGEN_TABLE="$1" timeout -s INT "$2" python3 -m kgen.tuner.cli tune --no-progress --timeout "$STUDY_S" \
     --out kgen/tables/sm_90.json "${@:3}" 2>&1 | tee -a "$OUT/tune.log" | tail -n 6; }
 tune "$1" 110 --layout qwen3_5_gqa256 --kv-dtype bf16 --group 16 --bucket b33-96 --bucket b9-32
+tune "$1" 60 --layout qwen3_5_gqa256 --kv-dtype bf16 --group 8 --bucket b33-96
 tune "$1" 100 --layout mla_absorbed_512_64 --kv-dtype bf16 --group 16 --bucket b33-96
 cp kgen/tables/sm_90.json "$OUT/sm_90.json"
 python3 -m kgen.cli build | tail -n 1

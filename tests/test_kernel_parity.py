@@ -105,6 +105,35 @@ def test_empty_splits_are_never_read():
     check_parity(case, GQA, "bfloat16", config=SMALL_SPLITS)
 
 
+def _poison_unnamed_slots(case) -> None:
+    """NaN in every pool slot the page table does not name, slot 0 among them (a masked
+    index load's `other=0` would land there)."""
+    nan_slot = torch.full_like(case.k_buffer[:1], float("nan"))
+    k_pool = torch.cat([nan_slot, case.k_buffer])
+    unnamed = torch.ones(k_pool.shape[0], dtype=torch.bool)
+    case.kv_indices = case.kv_indices + 1
+    unnamed[case.kv_indices.long()] = False
+    k_pool[unnamed] = float("nan")
+    if case.v_buffer.data_ptr() == case.k_buffer.data_ptr():  # absorbed MLA: V is K's latent part
+        v_pool = k_pool[..., : case.v_buffer.shape[-1]]
+    else:
+        v_pool = torch.cat([torch.full_like(case.v_buffer[:1], float("nan")), case.v_buffer])
+        v_pool[unnamed] = float("nan")
+    case.k_buffer, case.v_buffer = k_pool, v_pool
+
+
+@pytest.mark.parametrize(("layout", "group", "config"), [
+    (GQA, 8, None), (GQA, 4, SMALL_SPLITS), (MLA, 16, None), (MLA, 8, SMALL_SPLITS),
+])
+def test_partial_tiles_read_only_named_slots(layout, group, config):
+    """A split's last, partial tile gathers clamped token indices (its last token again), never
+    a slot outside the request: NaN there would reach o through P.V (0 x NaN = NaN)."""
+    case = build(layout, [37, 1, 70, 0], [4, 3, 1, 2], group, seed=group + 50)
+    _poison_unnamed_slots(case)
+    check_parity(case, layout, "bfloat16", config=config)
+    assert torch.isfinite(case.o.float()).all()
+
+
 def test_per_head_variant_matches_too():
     case = build(GQA, [40, 21], [4, 2], 4, seed=10)
     check_parity(case, GQA, "bfloat16", variant="per_head")

@@ -129,6 +129,26 @@ def test_real_paged_parity(page, start):
 
 
 @needs_real
+@pytest.mark.parametrize("page", [16, 64])
+def test_real_paged_unused_slots_are_never_read(page):
+    """NaN in every slot past a request's prefix (its last page's tail, the spare blocks): the
+    kernel clamps a partial tile's tokens to the split's last one, slot as well as page."""
+    chain = VerifyChain("gqa64", "bf16", "bf16")
+    shape = dict(h_kv=1, group=8, d_qk=64, d_v=64, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
+    case = make_case([37, 0, 70], [3, 2, 1], device=DEV, seed=page + 5, **shape)
+    pages = to_pages(case, page)
+    used = torch.zeros(pages["k_cache"].shape[:2], dtype=torch.bool, device=pages["k_cache"].device)
+    for b, p in enumerate(case.prefix_lens):
+        for j in range(-(-p // page)):
+            used[pages["block_table"][b, j], : min(page, p - j * page)] = True
+    pages["k_cache"][~used] = float("nan")
+    pages["v_cache"][~used] = float("nan")
+    path, o = paged_call(chain, case, pages)
+    assert path == "grouped" and torch.isfinite(o.float()).all()
+    torch.testing.assert_close(o.float().cpu(), ref(case).cpu(), atol=2e-2, rtol=2e-2)
+
+
+@needs_real
 @pytest.mark.parametrize("page", PAGES)
 def test_real_vllm_adapter_paged(page):
     chain = VerifyChain("gqa64", "bf16", "bf16")

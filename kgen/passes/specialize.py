@@ -20,9 +20,9 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
     # Where the last split runs the draft tile. After the prefix loop, the draft's q·k keeps
     # a register copy of q alive through the whole loop; with a 64x576 q (MLA) that spills.
     draft_tile_first = v_from_k_tile
-    # Whole tiles in a loop without row masks, the partial last tile in a second loop. Measured
-    # per layout on the H200 (docs/perf-notes.md, entry 12): MLA gains, GQA mostly loses.
-    unmasked_full_tiles = v_from_k_tile
+    # Whole tiles in a loop without the -inf score select, the partial last tile in a second
+    # loop. Measured on the H200 (docs/perf-notes.md, entries 12 and 19): only MLA BF16 gains.
+    unmasked_full_tiles = v_from_k_tile and not fp8_kv
     fused_merge = "fused_merge" in experiments
     partial_dtype = "float16" if "half_partials" in experiments else "float32"
     return plan.with_(
@@ -43,12 +43,13 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
                      "unchanged at 52 B)" if draft_tile_first else
                      "after the loop: ptxas sm_90a finds no spills in the measured GQA 256 kernel this way "
                      "(12 B with the draft tile first)"),
-            Decision(NAME, "full tiles", "unmasked loop + masked tail" if unmasked_full_tiles else "one masked loop",
-                     "MLA: a loop of whole tiles without row masks, then the partial tile; H200, batch 64, "
-                     "prefix 16K: BF16 752 -> 724 us, FP8 1108 -> 1038 us" if unmasked_full_tiles else
-                     "one loop with row masks: the unmasked split measured slower for GQA on the H200 (group 8 "
-                     "297 -> 313 us, group 4 253 -> 269, FP8 278 -> 304, gqa128 137 -> 154; only group 16 "
-                     "BF16 gained, 296 -> 290)"),
+            Decision(NAME, "full tiles", "whole-tile loop + partial-tile loop" if unmasked_full_tiles else "one loop",
+                     "MLA BF16: whole tiles in a loop without the -inf score select, then the partial tile; "
+                     "H200, batch 64, prefix 16K, 64-token tiles: 684 against 719 us in one loop"
+                     if unmasked_full_tiles else
+                     "one loop, the -inf select on every tile: with the K/V gather clamped (no load masks) a "
+                     "second loop measured slower on the H200 for MLA FP8 (1009 against 928 us) and, with "
+                     "masked loads, for GQA (group 8 297 -> 313 us, group 4 253 -> 269, FP8 278 -> 304)"),
             Decision(NAME, "merge", "fused into the prefix stage" if fused_merge else "second launch",
                      f"experiment (KGEN_EXPERIMENTS=fused_merge): {EXPERIMENTS['fused_merge']}" if fused_merge
                      else "a merge kernel after the prefix stage; the fused merge (KGEN_EXPERIMENTS=fused_merge) "
