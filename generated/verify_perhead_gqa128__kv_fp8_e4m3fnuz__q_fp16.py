@@ -4,7 +4,7 @@
 # block-config tables and run `kgen build` instead.
 #   layout spec : kgen/layouts/gqa128.toml
 #   template    : kgen/templates/verify_kernel.py.j2
-#   tables      : gfx950 (shipped: kgen/tables/gfx950.json), sm_90 (shipped: kgen/tables/sm_90.json)
+#   tables      : none
 #   variant     : per-head split-KV baseline (one query head per program)
 #
 # Target verification for speculative decoding (EAGLE, topk = 1): every request attends L

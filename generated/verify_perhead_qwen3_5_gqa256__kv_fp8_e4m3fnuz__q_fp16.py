@@ -4,7 +4,7 @@
 # block-config tables and run `kgen build` instead.
 #   layout spec : kgen/layouts/qwen3_5_gqa256.toml
 #   template    : kgen/templates/verify_kernel.py.j2
-#   tables      : gfx950 (shipped: kgen/tables/gfx950.json), sm_90 (shipped: kgen/tables/sm_90.json)
+#   tables      : none
 #   variant     : per-head split-KV baseline (one query head per program)
 #
 # Target verification for speculative decoding (EAGLE, topk = 1): every request attends L
@@ -69,11 +69,6 @@ _INTERPRETER_NUM_SMS = 4
 
 # Block configs per arch (from kgen/tables/*.json at build time): (group, batch_min, batch_max, config).
 _BLOCK_CONFIGS = {
-    "gfx950": (
-        (4, 1, 1073741824, {'block_h': 1, 'block_n': 64, 'num_warps': 8, 'num_stages': 1, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256}}),
-        (8, 1, 1073741824, {'block_h': 1, 'block_n': 64, 'num_warps': 8, 'num_stages': 1, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256}}),
-        (16, 1, 1073741824, {'block_h': 1, 'block_n': 64, 'num_warps': 8, 'num_stages': 1, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256}}),
-    ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
 _DEFAULT_CONFIG = {'block_h': 1, 'block_n': 64, 'num_warps': 4, 'num_stages': 2, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}
