@@ -412,6 +412,24 @@ def main() -> int:
             run(f"mla {kv[:4]} clamp single", M, kv, 16, 64, 16384, 4, variants=("saved:single",), configs=mla)
         run("b16p1K prev", G, "bfloat16", 16, 16, 1024, 4, variants=prev)
         run("b16p1K clamp", G, "bfloat16", 16, 16, 1024, 4)
+    if want("session5b"):
+        # On the re-tuned 64-token configs: does the fused merge (the last split to arrive
+        # merges) pay where each request has 2 splits (batch 64), and does lazy help group 8?
+        g16 = {**cfg(16, 64, 4, 3, 1), "lazy_rescale": True}
+        g8 = cfg(8, 64, 4, 3, 1)
+        for variants in ((), ("fused",), ("half",), ("fused", "half")):
+            name = "+".join(variants) or "base"
+            run(f"g16 p4K {name}", G, "bfloat16", 16, 64, 4096, 4, variants=variants, configs=(g16,))
+            if len(variants) < 2:
+                run(f"g16 p16K {name}", G, "bfloat16", 16, 64, 16384, 4, variants=variants, configs=(g16,))
+                run(f"g8 p16K {name}", G, "bfloat16", 8, 64, 16384, 4, variants=variants,
+                    configs=(g8, {**g8, "lazy_rescale": True}))
+                run(f"g8 p4K {name}", G, "bfloat16", 8, 64, 4096, 4, variants=variants, configs=(g8,))
+        for variants in ((), ("fused",)):
+            name = "+".join(variants) or "base"
+            run(f"g4 p16K {name}", G, "bfloat16", 4, 64, 16384, 4, variants=variants)
+            run(f"mla p16K {name}", M, "bfloat16", 16, 64, 16384, 4, variants=variants)
+            run(f"b16p1K {name}", G, "bfloat16", 16, 16, 1024, 4, variants=variants)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)
