@@ -437,11 +437,14 @@ def select_config(arch, group_size, batch):
     return _DEFAULT_CONFIG
 
 
-def _rows(block_h, group, max_len):
-    """BLOCK_H and L_PAD for this launch: at least MIN_DOT_ROWS rows, at most MAX_ROWS."""
+def _rows(block_h, group, max_len, min_rows=None):
+    """BLOCK_H and L_PAD for this launch: at least max(MIN_DOT_ROWS, min_rows) rows (the
+    config's min_rows pads draft positions, e.g. to the 64 rows of a Hopper wgmma), at most
+    MAX_ROWS."""
+    min_rows = max(MIN_DOT_ROWS, min_rows or 0)
     block_h = 1  # per-head variant: every query head re-reads the prefix (the baseline)
     while True:
-        l_pad = max(_next_pow2(_cdiv(MIN_DOT_ROWS, block_h)), _next_pow2(max_len))
+        l_pad = max(_next_pow2(_cdiv(min_rows, block_h)), _next_pow2(max_len))
         if block_h * l_pad <= MAX_ROWS or block_h == 1:
             return block_h, l_pad
         block_h //= 2
@@ -497,7 +500,7 @@ def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, n
     """Bytes of scratch (float32 partials + log2-sum-exp) the launcher allocates for these shapes."""
     group = num_q_heads // num_kv_heads
     config = config if config is not None else select_config(arch, group, batch)
-    block_h, _ = _rows(config["block_h"], group, max_len)
+    block_h, _ = _rows(config["block_h"], group, max_len, config.get("min_rows"))
     programs = num_kv_heads * _cdiv(group, block_h) * batch
     max_splits, _ = _max_splits(config, programs, num_sms)
     return 4 * num_tokens * num_q_heads * max_splits * (V_HEAD_DIM + 1)
@@ -513,7 +516,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         return
     arch, num_sms, is_rocm = _device_info(q.device.type, q.device.index)
     config = config if config is not None else select_config(arch, group, batch)
-    block_h, l_pad = _rows(config["block_h"], group, max_len)
+    block_h, l_pad = _rows(config["block_h"], group, max_len, config.get("min_rows"))
     head_programs = num_kv_heads * _cdiv(group, block_h)
     max_splits, min_tokens = _max_splits(config, head_programs * batch, num_sms)
     partial_o, partial_lse = _scratch(q.device, num_tokens, num_q_heads, max_splits)

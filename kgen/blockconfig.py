@@ -68,12 +68,23 @@ class BlockConfig(BaseModel):
     # Kernel switch: move a row's running max only when it grows past 2**8, skipping most
     # accumulator rescales. Wins for 64-row BF16 programs, loses for FP8 (docs/perf-notes.md).
     lazy_rescale: bool | None = None
+    # Fewest BLOCK_H x L_PAD rows a program gets: the launcher pads the draft positions up to
+    # it. Hopper's wgmma takes 64 rows a warpgroup; a 32-row program (group 8, L 4) runs the
+    # older mma.sync instead. None: the kernel's own minimum (its MIN_DOT_ROWS, 16).
+    min_rows: int | None = Field(default=None, ge=16, le=128)
 
     @field_validator("block_h", "block_n")
     @classmethod
     def _power_of_two(cls, v: int) -> int:
         if not _pow2(v):
             raise ValueError(f"must be a power of two (tl.arange extents are), got {v}")
+        return v
+
+    @field_validator("min_rows")
+    @classmethod
+    def _rows_power_of_two(cls, v: int | None) -> int | None:
+        if v is not None and not _pow2(v):
+            raise ValueError(f"min_rows must be a power of two (rows are BLOCK_H x L_PAD), got {v}")
         return v
 
     @field_validator("num_warps")
@@ -101,6 +112,8 @@ class BlockConfig(BaseModel):
         )
         if self.lazy_rescale:
             s += " lazy_rescale"
+        if self.min_rows:
+            s += f" min_rows={self.min_rows}"
         if self.has_rocm_knobs:
             s += f" waves_per_eu={self.waves_per_eu} nonkdim={self.matrix_instr_nonkdim} kpack={self.kpack}"
         return s

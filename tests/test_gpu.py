@@ -154,6 +154,20 @@ def test_lazy_rescale_on_the_gpu(layout, kv, group, batch, prefix, draft):
     check_parity(case, layout, kv, config=config)
 
 
+@pytest.mark.parametrize(("layout", "kv", "group", "draft"), [
+    ("qwen3_5_gqa256", "bfloat16", 8, 4), ("qwen3_5_gqa256", "float8_e4m3fn", 8, 3), ("gqa128", "bfloat16", 4, 2),
+])
+def test_min_rows_on_the_gpu(layout, kv, group, draft):
+    """min_rows 64 (draft positions padded until a program fills a Hopper wgmma), ragged prefixes
+    whose last tiles are partial."""
+    fp8 = kv != "bfloat16"
+    case = make_case(SPECS[layout], [3000 - 37 * b for b in range(32)], [draft] * 32, group, kv_dtype=kv,
+                     device="cuda", k_scale=0.6 if fp8 else 1.0, v_scale=1.7 if fp8 else 1.0, seed=group + draft)
+    module = kgen.load(layout, kv)
+    config = {**module.select_config("sm_90", group, 32), "block_h": group, "min_rows": 64}
+    check_parity(case, layout, kv, config=config)
+
+
 @pytest.mark.parametrize(("layout", "kv", "group", "batch", "prefix"), [
     ("qwen3_5_gqa256", "bfloat16", 16, 16, 1024), ("mla_absorbed_512_64", "float8_e4m3fn", 16, 64, 4096),
 ])

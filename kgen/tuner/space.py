@@ -37,6 +37,9 @@ SPLIT_AXES = ("programs_per_sm", "max_splits", "min_tokens_per_split")
 ROCM_AXES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 # Kernel switches (0 = off, 1 = on); an axis a family leaves empty is not searched.
 KERNEL_AXES = ("lazy_rescale",)
+# Optional integer axes, searched only where a family lists choices: min_rows (rows a
+# program is padded to; the kernel's own minimum means "unset").
+ROW_AXES = ("min_rows",)
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -67,6 +70,7 @@ class Axes(BaseModel):
     matrix_instr_nonkdim: tuple[Literal[16, 32], ...] = ()
     kpack: tuple[Literal[1, 2], ...] = ()
     lazy_rescale: tuple[Literal[0, 1], ...] = ()
+    min_rows: tuple[int, ...] = ()
 
     @field_validator("*")
     @classmethod
@@ -90,6 +94,7 @@ class AxesOverride(BaseModel):
     matrix_instr_nonkdim: tuple[Literal[16, 32], ...] | None = None
     kpack: tuple[Literal[1, 2], ...] | None = None
     lazy_rescale: tuple[Literal[0, 1], ...] | None = None
+    min_rows: tuple[int, ...] | None = None
 
 
 class Limits(BaseModel):
@@ -285,13 +290,14 @@ class ProblemShape:
         )
 
 
-def launch_rows(block_h: int, shape: ProblemShape, draft: int) -> tuple[int, int]:
+def launch_rows(block_h: int, shape: ProblemShape, draft: int, min_rows: int | None = None) -> tuple[int, int]:
     """(BLOCK_H, L_PAD) the generated launcher really uses (its ``_rows``): block_h cut to
-    next_pow2(group), L_PAD = max(next_pow2(cdiv(min_dot, BLOCK_H)), next_pow2(L)), and
-    BLOCK_H halved until BLOCK_H x L_PAD <= max_rows."""
+    next_pow2(group), L_PAD = max(next_pow2(cdiv(max(min_dot, min_rows), BLOCK_H)),
+    next_pow2(L)), and BLOCK_H halved until BLOCK_H x L_PAD <= max_rows."""
     block_h = min(block_h, next_pow2(shape.group_size))
+    fewest = max(shape.min_dot, min_rows or 0)
     while True:
-        l_pad = max(next_pow2(-(-shape.min_dot // block_h)), next_pow2(draft))
+        l_pad = max(next_pow2(-(-fewest // block_h)), next_pow2(draft))
         if block_h * l_pad <= shape.max_rows or block_h == 1:
             return block_h, l_pad
         block_h //= 2
@@ -342,7 +348,7 @@ def why_not(cfg: BlockConfig, shape: ProblemShape, profile: ArchProfile) -> str 
     cap = next_pow2(shape.group_size)
     if cfg.block_h > cap:
         return f"block_h {cfg.block_h} > next_pow2(group size {shape.group_size}) = {cap}"
-    rows_per_draft = {d: launch_rows(cfg.block_h, shape, d) for d in shape.drafts}
+    rows_per_draft = {d: launch_rows(cfg.block_h, shape, d, cfg.min_rows) for d in shape.drafts}
     if all(bh != cfg.block_h for bh, _ in rows_per_draft.values()):
         ran = sorted({bh for bh, _ in rows_per_draft.values()})
         return f"duplicate: the launcher halves block_h {cfg.block_h} to {ran} (rows <= {shape.max_rows})"
@@ -374,7 +380,7 @@ class SearchSpace:
     @classmethod
     def build(cls, profile: ArchProfile, shape: ProblemShape) -> SearchSpace:
         cap = next_pow2(shape.group_size)
-        kernel = tuple(n for n in KERNEL_AXES if getattr(profile.axes, n))
+        kernel = tuple(n for n in KERNEL_AXES + ROW_AXES if getattr(profile.axes, n))
         names = CORE_AXES + SPLIT_AXES + kernel + (ROCM_AXES if profile.is_rocm else ())
         axes = {n: tuple(getattr(profile.axes, n)) for n in names}
         axes["block_h"] = tuple(b for b in axes["block_h"] if b <= cap)
@@ -391,7 +397,9 @@ class SearchSpace:
         split = SplitPolicy(**{n: params[n] for n in SPLIT_AXES})
         knobs = {n: params[n] for n in ROCM_AXES if n in self.axes}
         switches = {n: bool(params[n]) or None for n in KERNEL_AXES if n in self.axes}  # off is the default
-        return BlockConfig(**{n: params[n] for n in CORE_AXES}, split=split, **knobs, **switches)
+        # The kernel's own minimum is the unset value, so equal configs compare (and key) equal.
+        rows = {n: params[n] if params[n] > self.shape.min_dot else None for n in ROW_AXES if n in self.axes}
+        return BlockConfig(**{n: params[n] for n in CORE_AXES}, split=split, **knobs, **switches, **rows)
 
     def why_not(self, cfg: BlockConfig) -> str | None:
         return why_not(cfg, self.shape, self.profile)
