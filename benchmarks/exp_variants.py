@@ -430,6 +430,15 @@ def main() -> int:
             run(f"g4 p16K {name}", G, "bfloat16", 4, 64, 16384, 4, variants=variants)
             run(f"mla p16K {name}", M, "bfloat16", 16, 64, 16384, 4, variants=variants)
             run(f"b16p1K {name}", G, "bfloat16", 16, 16, 1024, 4, variants=variants)
+    if want("session5c"):
+        # min_rows 64: group 8 (and 4) programs padded to 64 rows run the prefix dots on
+        # wgmma instead of mma.sync. Against the shipped row and 64-token tiles without it.
+        for group in (8, 4):
+            c64 = cfg(group, 64, 4, 3, 1)
+            pads = (c64, {**c64, "min_rows": 64}, {**c64, "min_rows": 64, "lazy_rescale": True},
+                    {**cfg(group, 32, 4, 3, 2), "min_rows": 64})
+            for prefix in (16384, 4096):
+                run(f"g{group} p{prefix // 1024}K", G, "bfloat16", group, 64, prefix, 4, configs=(None, *pads))
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)
