@@ -69,8 +69,9 @@ class BlockConfig(BaseModel):
     # accumulator rescales. Wins for 64-row BF16 programs, loses for FP8 (docs/perf-notes.md).
     lazy_rescale: bool | None = None
     # Fewest BLOCK_H x L_PAD rows a program gets: the launcher pads the draft positions up to
-    # it. Hopper's wgmma takes 64 rows a warpgroup; a 32-row program (group 8, L 4) runs the
-    # older mma.sync instead. None: the kernel's own minimum (its MIN_DOT_ROWS, 16).
+    # it. 64 puts a 32-row program (group 8, L 4) on Hopper's wgmma instead of mma.sync, but
+    # measured slower on the H200 (docs/perf-notes.md, entry 22), so no shipped row sets it.
+    # None: the kernel's own minimum (its MIN_DOT_ROWS, 16).
     min_rows: int | None = Field(default=None, ge=16, le=128)
 
     @field_validator("block_h", "block_n")
