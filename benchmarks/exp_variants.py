@@ -439,6 +439,14 @@ def main() -> int:
                     {**cfg(group, 32, 4, 3, 2), "min_rows": 64})
             for prefix in (16384, 4096):
                 run(f"g{group} p{prefix // 1024}K", G, "bfloat16", group, 64, prefix, 4, configs=(None, *pads))
+    if want("session5d"):
+        # Group 8 / 4 (32- and 16-row programs on mma.sync): ptxas finds no spills with 8 warps
+        # (group 8, 64-token tiles: 4 warps spill 208 B a thread, 8 warps none).
+        for group in (8, 4):
+            confs = (None, cfg(group, 64, 4, 3, 1), cfg(group, 64, 8, 3, 1), cfg(group, 64, 8, 2, 1),
+                     cfg(group, 32, 8, 3, 1), cfg(group, 64, 8, 3, 2), cfg(group, 128, 8, 2, 1))
+            for prefix in (16384, 4096):
+                run(f"g{group} p{prefix // 1024}K", G, "bfloat16", group, 64, prefix, 4, configs=confs)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)
