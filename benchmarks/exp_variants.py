@@ -66,41 +66,43 @@ def lazy_configs(module, variants: tuple[str, ...], configs: tuple, group: int, 
     return tuple(v for v in variants if v != LAZY), configs
 
 
-QK_AHEAD_OLD = """        offs_next = split_start + tl.arange(0, BLOCK_N)
-        page_next = tl.load(Kv_Table + table_start + offs_next // PAGE_SIZE, mask=offs_next < split_end, other=0)
+QK_AHEAD_OLD = """        offs_first = tl.minimum(split_start + tl.arange(0, BLOCK_N), split_end - 1)
+        page_next = tl.load(Kv_Table + table_start + offs_first // PAGE_SIZE, mask=offs_first >= 0, other=0)
         for start_n in range(split_start, split_end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_ok = offs_n < split_end
+            # Rows past the split read its last token again: finite data, scored -inf below.
+            tok = tl.minimum(offs_n, split_end - 1)
             page = page_next.to(tl.int64)
-            offs_next = offs_n + BLOCK_N
-            page_next = tl.load(Kv_Table + table_start + offs_next // PAGE_SIZE, mask=offs_next < split_end, other=0)
+            page_next = tl.load(Kv_Table + table_start + tl.minimum(offs_n + BLOCK_N, split_end - 1) // PAGE_SIZE)
             # int64 addresses: a pool can hold more than 2**31 elements.
-            k_row_ptr = K_Buffer + page * stride_k_page + (offs_n % PAGE_SIZE) * stride_k_slot + kv_head * stride_k_head
-            k = tl.load(k_row_ptr[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+            k_row_ptr = K_Buffer + page * stride_k_page + (tok % PAGE_SIZE) * stride_k_slot + kv_head * stride_k_head
+            k = tl.load(k_row_ptr[:, None] + offs_d[None, :])
             qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
             # Scores live in the log2 domain: exp2 is cheaper than exp.
             qk = tl.where(n_ok[None, :], qk * score_scale, float("-inf"))
 """
 QK_AHEAD_NEW = """        # Software-pipelined by hand (FA3's intra-warpgroup overlap): tile i+1's q.k is issued
         # before tile i's softmax, so the tensor cores work while the softmax runs.
-        offs_n = split_start + tl.arange(0, BLOCK_N)
-        page_v = tl.load(Kv_Table + table_start + offs_n // PAGE_SIZE, mask=offs_n < split_end, other=0).to(tl.int64)
-        k_row_ptr = K_Buffer + page_v * stride_k_page + (offs_n % PAGE_SIZE) * stride_k_slot + kv_head * stride_k_head
-        k = tl.load(k_row_ptr[:, None] + offs_d[None, :], mask=(offs_n < split_end)[:, None], other=0.0)
+        tok_k = tl.minimum(split_start + tl.arange(0, BLOCK_N), split_end - 1)
+        page_k = tl.load(Kv_Table + table_start + tok_k // PAGE_SIZE, mask=tok_k >= 0, other=0).to(tl.int64)
+        k_row_ptr = K_Buffer + page_k * stride_k_page + (tok_k % PAGE_SIZE) * stride_k_slot + kv_head * stride_k_head
+        k = tl.load(k_row_ptr[:, None] + offs_d[None, :], mask=(tok_k >= 0)[:, None], other=0.0)
         qk_next = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
-        offs_next = offs_n + BLOCK_N
-        page_next = tl.load(Kv_Table + table_start + offs_next // PAGE_SIZE, mask=offs_next < split_end, other=0)
+        page_v = page_k
+        tok_next = tl.minimum(split_start + BLOCK_N + tl.arange(0, BLOCK_N), split_end - 1)
+        page_next = tl.load(Kv_Table + table_start + tok_next // PAGE_SIZE, mask=tok_next >= 0, other=0)
         for start_n in range(split_start, split_end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_ok = offs_n < split_end
+            tok = tl.minimum(offs_n, split_end - 1)
             qk = qk_next
+            # Tile i+1 (clamped: past the split it re-reads the last token, never used).
             page_k = page_next.to(tl.int64)
-            offs_next = offs_n + BLOCK_N
-            offs_after = offs_next + BLOCK_N
-            page_next = tl.load(Kv_Table + table_start + offs_after // PAGE_SIZE, mask=offs_after < split_end, other=0)
-            k_row_ptr = (K_Buffer + page_k * stride_k_page + (offs_next % PAGE_SIZE) * stride_k_slot
-                         + kv_head * stride_k_head)
-            k = tl.load(k_row_ptr[:, None] + offs_d[None, :], mask=(offs_next < split_end)[:, None], other=0.0)
+            tok_k = tl.minimum(offs_n + BLOCK_N, split_end - 1)
+            page_next = tl.load(Kv_Table + table_start + tl.minimum(offs_n + 2 * BLOCK_N, split_end - 1) // PAGE_SIZE)
+            k_row_ptr = K_Buffer + page_k * stride_k_page + (tok_k % PAGE_SIZE) * stride_k_slot + kv_head * stride_k_head
+            k = tl.load(k_row_ptr[:, None] + offs_d[None, :])
             qk_next = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
             page = page_v
             page_v = page_k
