@@ -101,7 +101,8 @@ QK_AHEAD_NEW = """        # Software-pipelined by hand (FA3's intra-warpgroup ov
             page_k = page_next.to(tl.int64)
             tok_k = tl.minimum(offs_n + BLOCK_N, split_end - 1)
             page_next = tl.load(Kv_Table + table_start + tl.minimum(offs_n + 2 * BLOCK_N, split_end - 1) // PAGE_SIZE)
-            k_row_ptr = K_Buffer + page_k * stride_k_page + (tok_k % PAGE_SIZE) * stride_k_slot + kv_head * stride_k_head
+            k_row_ptr = (K_Buffer + page_k * stride_k_page + (tok_k % PAGE_SIZE) * stride_k_slot
+                         + kv_head * stride_k_head)
             k = tl.load(k_row_ptr[:, None] + offs_d[None, :])
             qk_next = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
             page = page_v
