@@ -21,7 +21,7 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
     # a register copy of q alive through the whole loop; with a 64x576 q (MLA) that spills.
     draft_tile_first = v_from_k_tile
     # Whole tiles in a loop without the -inf score select, the partial last tile in a second
-    # loop. Measured on the H200 (docs/perf-notes.md, entries 12 and 19): only MLA BF16 gains.
+    # loop. Measured on the H200 (docs/perf-notes.md, entries 12 and 20): only MLA BF16 gains.
     unmasked_full_tiles = v_from_k_tile and not fp8_kv
     fused_merge = "fused_merge" in experiments
     partial_dtype = "float16" if "half_partials" in experiments else "float32"
