@@ -47,3 +47,18 @@ def test_variants_match_the_reference(tmp_path, variants):
                  seed=5)
     module.launch(*case.launch_args(), config=config)
     assert relative_error(case.o, case.reference(torch.float64)) <= tolerance(case)
+
+
+def test_saved_variant_loads_the_whole_saved_module(tmp_path, monkeypatch):
+    """`saved:TAG` replaces the module text with SAVED_DIR/<URI>__TAG.py (an older build)."""
+    base = kgen.load("gqa64", "bfloat16")
+    saved = Path(base.__file__).read_text().replace('VARIANT = "grouped"', 'VARIANT = "grouped"\nSAVED_MARK = 1')
+    (tmp_path / f"{base.URI}__prev.py").write_text(saved)
+    monkeypatch.setattr(exp_variants, "SAVED_DIR", str(tmp_path))
+    module = exp_variants.load_variant("gqa64", "bfloat16", ("saved:prev",), str(tmp_path / "out"))
+    assert module.SAVED_MARK == 1
+    case = build("gqa64", [40, 3], [3, 1], 8, seed=2)
+    module.launch(*case.launch_args())
+    assert relative_error(case.o, case.reference(torch.float64)) <= tolerance(case)
+    with pytest.raises(FileNotFoundError):
+        exp_variants.load_variant("gqa64", "bfloat16", ("saved:missing",), str(tmp_path / "out"))
