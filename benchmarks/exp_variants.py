@@ -450,6 +450,16 @@ def main() -> int:
                      cfg(group, 32, 8, 3, 1), cfg(group, 64, 8, 3, 2), cfg(group, 128, 8, 2, 1))
             for prefix in (16384, 4096):
                 run(f"g{group} p{prefix // 1024}K", G, "bfloat16", group, 64, prefix, 4, configs=confs)
+    if want("session6"):
+        # Queued for the next device session. The latency bar (batch 16, prefix 1K, <= 12 us):
+        # the batch 9-32 row was tuned on prefixes 4K and 16K and cuts a 1K prefix into 8
+        # splits of 128 tokens (2 tiles each, then an 8-way merge); min_tokens_per_split
+        # decides that in-kernel, so a larger value costs the long prefixes nothing.
+        g16 = {**cfg(16, 64, 4, 3, 1), "lazy_rescale": True}
+        confs = (None, *({**g16, "split": {**g16["split"], "min_tokens_per_split": m}} for m in (256, 512, 1024)),
+                 cfg(16, 32, 4, 3, 2, 256))
+        for batch, prefix in ((16, 1024), (16, 4096), (32, 16384), (1, 4096)):
+            run(f"b{batch}p{prefix // 1024}K", G, "bfloat16", 16, batch, prefix, 4, configs=confs)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)
