@@ -267,8 +267,8 @@ def _verify_prefix_stage(
         # empty split (an empty prefix) has no last token, and its loop never runs.
         offs_first = tl.minimum(split_start + tl.arange(0, BLOCK_N), split_end - 1)
         page_next = tl.load(Kv_Table + table_start + offs_first // PAGE_SIZE, mask=offs_first >= 0, other=0)
-        # Whole tiles first, without row masks (no predicates, no -inf select), then the
-        # split's last, partial tile, if any, masked.
+        # Whole tiles first, without the -inf score select, then the split's last, partial
+        # tile, if any, with it.
         full_end = split_start + (split_end - split_start) // BLOCK_N * BLOCK_N
         for start_n in range(split_start, full_end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
