@@ -151,7 +151,7 @@ PATCHES = {"unmasked": unmasked_full_tiles, "kq_transposed": kq_transposed,
 
 
 # Variant names that are build experiments (kgen/experiments.py), not text patches.
-EXPERIMENT_VARIANTS = {"fused": "fused_merge", "half": "half_partials"}
+EXPERIMENT_VARIANTS = {"fused": "fused_merge", "half": "half_partials", "fp8qk": "fp8_qk_dot", "fp8pv": "fp8_pv_dot"}
 
 
 # "saved:TAG" in a variant list: the module text of SAVED_DIR/<URI>__TAG.py (e.g. the previous
@@ -460,6 +460,28 @@ def main() -> int:
                  cfg(16, 32, 4, 3, 2, 256))
         for batch, prefix in ((16, 1024), (16, 4096), (32, 16384), (1, 4096)):
             run(f"b{batch}p{prefix // 1024}K", G, "bfloat16", 16, batch, prefix, 4, configs=confs)
+    if want("session6b"):
+        # e4m3 tensor-core dots for FP8 KV (experiments fp8_qk_dot / fp8_pv_dot): no per-tile
+        # e4m3 -> fp16 conversion of K (q in two e4m3 terms) and of V (p in two e4m3 terms).
+        fp8_variants = ((), ("fp8qk",), ("fp8pv",), ("fp8qk", "fp8pv"))
+        for variants in fp8_variants:
+            name = "+".join(variants) or "upcast"
+            run(f"fp8 g16 p16K {name}", G, "float8_e4m3fn", 16, 64, 16384, 4, variants=variants,
+                configs=(None, cfg(16, 64, 4, 3, 1), cfg(16, 64, 4, 2, 1), cfg(16, 32, 4, 3, 1), cfg(16, 64, 8, 2, 1)))
+            run(f"fp8 g16 p4K {name}", G, "float8_e4m3fn", 16, 64, 4096, 4, variants=variants,
+                configs=(None, cfg(16, 64, 4, 3, 1)))
+            for group in (8, 4):
+                run(f"fp8 g{group} p16K {name}", G, "float8_e4m3fn", group, 64, 16384, 4, variants=variants,
+                    configs=(None, cfg(group, 64, 4, 3, 1)))
+            run(f"mla fp8 p16K {name}", M, "float8_e4m3fn", 16, 64, 16384, 4, variants=variants,
+                configs=(None, cfg(16, 64, 8, 2, 1), cfg(16, 32, 8, 3, 1)))
+    if want("session6c"):
+        # The latency case's partial traffic: 8 splits x 64 rows x 256 fp32 columns per request.
+        g16 = {**cfg(16, 64, 4, 3, 1), "lazy_rescale": True}
+        for variants in ((), ("half",)):
+            run(f"b16p1K {'+'.join(variants) or 'fp32 partials'}", G, "bfloat16", 16, 16, 1024, 4,
+                variants=variants, configs=(None, cfg(16, 64, 4, 3, 2, 64), cfg(16, 32, 4, 3, 2, 64),
+                                            {**g16, "split": {**g16["split"], "programs_per_sm": 2}}))
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)

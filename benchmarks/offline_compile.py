@@ -68,7 +68,7 @@ def compile_prefix(args) -> None:
     constexprs = {"GROUP": args.group, "BLOCK_H": block_h, "L_PAD": l_pad, "DRAFT_N": max(16, l_pad),
                   "BLOCK_N": args.block_n, "MIN_TOKENS_PER_SPLIT": 128, "PAGE_SIZE": 1, "BLOCK_TABLE": False,
                   "DOT_DTYPE": dot, "SCALES_ON_DEVICE": False, "USE_PDL": True,
-                  "LAZY_RESCALE": args.lazy}
+                  "LAZY_RESCALE": args.lazy, "KV_DOT_DTYPE": tl.float8e4nv}
     constexprs = {k: v for k, v in constexprs.items() if k in names}
     for k in constexprs:
         sig[k] = "constexpr"
@@ -88,7 +88,7 @@ def compile_prefix(args) -> None:
         report = out.stderr.strip().splitlines()
         sass = subprocess.run([str(BIN / "nvdisasm"), str(Path(tmp) / "k.cubin")], capture_output=True,
                               text=True).stdout
-    ops = {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "HMMA", "LDGSTS", "LDG", "STL", "LDL",
+    ops = {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "QGMMA", "HMMA", "LDGSTS", "LDG", "STL", "LDL",
                                                               "F2FP", "MUFU")}
     print(f"{args.layout} kv={args.kv} group={args.group} L={args.draft} BLOCK_H={block_h} L_PAD={l_pad} "
           f"BLOCK_N={args.block_n} warps={args.warps} stages={args.stages} shared={kernel.metadata.shared} B")

@@ -60,6 +60,8 @@ class Plan:
     fused_merge: bool | None = None
     partial_dtype: str | None = None
     prefix_dot_dtype: str | None = None
+    fp8_qk_dot: bool | None = None
+    fp8_pv_dot: bool | None = None
     # legalize
     block_d: int | None = None
     block_dpe: int | None = None

@@ -38,7 +38,7 @@ def test_lazy_is_the_config_switch_not_a_patch():
 
 @pytest.mark.parametrize("variants", [("unmasked",), ("fused", "unmasked"), ("lazy",), ("qk_ahead",),
                                       ("qk_ahead", "lazy"), ("no_pdl",),
-                                      ("half",), ("half", "fused", "unmasked")])
+                                      ("half",), ("half", "fused", "unmasked"), ("fp8qk", "fp8pv"), ("fp8pv",)])
 def test_variants_match_the_reference(tmp_path, variants):
     base = kgen.load("qwen3_5_gqa256", "float8_e4m3fn")
     variants, (config,) = exp_variants.lazy_configs(base, variants, (exp_variants.cfg(8, 16, 4, 1, 8, 16),), 8, 3)

@@ -25,6 +25,7 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
     unmasked_full_tiles = v_from_k_tile and not fp8_kv
     fused_merge = "fused_merge" in experiments
     partial_dtype = "float16" if "half_partials" in experiments else "float32"
+    fp8_qk_dot, fp8_pv_dot, fp8_dots_why = _fp8_dots(plan.kv_dtype, experiments)
     return plan.with_(
         [
             Decision(NAME, "has_pe", has_pe,
@@ -62,8 +63,29 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
             Decision(NAME, "prefix dot dtype", prefix_dot,
                      "fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated"
                      if fp8_kv else "the pool is already in the query dtype"),
+            Decision(NAME, "fp8 dots", _fp8_dots_what(fp8_qk_dot, fp8_pv_dot) if fp8_kv else "none", fp8_dots_why),
         ],
         has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, draft_tile_first=draft_tile_first,
         unmasked_full_tiles=unmasked_full_tiles,
         fused_merge=fused_merge, partial_dtype=partial_dtype, prefix_dot_dtype=prefix_dot,
+        fp8_qk_dot=fp8_qk_dot, fp8_pv_dot=fp8_pv_dot,
     )
+
+
+def _fp8_dots(kv_dtype: str, experiments: frozenset[str]) -> tuple[bool, bool, str]:
+    """(q.k on e4m3 tensor cores, p.V on them, why) for the prefix tiles."""
+    wanted = [name for name in ("fp8_qk_dot", "fp8_pv_dot") if name in experiments]
+    if kv_dtype not in FP8_DTYPES:
+        return False, False, "16-bit KV: the prefix dots run in the query dtype"
+    if not wanted:
+        return False, False, ("K and V tiles are converted e4m3 -> fp16 before each dot; e4m3 dots are the "
+                              "experiments fp8_qk_dot and fp8_pv_dot")
+    if kv_dtype != "float8_e4m3fn":
+        return False, False, (f"{kv_dtype}: e4m3 dots are built for float8_e4m3fn only (Triton's interpreter "
+                              "cannot run the fnuz casts, so CI could not check them)")
+    why = "; ".join(f"experiment (KGEN_EXPERIMENTS={name}): {EXPERIMENTS[name]}" for name in wanted)
+    return "fp8_qk_dot" in wanted, "fp8_pv_dot" in wanted, why
+
+
+def _fp8_dots_what(qk: bool, pv: bool) -> str:
+    return " and ".join(name for name, on in (("q.k", qk), ("p.V", pv)) if on) or "none (upcast to fp16)"
