@@ -68,7 +68,8 @@ def compile_prefix(args) -> None:
     constexprs = {"GROUP": args.group, "BLOCK_H": block_h, "L_PAD": l_pad, "DRAFT_N": max(16, l_pad),
                   "BLOCK_N": args.block_n, "MIN_TOKENS_PER_SPLIT": 128, "PAGE_SIZE": 1, "BLOCK_TABLE": False,
                   "DOT_DTYPE": dot, "SCALES_ON_DEVICE": False, "USE_PDL": True,
-                  "LAZY_RESCALE": args.lazy, "KV_DOT_DTYPE": tl.float8e4nv}
+                  "LAZY_RESCALE": args.lazy, "KV_DOT_DTYPE": tl.float8e4nv, "SOFTWARE_E4M3": False,
+                  "E4M3_QK": True}
     constexprs = {k: v for k, v in constexprs.items() if k in names}
     for k in constexprs:
         sig[k] = "constexpr"

@@ -20,14 +20,6 @@ EXPERIMENTS: dict[str, str] = {
         "6.1e-3 relative error against a 5.0e-3 bound (MLA FP8, interpreter). A partial is a convex "
         "combination of V rows, so V (times v_scale) must stay inside fp16's range (65504)"
     ),
-    "fp8_qk_dot": (
-        "FP8 KV (e4m3fn): the prefix q.k on e4m3 tensor cores against K as stored, q split into two "
-        "e4m3 terms (hi + the residual, per-row power-of-two scale), no per-tile conversion of K"
-    ),
-    "fp8_pv_dot": (
-        "FP8 KV (e4m3fn): the prefix p.V on e4m3 tensor cores against V as stored, p scaled by 2**8 and "
-        "split into two e4m3 terms; turns lazy rescale off"
-    ),
 }
 
 

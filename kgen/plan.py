@@ -61,7 +61,6 @@ class Plan:
     partial_dtype: str | None = None
     prefix_dot_dtype: str | None = None
     fp8_qk_dot: bool | None = None
-    fp8_pv_dot: bool | None = None
     # legalize
     block_d: int | None = None
     block_dpe: int | None = None

@@ -115,3 +115,4 @@ def test_half_partials_module_says_so_and_halves_the_scratch(tmp_path):
     splits = module._max_splits(module.select_config("sm_90", 8, 16), 16, 132)[0]
     assert module.scratch_bytes(*args) == 64 * 8 * splits * 4 * (64 + 1)
     assert half.scratch_bytes(*args) == 64 * 8 * splits * (2 * 64 + 4)
+

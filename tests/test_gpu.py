@@ -187,3 +187,32 @@ def test_half_partials_experiment_on_the_gpu(tmp_path, layout, kv, group, batch,
     module.launch(*case.launch_args())
     assert all(p.dtype == torch.float16 for p, _ in module._SCRATCH.values())
     assert relative_error(case.o, case.reference(torch.float64)) <= tolerance(case)
+
+
+@pytest.mark.parametrize(("layout", "group", "batch", "prefix"), [
+    ("qwen3_5_gqa256", 16, 16, 8192), ("mla_absorbed_512_64", 16, 8, 8192), ("gqa128", 16, 16, 4096),
+])
+def test_e4m3_qk_on_the_gpu(monkeypatch, layout, group, batch, prefix):
+    """FP8 KV, 64-row programs: the e4m3 q.k (wgmma on e4m3 operands) against the reference
+    and against the fp16 q.k. The split of q is exact; what remains is Hopper's e4m3 wgmma
+    accumulating with fewer than fp32's bits (Triton's default, no promotion)."""
+    module = kgen.load(layout, "float8_e4m3fn")
+    monkeypatch.setattr(module, "_SCRATCH", {})
+    case = make_case(SPECS[layout], [prefix - 37 * b for b in range(batch)], [4] * batch, group,
+                     kv_dtype="float8_e4m3fn", device="cuda", k_scale=0.6, v_scale=1.7, seed=3)
+    case.q.mul_(torch.logspace(-2, 1, case.q.shape[1], device="cuda").to(case.q.dtype)[None, :, None])
+    config = {**module.select_config("sm_90", group, batch), "block_h": 16}
+    module.launch(*case.launch_args(), config=config)  # allocates the scratch
+    for buffer in next(iter(module._SCRATCH.values())):
+        buffer.zero_()  # slots no split writes stay equal between the two runs
+    results = []
+    for min_rows in (0, 1 << 30):
+        monkeypatch.setattr(module, "_E4M3_QK_MIN_ROWS", min_rows)
+        module.launch(*case.launch_args(), config=config)
+        (partial_o, partial_lse), = module._SCRATCH.values()
+        results.append((case.o.float().clone(), partial_o.clone(), partial_lse.clone()))
+        assert relative_error(case.o, case.reference()) <= tolerance(case)
+    (o, po, pl), (o16, po16, pl16) = results
+    diff = relative_error(po, po16), relative_error(pl, pl16)
+    print(f"e4m3 vs fp16 q.k, fp32 partials: o {diff[0]:.1e}, lse {diff[1]:.1e}")
+    assert max(diff) < 1e-3
