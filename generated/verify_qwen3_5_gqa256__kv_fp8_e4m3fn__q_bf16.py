@@ -135,34 +135,6 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
 
 
 @triton.jit
-def _round_to_e4m3(x):
-    """x rounded to nearest-even on e4m3's grid (|x| <= 448), in fp32 and integer arithmetic.
-
-    For the interpreter only: Triton 3.6's interpreter rounds fp32 -> e4m3 wrongly when the
-    mantissa carries into the exponent (-7.875 -> -4.0, not -8.0). The GPU uses cvt.
-    """
-    bits = x.to(tl.int32, bitcast=True)
-    # Normal numbers: drop 20 of fp32's 23 mantissa bits, rounding half to even.
-    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
-    # Subnormals (|x| < 2**-6) sit on a 2**-9 grid: 1.5 * 2**14 has that ulp in fp32.
-    return tl.where(tl.abs(x) < 0.015625, (x + 24576.0) - 24576.0, bits.to(tl.float32, bitcast=True))
-
-
-@triton.jit
-def _two_e4m3_terms(x, FP8_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, SOFTWARE_E4M3: tl.constexpr):
-    """x ~= hi + lo in e4m3: lo is what rounding x to hi lost, itself rounded (x already
-    scaled so that hi cannot overflow). The pair carries ~8 significant bits, as bf16 does,
-    and is exact for bf16 inputs (their residual has at most 4 significant bits)."""
-    if SOFTWARE_E4M3:
-        hi = _round_to_e4m3(x)
-        return hi.to(DOT_DTYPE), _round_to_e4m3(x - hi).to(DOT_DTYPE)
-    else:
-        hi = x.to(FP8_DTYPE)
-        lo = (x - hi.to(tl.float32)).to(FP8_DTYPE)
-        return hi.to(DOT_DTYPE), lo.to(DOT_DTYPE)
-
-
-@triton.jit
 def _verify_prefix_stage(
     Q,
     K_Buffer,
@@ -209,9 +181,6 @@ def _verify_prefix_stage(
     BLOCK_TABLE: tl.constexpr,
     SCALES_ON_DEVICE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
-    E4M3_QK: tl.constexpr,
-    KV_DOT_DTYPE: tl.constexpr,
-    SOFTWARE_E4M3: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -221,10 +190,6 @@ def _verify_prefix_stage(
     BLOCK_D: tl.constexpr = 256
     V_HEAD_DIM: tl.constexpr = 256
     BLOCK_DV: tl.constexpr = 256
-    # q's e4m3 terms: 448 is e4m3's largest finite value; a row's largest element is scaled
-    # to at most the power of two below it, so rounding can never overflow.
-    FP8_DTYPE: tl.constexpr = tl.float8e4nv
-    Q_TARGET: tl.constexpr = 256.0
 
     # Programs of one KV head sit next to each other on axis 0 so that their reads of the
     # same prefix tiles (several head blocks, or per-head programs) meet in L2.
@@ -269,17 +234,6 @@ def _verify_prefix_stage(
             k_descale = k_scale
             v_descale = v_scale
         score_scale = qk_scale * k_descale
-        if E4M3_QK:
-            # q as two e4m3 terms for the prefix's q.k on e4m3 tensor cores: q_hi, and q_lo =
-            # what rounding to q_hi lost. Each row is first scaled by a power of two that puts
-            # its largest element in (Q_TARGET / 2, Q_TARGET]. For bf16 q the pair is exact
-            # (the residual of an 8-bit significand has at most 4 bits), so this q.k equals
-            # the fp16 one; it spares the per-tile e4m3 -> fp16 conversion of K.
-            q_f32 = q.to(tl.float32)
-            q_amax = tl.max(tl.abs(q_f32), 1)
-            q_row_scale = tl.where(q_amax > 0, tl.exp2(tl.floor(tl.log2(Q_TARGET / q_amax))), 1.0)
-            q_unscale = 1.0 / q_row_scale
-            q_hi, q_lo = _two_e4m3_terms(q_f32 * q_row_scale[:, None], FP8_DTYPE, KV_DOT_DTYPE, SOFTWARE_E4M3)
 
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
@@ -303,14 +257,7 @@ def _verify_prefix_stage(
             # int64 addresses: a pool can hold more than 2**31 elements.
             k_row_ptr = K_Buffer + page * stride_k_page + (tok % PAGE_SIZE) * stride_k_slot + kv_head * stride_k_head
             k = tl.load(k_row_ptr[:, None] + offs_d[None, :])
-            if E4M3_QK:
-                # The e4m3 K tile goes to the tensor cores as stored: q.k = q_hi.k + q_lo.k,
-                # one fp32 accumulator, then q's row scale comes off.
-                k_op = tl.trans(k.to(KV_DOT_DTYPE))
-                qk = tl.dot(q_hi, k_op, tl.dot(q_lo, k_op))
-                qk = qk * q_unscale[:, None]
-            else:
-                qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
+            qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
             # Scores live in the log2 domain: exp2 is cheaper than exp.
             qk = tl.where(n_ok[None, :], qk * score_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -435,11 +382,6 @@ def _verify_merge_stage(
 
 # Dot operand dtypes on the GPU. Prefix stage: fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated.
 _TL_PREFIX_DOT_DTYPE = tl.float16
-# The prefix q.k runs on e4m3 tensor cores (q in two e4m3 terms) for programs of at least this
-# many rows: one warpgroup's wgmma is 64 rows. Below it the dot runs on mma.sync and measured
-# slower than converting K to fp16 (H200, batch 64, prefix 16K: group 8 287.6 -> 443.9 us),
-# while 64-row programs gained (group 16 268.6 -> 241.5 us, MLA 936.1 -> 861.0 us).
-_E4M3_QK_MIN_ROWS = 64
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _SPLIT_DEFAULTS = {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256}
 _SCRATCH = {}
@@ -626,9 +568,6 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         BLOCK_TABLE=block_table,
         SCALES_ON_DEVICE=scales_on_device,
         DOT_DTYPE=prefix_dot,
-        E4M3_QK=block_h * l_pad >= _E4M3_QK_MIN_ROWS,
-        KV_DOT_DTYPE=tl.float32 if _INTERPRET else tl.float8e4nv,
-        SOFTWARE_E4M3=_INTERPRET,
         LAZY_RESCALE=bool(config.get("lazy_rescale")),
         USE_PDL=bool(launch_options),
         num_warps=config["num_warps"],

@@ -82,7 +82,8 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         "partial_dtype": plan.partial_dtype,
         "half_partials": half_partials,
         "active_experiments": [name for name, on in (("fused_merge", plan.fused_merge),
-                                                     ("half_partials", half_partials)) if on],
+                                                     ("half_partials", half_partials),
+                                                     ("e4m3_qk", plan.fp8_qk_dot)) if on],
         "fp8_qk_dot": plan.fp8_qk_dot,
         # e4m3fn: largest finite 448; the scaled operands stay at most the power of two below.
         "fp8_tl_dtype": "float8e4nv",
