@@ -18,7 +18,7 @@ jobs=("$@")
 for job in "${jobs[@]}"; do
     IFS=: read -r layout kv group buckets <<<"$job"
     bucket_args=(); limit=0
-    for b in ${buckets//,/ }; do bucket_args+=(--bucket "$b"); limit=$((limit + 55)); done
+    for b in ${buckets//,/ }; do bucket_args+=(--bucket "$b"); limit=$((limit + STUDY_S + 43)); done
     case "$layout" in mla*) limit=$((limit * 2));; esac  # MLA kernels take seconds each to compile
     KGEN_TABLE="$candidates" timeout -s INT "$limit" python3 -m kgen.tuner.cli tune --no-progress \
         --timeout "$STUDY_S" --out kgen/tables/sm_90.json --layout "$layout" --kv-dtype "$kv" --group "$group" \
