@@ -160,11 +160,20 @@ def precise_qk(text: str) -> str:
                              "max_num_imprecise_acc=64)")
 
 
+def no_draft_probe(text: str) -> str:
+    """TIMING PROBE, WRONG OUTPUT: the prefix stage without its draft tile. Bounds what moving
+    the draft tile out of the prefix programs (into the merge, say) could gain: offline, MLA
+    BF16 at 64-token tiles / 8 warps / 2 stages spills 584 B a thread with it, 92 without."""
+    start = text.index("        if split == num_written - 1:\n            # Draft tile")
+    end = text.index("            m_i = m_new\n", start) + len("            m_i = m_new\n")
+    return text[:start] + text[end:]
+
+
 # Text patches of a generated module; each fails loudly when the text it edits is gone, so a
 # template change never turns a variant silently into the base kernel.
 PATCHES = {"unmasked": unmasked_full_tiles, "kq_transposed": kq_transposed, "qk_ahead": qk_ahead,
            "no_pdl": no_pdl, "fp16_qk": fp16_qk, "precise_qk": precise_qk,
-           "pdl_early_trigger": pdl_early_trigger}
+           "pdl_early_trigger": pdl_early_trigger, "no_draft_probe": no_draft_probe}
 
 
 # Variant names that are build experiments (kgen/experiments.py), not text patches.
@@ -496,6 +505,15 @@ def main() -> int:
             run(f"b16p1K {'+'.join(variants) or 'fp32 partials'}", G, "bfloat16", 16, 16, 1024, 4,
                 variants=variants, configs=(None, cfg(16, 64, 4, 3, 2, 64), cfg(16, 32, 4, 3, 2, 64),
                                             {**g16, "split": {**g16["split"], "programs_per_sm": 2}}))
+    if want("session6e"):
+        # Upper bound of a draft tile moved out of the prefix programs (timing only: the
+        # no_draft_probe variant's output is wrong, its err column says so).
+        for variants in ((), ("no_draft_probe",)):
+            name = "+".join(variants) or "shipped"
+            run(f"mla p16K {name}", M, "bfloat16", 16, 64, 16384, 4, variants=variants)
+            run(f"mla fp8 p16K {name}", M, "float8_e4m3fn", 16, 64, 16384, 4, variants=variants)
+            run(f"g16 p16K {name}", G, "bfloat16", 16, 64, 16384, 4, variants=variants)
+            run(f"g8 p16K {name}", G, "bfloat16", 8, 64, 16384, 4, variants=variants)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)
