@@ -169,11 +169,19 @@ def no_draft_probe(text: str) -> str:
     return text[:start] + text[end:]
 
 
+def draft_after(text: str) -> str:
+    """GQA: the draft tile after the prefix loop at every row count (the placement before
+    session 6, when small programs took it first)."""
+    old = "_DRAFT_FIRST_BELOW_ROWS = 64\n"
+    assert old in text, "draft_after: the module has no row-dependent draft tile"
+    return text.replace(old, "_DRAFT_FIRST_BELOW_ROWS = 0\n")
+
+
 # Text patches of a generated module; each fails loudly when the text it edits is gone, so a
 # template change never turns a variant silently into the base kernel.
 PATCHES = {"unmasked": unmasked_full_tiles, "kq_transposed": kq_transposed, "qk_ahead": qk_ahead,
            "no_pdl": no_pdl, "fp16_qk": fp16_qk, "precise_qk": precise_qk,
-           "pdl_early_trigger": pdl_early_trigger, "no_draft_probe": no_draft_probe}
+           "pdl_early_trigger": pdl_early_trigger, "no_draft_probe": no_draft_probe, "draft_after": draft_after}
 
 
 # Variant names that are build experiments (kgen/experiments.py), not text patches.
@@ -514,6 +522,16 @@ def main() -> int:
             run(f"mla fp8 p16K {name}", M, "float8_e4m3fn", 16, 64, 16384, 4, variants=variants)
             run(f"g16 p16K {name}", G, "bfloat16", 16, 64, 16384, 4, variants=variants)
             run(f"g8 p16K {name}", G, "bfloat16", 8, 64, 16384, 4, variants=variants)
+    if want("session6f"):
+        # Draft tile before the loop in programs under 64 rows (groups 8 and 4 at L4): no
+        # spills for group 8 offline (208 B a thread after the loop). A/B against draft_after.
+        for variants in ((), ("draft_after",)):
+            name = "+".join(variants) or "draft first"
+            for group in (8, 4):
+                for kv in ("bfloat16", "float8_e4m3fn"):
+                    for prefix in (16384, 4096):
+                        run(f"g{group} p{prefix // 1024}K {name}", G, kv, group, 64, prefix, 4, variants=variants)
+            run(f"g8 b16p1K {name}", G, "bfloat16", 8, 16, 1024, 4, variants=variants)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -69,7 +69,7 @@ def compile_prefix(args) -> None:
                   "BLOCK_N": args.block_n, "MIN_TOKENS_PER_SPLIT": 128, "PAGE_SIZE": 1, "BLOCK_TABLE": False,
                   "DOT_DTYPE": dot, "SCALES_ON_DEVICE": False, "USE_PDL": True,
                   "LAZY_RESCALE": args.lazy, "KV_DOT_DTYPE": tl.float8e4nv, "SOFTWARE_E4M3": False,
-                  "E4M3_QK": True}
+                  "E4M3_QK": True, "DRAFT_FIRST": args.draft_first}
     constexprs = {k: v for k, v in constexprs.items() if k in names}
     for k in constexprs:
         sig[k] = "constexpr"
@@ -114,6 +114,7 @@ def main() -> int:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--lazy", action="store_true", help="compile with LAZY_RESCALE (the block-config knob)")
+    ap.add_argument("--draft-first", action="store_true", help="GQA: the draft tile before the loop (DRAFT_FIRST)")
     ap.add_argument("--module", help="compile this module file instead of the generated one (a variant)")
     ap.add_argument("--dump", help="write the SASS here")
     ap.add_argument("--dump-ttgir", help="write Triton's GPU IR (layouts, where values live) here")

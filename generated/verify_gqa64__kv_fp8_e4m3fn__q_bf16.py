@@ -174,6 +174,7 @@ def _verify_prefix_stage(
     SCALES_ON_DEVICE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,
+    DRAFT_FIRST: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     HEAD_BLOCKS: tl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
@@ -230,6 +231,29 @@ def _verify_prefix_stage(
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, BLOCK_DV], dtype=tl.float32)
+        if DRAFT_FIRST:
+            if split == num_written - 1:
+                # Draft tile: every row against the request's draft tokens, causal (draft token
+                # i sees 0..i), as one more DRAFT_N-wide tile of the same online softmax. Draft
+                # K/V are in the query dtype, never quantized.
+                offs_j = tl.arange(0, DRAFT_N)
+                j_ok = offs_j < q_len
+                kd_row_ptr = K_Extend + (q_start + offs_j)[:, None] * stride_ke_tok + kv_head * stride_ke_head
+                kd = tl.load(kd_row_ptr + offs_d[None, :], mask=j_ok[:, None], other=0.0)
+                s = tl.dot(q, tl.trans(kd.to(DOT_DTYPE)))
+                visible = (offs_j[None, :] <= draft_pos[:, None]) & j_ok[None, :]
+                s = tl.where(visible, s * qk_scale, float("-inf"))
+                # Padding rows (draft_pos >= q_len) can see nothing: keep their max finite.
+                m_new = tl.maximum(m_i, tl.where(row_ok, tl.max(s, 1), 0.0))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                vd_ptr = V_Extend + (q_start + offs_j)[:, None] * stride_ve_tok + kv_head * stride_ve_head + offs_dv[None, :]
+                vd = tl.load(vd_ptr, mask=j_ok[:, None], other=0.0)
+                # The prefix tiles that follow accumulate raw e4m3 V (descaled once, at the end).
+                acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE)) / v_descale
+                m_i = m_new
+
         # The page indices of tile i+1 are loaded while tile i computes: the K/V loads of a
         # tile depend on its indices, and an index load on the critical path stalls the
         # pipeline by a full memory latency per tile (measured: FP8 498 -> 348 us).
@@ -275,26 +299,27 @@ def _verify_prefix_stage(
 
         # The prefix's P.V is dequantized once, here, instead of per tile.
         acc = acc * v_descale
-        if split == num_written - 1:
-            # Draft tile: every row against the request's draft tokens, causal (draft token
-            # i sees 0..i), as one more DRAFT_N-wide tile of the same online softmax. Draft
-            # K/V are in the query dtype, never quantized.
-            offs_j = tl.arange(0, DRAFT_N)
-            j_ok = offs_j < q_len
-            kd_row_ptr = K_Extend + (q_start + offs_j)[:, None] * stride_ke_tok + kv_head * stride_ke_head
-            kd = tl.load(kd_row_ptr + offs_d[None, :], mask=j_ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(kd.to(DOT_DTYPE)))
-            visible = (offs_j[None, :] <= draft_pos[:, None]) & j_ok[None, :]
-            s = tl.where(visible, s * qk_scale, float("-inf"))
-            # Padding rows (draft_pos >= q_len) can see nothing: keep their max finite.
-            m_new = tl.maximum(m_i, tl.where(row_ok, tl.max(s, 1), 0.0))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            vd_ptr = V_Extend + (q_start + offs_j)[:, None] * stride_ve_tok + kv_head * stride_ve_head + offs_dv[None, :]
-            vd = tl.load(vd_ptr, mask=j_ok[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE))
-            m_i = m_new
+        if not DRAFT_FIRST:
+            if split == num_written - 1:
+                # Draft tile: every row against the request's draft tokens, causal (draft token
+                # i sees 0..i), as one more DRAFT_N-wide tile of the same online softmax. Draft
+                # K/V are in the query dtype, never quantized.
+                offs_j = tl.arange(0, DRAFT_N)
+                j_ok = offs_j < q_len
+                kd_row_ptr = K_Extend + (q_start + offs_j)[:, None] * stride_ke_tok + kv_head * stride_ke_head
+                kd = tl.load(kd_row_ptr + offs_d[None, :], mask=j_ok[:, None], other=0.0)
+                s = tl.dot(q, tl.trans(kd.to(DOT_DTYPE)))
+                visible = (offs_j[None, :] <= draft_pos[:, None]) & j_ok[None, :]
+                s = tl.where(visible, s * qk_scale, float("-inf"))
+                # Padding rows (draft_pos >= q_len) can see nothing: keep their max finite.
+                m_new = tl.maximum(m_i, tl.where(row_ok, tl.max(s, 1), 0.0))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                vd_ptr = V_Extend + (q_start + offs_j)[:, None] * stride_ve_tok + kv_head * stride_ve_head + offs_dv[None, :]
+                vd = tl.load(vd_ptr, mask=j_ok[:, None], other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE))
+                m_i = m_new
 
         l_safe = tl.where(row_ok, l_i, 1.0)
         if num_written == 1:
@@ -374,6 +399,12 @@ def _verify_merge_stage(
 
 # Dot operand dtypes on the GPU. Prefix stage: fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated.
 _TL_PREFIX_DOT_DTYPE = tl.float16
+# Programs of fewer rows run the draft tile before the prefix loop, larger ones after it.
+# Under one 64-row wgmma the dots are mma.sync, whose q fragments live in registers through
+# the loop; a draft tile after the loop keeps a second copy alive (ptxas sm_90a, group 8,
+# 64-token tiles: 208 B of spills a thread after, none before). Group 16's 64 rows: none
+# after, 20 B before.
+_DRAFT_FIRST_BELOW_ROWS = 64
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _SPLIT_DEFAULTS = {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256}
 _SCRATCH = {}
@@ -561,6 +592,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         SCALES_ON_DEVICE=scales_on_device,
         DOT_DTYPE=prefix_dot,
         LAZY_RESCALE=bool(config.get("lazy_rescale")),
+        DRAFT_FIRST=block_h * l_pad < _DRAFT_FIRST_BELOW_ROWS,
         USE_PDL=bool(launch_options),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],

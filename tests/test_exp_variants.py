@@ -39,7 +39,7 @@ def test_lazy_is_the_config_switch_not_a_patch():
 @pytest.mark.parametrize("variants", [("unmasked",), ("fused", "unmasked"), ("lazy",), ("qk_ahead",),
                                       ("qk_ahead", "lazy"), ("no_pdl",),
                                       ("half",), ("half", "fused", "unmasked"),
-                                      ("e4m3", "fp16_qk"), ("e4m3", "precise_qk")])
+                                      ("e4m3", "fp16_qk"), ("e4m3", "precise_qk"), ("draft_after",)])
 def test_variants_match_the_reference(tmp_path, variants):
     # qk_ahead rewrites the fp16 q.k; FP8 modules (bf16 q) carry the e4m3 one beside it.
     kv = "bfloat16" if "qk_ahead" in variants else "float8_e4m3fn"

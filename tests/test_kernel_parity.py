@@ -242,3 +242,16 @@ def test_lazy_rescale_matches_the_reference(layout, kv, ramp, config):
     if ramp:
         _ramp_keys(case, prefix)
     check_parity(case, layout, kv, config={**config, "lazy_rescale": True})
+
+
+@pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("draft_first_below_rows", [0, 1 << 30])
+def test_gqa_draft_tile_before_and_after_the_loop(monkeypatch, kv, draft_first_below_rows):
+    """Both placements of GQA's draft tile (the launcher picks one by rows), on either side of
+    the 64-row line: group 16 at L4 (64 rows) and group 4 at L3 (16 rows)."""
+    module = kgen.load(GQA, kv)
+    monkeypatch.setattr(module, "_DRAFT_FIRST_BELOW_ROWS", draft_first_below_rows)
+    scales = {"k_scale": 0.37, "v_scale": 1.9} if kv != "bfloat16" else {}
+    for group, draft in ((16, 4), (4, 3)):
+        case = build(GQA, [70, 0, 33], [draft, 2, draft], group, kv_dtype=kv, seed=group + draft, **scales)
+        check_parity(case, GQA, kv, config={**SMALL_SPLITS, "block_h": group})

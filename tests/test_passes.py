@@ -119,7 +119,9 @@ def test_pe_free_and_descale_free_text(ctx):
     code = _code(plan.source)
     # No PE pointer, load, dot or argument: no identifier of the PE part at all.
     assert not re.search(r"(?i)_pe\b|\bpe_dim\b|dpe", code)
-    assert code.count("tl.dot(") == 4  # q.k and p.v in the prefix stage, q.k and p.v of the draft
+    # q.k and p.v in the prefix stage; q.k and p.v of the draft tile, once before the loop and
+    # once after it (the launcher's DRAFT_FIRST picks one by the program's rows).
+    assert code.count("tl.dot(") == 6
     assert "k_scale *" not in code and "v_scale /" not in code and "SCALES_ON_DEVICE" not in code
     assert "V_Buffer" in code  # GQA reads V from its own buffer
 
@@ -159,17 +161,22 @@ def test_unmasked_full_tiles_is_a_generation_time_decision(ctx, layout, kv, spli
 
 
 def test_draft_tile_position_is_a_generation_time_decision(ctx):
-    """MLA emits the draft tile before the prefix loop, GQA after it; each module holds one copy."""
-    for layout, first in (("mla_absorbed_512_64", True), ("qwen3_5_gqa256", False)):
-        plan = run_pipeline(new_plan(SPECS[layout], "float8_e4m3fn", "bfloat16"), ctx)
-        assert plan.draft_tile_first is first
+    """MLA emits the draft tile before the prefix loop only; the per-head baseline after it
+    only; grouped GQA both, each under the launcher's DRAFT_FIRST (set by the rows)."""
+    for layout, variant, first, both in (("mla_absorbed_512_64", "grouped", True, False),
+                                         ("qwen3_5_gqa256", "per_head", False, False),
+                                         ("qwen3_5_gqa256", "grouped", False, True)):
+        plan = run_pipeline(new_plan(SPECS[layout], "float8_e4m3fn", "bfloat16", variant), ctx)
+        assert plan.draft_tile_first is first and bool(plan.draft_first_below_rows) is both
         code = _code(plan.source)
         prefix_stage = code[code.index("def _verify_prefix_stage"):code.index("def _verify_merge_stage")]
-        draft, loop = prefix_stage.index("K_Extend + "), prefix_stage.index("for start_n in range(")
-        assert (draft < loop) is first
-        assert prefix_stage.count("K_Extend + ") == 1
+        loop = prefix_stage.index("for start_n in range(")
+        drafts = [i for i in range(len(prefix_stage)) if prefix_stage.startswith("K_Extend + ", i)]
+        assert [d < loop for d in drafts] == ([True, False] if both else [first])
         # Drafts first: the prefix tiles after them are still raw e4m3 V, so the draft is divided back.
-        assert ("/ v_descale" in prefix_stage) is first
+        assert ("/ v_descale" in prefix_stage) is (first or both)
+        assert ("if DRAFT_FIRST:" in prefix_stage and "if not DRAFT_FIRST:" in prefix_stage) is both
+        assert ("DRAFT_FIRST=block_h * l_pad < _DRAFT_FIRST_BELOW_ROWS" in code) is both
 
 
 def test_every_pass_leaves_reasons(ctx):

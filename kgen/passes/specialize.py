@@ -20,6 +20,8 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
     # Where the last split runs the draft tile. After the prefix loop, the draft's q·k keeps
     # a register copy of q alive through the whole loop; with a 64x576 q (MLA) that spills.
     draft_tile_first = v_from_k_tile
+    # GQA's grouped programs: the launcher places it by the program's rows (one wgmma is 64).
+    draft_first_below_rows = 64 if not v_from_k_tile and plan.variant == "grouped" else None
     # Whole tiles in a loop without the -inf score select, the partial last tile in a second
     # loop. Measured on the H200 (docs/perf-notes.md, entries 12 and 20): only MLA BF16 gains.
     unmasked_full_tiles = v_from_k_tile and not fp8_kv
@@ -38,12 +40,15 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
                      "absorbed MLA: V is the latent columns of the K tile already loaded, so no V "
                      "pointer or load is emitted" if v_from_k_tile else
                      f"V comes from its own buffer (v_source = {shape.v_source!r})"),
-            Decision(NAME, "draft tile", "before the prefix tiles" if draft_tile_first else "after the prefix tiles",
+            Decision(NAME, "draft tile", _draft_tile_what(draft_tile_first, draft_first_below_rows),
                      "MLA: before the loop, so q's register copy for the draft dot dies before it; ptxas "
                      "sm_90a, FP8, 32-token tiles, 3 stages: 1576 -> 404 B of spills a thread (BF16 "
                      "unchanged at 52 B)" if draft_tile_first else
-                     "after the loop: ptxas sm_90a finds no spills in the measured GQA 256 kernel this way "
-                     "(12 B with the draft tile first)"),
+                     "both placements emitted, the launcher picks by rows: mma.sync programs (under one 64-row "
+                     "wgmma) hold q's fragments in registers, and a draft tile after the loop keeps a second "
+                     "copy (ptxas sm_90a, group 8, 64-token tiles: 208 B of spills after, none before); group "
+                     "16 has none after and 20 B before" if draft_first_below_rows else
+                     "after the loop: the per-head baseline keeps its measured placement"),
             Decision(NAME, "full tiles", "whole-tile loop + partial-tile loop" if unmasked_full_tiles else "one loop",
                      "MLA BF16: whole tiles in a loop without the -inf score select, then the partial tile; "
                      "H200, batch 64, prefix 16K, 64-token tiles: 684 against 719 us in one loop"
@@ -66,6 +71,7 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
             Decision(NAME, "e4m3 q.k", "emitted" if fp8_qk_dot else "not emitted", fp8_qk_why),
         ],
         has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, draft_tile_first=draft_tile_first,
+        draft_first_below_rows=draft_first_below_rows,
         unmasked_full_tiles=unmasked_full_tiles,
         fused_merge=fused_merge, partial_dtype=partial_dtype, prefix_dot_dtype=prefix_dot,
         fp8_qk_dot=fp8_qk_dot,
@@ -88,3 +94,11 @@ def _e4m3_qk_dot(plan: Plan, experiments: frozenset[str]) -> tuple[bool, str]:
     if plan.variant != "grouped":
         return False, "per-head programs have fewer than the 64 rows one e4m3 wgmma needs"
     return True, f"experiment (KGEN_EXPERIMENTS=e4m3_qk): {EXPERIMENTS['e4m3_qk']}"
+
+
+def _draft_tile_what(first: bool, below_rows: int | None) -> str:
+    if first:
+        return "before the prefix tiles"
+    if below_rows:
+        return f"before the prefix tiles in programs of fewer than {below_rows} rows, after them otherwise"
+    return "after the prefix tiles"
