@@ -14,6 +14,7 @@ from kgen.blockconfig import BlockConfig, SplitPolicy
 from kgen.errors import BuildError
 from kgen.passes.context import REPO_ROOT, BuildContext
 from kgen.plan import Decision, Plan
+from kgen.spec import FP8_FORMATS
 
 NAME = "render"
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
@@ -86,10 +87,7 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
                                                      ("half_partials", half_partials),
                                                      ("e4m3_qk", plan.fp8_qk_dot)) if on],
         "fp8_qk_dot": plan.fp8_qk_dot,
-        # e4m3fn: largest finite 448; the scaled operands stay at most the power of two below.
-        "fp8_tl_dtype": "float8e4nv",
-        "fp8_max": 448,
-        "fp8_pow2": 256,
+        **_fp8_format(plan.kv_dtype),
         "prefix_dot_dtype": plan.prefix_dot_dtype,
         "prefix_dot_why": "Prefix stage: " + next(
             d.why for d in plan.decisions_of("specialize") if d.what == "prefix dot dtype") + ".",
@@ -108,6 +106,15 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         "split_defaults": repr(SplitPolicy().model_dump()),
         "default_why": "the built-in default for this K width (kgen/tables/defaults.json)",
     }
+
+
+def _fp8_format(kv_dtype: str) -> dict:
+    """Triton dtype, largest finite value and the power of two below it (where e4m3 operands
+    are scaled to, so that rounding never overflows) of an FP8 pool; nothing for 16-bit KV."""
+    if kv_dtype not in FP8_FORMATS:
+        return {}
+    tl_name, largest = FP8_FORMATS[kv_dtype]
+    return {"fp8_tl_dtype": tl_name, "fp8_max": int(largest), "fp8_pow2": 1 << (int(largest).bit_length() - 1)}
 
 
 def render(plan: Plan, ctx: BuildContext) -> Plan:
