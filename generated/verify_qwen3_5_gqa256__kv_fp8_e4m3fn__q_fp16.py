@@ -407,12 +407,13 @@ def _verify_merge_stage(
 
 # Dot operand dtypes on the GPU. Prefix stage: fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated.
 _TL_PREFIX_DOT_DTYPE = tl.float16
-# Programs of fewer rows run the draft tile before the prefix loop, larger ones after it.
-# Under one 64-row wgmma the dots are mma.sync, whose q fragments live in registers through
-# the loop; a draft tile after the loop keeps a second copy alive (ptxas sm_90a, group 8,
-# 64-token tiles: 208 B of spills a thread after, none before). Group 16's 64 rows: none
-# after, 20 B before.
-_DRAFT_FIRST_BELOW_ROWS = 64
+# Programs of these row counts run the draft tile before the prefix loop, others after it.
+# 32 rows (group 8 at L4): mma.sync, whose q fragments live in registers through the loop,
+# and a draft tile after it keeps a second copy (ptxas sm_90a, 64-token tiles: 208 B of
+# spills a thread after, none before). H200, batch 64: group 8 prefix 16K 282.2 -> 273.9 us,
+# 4K 82.7 -> 78.5; but group 4's 16 rows (no spills either way) ran slower before the loop
+# (256.0 -> 268.5 us), and group 16's 64 rows spill 20 B before it, none after.
+_DRAFT_FIRST_ROWS = (32,)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _SPLIT_DEFAULTS = {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256}
 _SCRATCH = {}
@@ -600,7 +601,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         SCALES_ON_DEVICE=scales_on_device,
         DOT_DTYPE=prefix_dot,
         LAZY_RESCALE=bool(config.get("lazy_rescale")),
-        DRAFT_FIRST=block_h * l_pad < _DRAFT_FIRST_BELOW_ROWS,
+        DRAFT_FIRST=block_h * l_pad in _DRAFT_FIRST_ROWS,
         USE_PDL=bool(launch_options),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],

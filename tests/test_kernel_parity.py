@@ -245,12 +245,12 @@ def test_lazy_rescale_matches_the_reference(layout, kv, ramp, config):
 
 
 @pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3fn"])
-@pytest.mark.parametrize("draft_first_below_rows", [0, 1 << 30])
-def test_gqa_draft_tile_before_and_after_the_loop(monkeypatch, kv, draft_first_below_rows):
-    """Both placements of GQA's draft tile (the launcher picks one by rows), on either side of
-    the 64-row line: group 16 at L4 (64 rows) and group 4 at L3 (16 rows)."""
+@pytest.mark.parametrize("draft_first_rows", [(), (16, 32, 64)])
+def test_gqa_draft_tile_before_and_after_the_loop(monkeypatch, kv, draft_first_rows):
+    """Both placements of GQA's draft tile (the launcher picks one by rows), for 64-row
+    programs (group 16 at L4) and 16-row ones (group 4 at L3)."""
     module = kgen.load(GQA, kv)
-    monkeypatch.setattr(module, "_DRAFT_FIRST_BELOW_ROWS", draft_first_below_rows)
+    monkeypatch.setattr(module, "_DRAFT_FIRST_ROWS", draft_first_rows)
     scales = {"k_scale": 0.37, "v_scale": 1.9} if kv != "bfloat16" else {}
     for group, draft in ((16, 4), (4, 3)):
         case = build(GQA, [70, 0, 33], [draft, 2, draft], group, kv_dtype=kv, seed=group + draft, **scales)

@@ -167,7 +167,7 @@ def test_draft_tile_position_is_a_generation_time_decision(ctx):
                                          ("qwen3_5_gqa256", "per_head", False, False),
                                          ("qwen3_5_gqa256", "grouped", False, True)):
         plan = run_pipeline(new_plan(SPECS[layout], "float8_e4m3fn", "bfloat16", variant), ctx)
-        assert plan.draft_tile_first is first and bool(plan.draft_first_below_rows) is both
+        assert plan.draft_tile_first is first and bool(plan.draft_first_rows) is both
         code = _code(plan.source)
         prefix_stage = code[code.index("def _verify_prefix_stage"):code.index("def _verify_merge_stage")]
         loop = prefix_stage.index("for start_n in range(")
@@ -176,7 +176,7 @@ def test_draft_tile_position_is_a_generation_time_decision(ctx):
         # Drafts first: the prefix tiles after them are still raw e4m3 V, so the draft is divided back.
         assert ("/ v_descale" in prefix_stage) is (first or both)
         assert ("if DRAFT_FIRST:" in prefix_stage and "if not DRAFT_FIRST:" in prefix_stage) is both
-        assert ("DRAFT_FIRST=block_h * l_pad < _DRAFT_FIRST_BELOW_ROWS" in code) is both
+        assert ("DRAFT_FIRST=block_h * l_pad in _DRAFT_FIRST_ROWS" in code) is both
 
 
 def test_every_pass_leaves_reasons(ctx):
