@@ -266,3 +266,19 @@ def test_fp8_layout_bakes_the_fp8_default(ctx):
                                                                   "bfloat16")))), ctx)
     assert plan.default_config == read_defaults().rule_for(256, "float8_e4m3fn").config
     assert any("fp8 KV" in d.why for d in plan.decisions if d.what == "default config")
+
+
+def test_explain_shows_every_field_specialize_and_legalize_fill():
+    """A plan field a pass fills and `kgen explain` does not print is a decision nobody sees."""
+    from kgen.explain import _FIELDS_BY_PASS
+
+    for layout, kv in (("qwen3_5_gqa256", "float8_e4m3fn"), ("mla_absorbed_512_64", "bfloat16")):
+        before = validate(new_plan(SPECS[layout], kv, "bfloat16"))
+        after_specialize = specialize(before, frozenset({"e4m3_qk", "fused_merge", "half_partials"}))
+        after_legalize = legalize(after_specialize)
+        steps = (("specialize", before, after_specialize), ("legalize", after_specialize, after_legalize))
+        for name, old, new in steps:
+            filled = {f.name for f in dataclasses.fields(new) if f.name != "decisions"
+                      and getattr(new, f.name) != getattr(old, f.name)}
+            # page sizes, MIN_DOT_ROWS and MAX_DRAFT_TOKENS are printed as their decisions.
+            assert filled <= set(_FIELDS_BY_PASS[name]) | {"page_sizes", "min_dot_rows", "max_draft_tokens"}, name
