@@ -8,8 +8,7 @@
 # Without jobs: group-16 GQA 256 (batch 9-32 and 33-96), group 8 (33-96) and MLA BF16 (33-96).
 set -uo pipefail
 OUT="${OUT:-cand-out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/kgen-site${PYTHONPATH:+:$PYTHONPATH}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kgen-site .whl/*.whl || exit 2
+source benchmarks/device_env.sh
 export KGEN_CACHE_DIR="/tmp/kgen-cache"
 STUDY_S="${STUDY_S:-12}"
 candidates="$1"; shift

@@ -4,8 +4,8 @@
 # sm_90.json. $OUT: exp.json, tune.log, sm_90.json. Usage: bash benchmarks/h200_retune_mla.sh
 set -uo pipefail
 OUT="${OUT:-retune-out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/kgen-site${PYTHONPATH:+:$PYTHONPATH}" KGEN_CACHE_DIR=/tmp/kgen-cache
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kgen-site .whl/*.whl || exit 2
+source benchmarks/device_env.sh
+export KGEN_CACHE_DIR=/tmp/kgen-cache
 timeout 120 python3 benchmarks/exp_variants.py --out "$OUT" --only bn64 2>&1 | grep -v Warning | sed -n '/SUMMARY/,$p' | cut -c1-150
 rm -f "$OUT/exp.log"
 # MLA kernels take seconds each to compile: a 14 s study ran 2 trials (2026-11-29), so 60 s.

@@ -6,8 +6,8 @@
 # Usage: KGEN_GIT_COMMIT=<sha> bash benchmarks/h200_session5.sh
 set -uo pipefail
 OUT="${OUT:-s5-out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/kgen-site${PYTHONPATH:+:$PYTHONPATH}" KGEN_CACHE_DIR=/tmp/kgen-cache
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kgen-site .whl/*.whl || exit 2
+source benchmarks/device_env.sh
+export KGEN_CACHE_DIR=/tmp/kgen-cache
 KGEN_TEST_ON_GPU=1 timeout 140 python3 -m pytest -q -m gpu tests/ 2>&1 | tail -n 40 > "$OUT/gpu_tests.log"
 tail -n 1 "$OUT/gpu_tests.log"
 KGEN_TABLE=benchmarks/candidates/sm_90_group8_min_rows.json timeout -s INT 100 python3 -m kgen.tuner.cli tune \

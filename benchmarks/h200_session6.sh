@@ -5,8 +5,7 @@
 # changed since session 5's run of them. Usage: KGEN_GIT_COMMIT=<sha> bash benchmarks/h200_session6.sh
 set -uo pipefail
 OUT="${OUT:-s6-out}"; mkdir -p "$OUT/exp"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/kgen-site${PYTHONPATH:+:$PYTHONPATH}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kgen-site .whl/*.whl || exit 2
+source benchmarks/device_env.sh
 timeout 200 python3 benchmarks/exp_variants.py --out "$OUT/exp" --only session6 2>&1 | grep -v Warning | sed -n '/SUMMARY/,$p'
 OUT="$OUT/cand" bash benchmarks/h200_candidates.sh benchmarks/candidates/sm_90_groups_4_8_bn64.json \
     qwen3_5_gqa256:bf16:4:b33-96 qwen3_5_gqa256:bf16:8:b33-96

@@ -4,6 +4,5 @@
 # Usage: KGEN_GIT_COMMIT=<sha> bash benchmarks/h200_session6b.sh
 set -uo pipefail
 OUT="${OUT:-s6b-out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/kgen-site${PYTHONPATH:+:$PYTHONPATH}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kgen-site .whl/*.whl || exit 2
+source benchmarks/device_env.sh
 timeout 540 python3 benchmarks/exp_variants.py --out "$OUT" --only session6b session6c 2>&1 | grep -v Warning | sed -n '/SUMMARY/,$p'

@@ -4,8 +4,7 @@
 # fp16 partials (session6c). Usage: KGEN_GIT_COMMIT=<sha> bash benchmarks/h200_session6c.sh
 set -uo pipefail
 OUT="${OUT:-s6c-out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/kgen-site${PYTHONPATH:+:$PYTHONPATH}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kgen-site .whl/*.whl || exit 2
+source benchmarks/device_env.sh
 KGEN_TEST_ON_GPU=1 timeout 240 python3 -m pytest -q -s -m gpu tests/ 2>&1 | tail -n 80 > "$OUT/gpu_tests.log"
 grep -E "e4m3 vs fp16|passed|failed" "$OUT/gpu_tests.log" | tail -n 6
 timeout 300 python3 benchmarks/exp_variants.py --out "$OUT" --only session6b session6c 2>&1 | grep -v Warning | sed -n '/SUMMARY/,$p'

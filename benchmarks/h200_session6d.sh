@@ -4,8 +4,7 @@
 # and the headline bench with peers. Usage: KGEN_GIT_COMMIT=<sha> bash benchmarks/h200_session6d.sh
 set -uo pipefail
 OUT="${OUT:-s6d-out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/kgen-site${PYTHONPATH:+:$PYTHONPATH}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kgen-site .whl/*.whl || exit 2
+source benchmarks/device_env.sh
 KGEN_TEST_ON_GPU=1 timeout 200 python3 -m pytest -q -s -m gpu tests/ 2>&1 | tail -n 60 > "$OUT/gpu_tests.log"
 grep -E "e4m3 against|passed|failed" "$OUT/gpu_tests.log" | tail -n 6
 OUT="$OUT/cand" STUDY_S="${STUDY_S:-90}" bash benchmarks/h200_candidates.sh kgen/tables/sm_90.json \

@@ -4,8 +4,8 @@
 # they now stand. Usage: KGEN_GIT_COMMIT=<sha> bash benchmarks/h200_session6e.sh
 set -uo pipefail
 OUT="${OUT:-s6e-out}"; mkdir -p "$OUT/exp"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/kgen-site${PYTHONPATH:+:$PYTHONPATH}" KGEN_CACHE_DIR=/tmp/kgen-cache
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kgen-site .whl/*.whl || exit 2
+source benchmarks/device_env.sh
+export KGEN_CACHE_DIR=/tmp/kgen-cache
 timeout 150 python3 benchmarks/exp_variants.py --out "$OUT/exp" --only session6e 2>&1 | grep -v Warning | sed -n '/SUMMARY/,$p'
 OUT="$OUT/matrix" KGEN_BENCH_TIME_LIMIT=150 bash benchmarks/run_h200.sh --no-plots \
     --layout qwen3_5_gqa256:16,qwen3_5_gqa256:8,qwen3_5_gqa256:4,mla_absorbed_512_64:16 --kv-dtype bf16,fp8 \

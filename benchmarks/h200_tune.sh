@@ -5,8 +5,7 @@
 # table, the grid and the logs land in $OUT. Usage: bash benchmarks/h200_tune.sh
 set -uo pipefail
 OUT="${OUT:-tune-out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/kgen-site${PYTHONPATH:+:$PYTHONPATH}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kgen-site .whl/*.whl || exit 2
+source benchmarks/device_env.sh
 export KGEN_CACHE_DIR="$OUT/cache"
 log="$OUT/tune.log"
 GRID_S="${GRID_S:-0}"; STUDY_S="${STUDY_S:-20}"

@@ -5,8 +5,7 @@
 # exp.json, headline/bench.{json,md}, extra/bench.{json,md}. Usage: bash benchmarks/h200_verify.sh
 set -uo pipefail
 OUT="${OUT:-verify-out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:/tmp/kgen-site${PYTHONPATH:+:$PYTHONPATH}"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kgen-site .whl/*.whl || exit 2
+source benchmarks/device_env.sh
 KGEN_TEST_ON_GPU=1 timeout 150 python3 -m pytest -q -m gpu tests/ 2>&1 | tail -n 60 > "$OUT/gpu_tests.log"
 tail -n 1 "$OUT/gpu_tests.log"
 timeout 150 python3 benchmarks/exp_variants.py --out "$OUT" --only pdl 2>&1 | grep -v Warning | sed -n '/SUMMARY/,$p' | cut -c1-80
