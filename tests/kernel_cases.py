@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import torch
 
 import kgen
+from kgen.build import build_one
+from kgen.passes.context import load_context
+from kgen.plan import Plan
 from kgen.spec import load_layouts
 from kgen.testing import VerifyCase, make_case, relative_error
 
@@ -41,3 +47,15 @@ def check_parity(case: VerifyCase, layout: str, kv_dtype: str, q_dtype: str = "b
 
 def build(layout: str, prefix, draft, group, **kw) -> VerifyCase:
     return make_case(SPECS[layout], prefix, draft, group, **kw)
+
+
+def build_module(out_dir: Path, layout: str, kv_dtype: str, experiments: str = "", variant: str = "grouped"):
+    """(plan, module) of one module built into out_dir with KGEN_EXPERIMENTS=experiments
+    ("" for the shipped build) and imported from there, not from generated/."""
+    plan: Plan = build_one(layout, kv_dtype, "bfloat16", variant,
+                           ctx=load_context(out_dir, env={"KGEN_EXPERIMENTS": experiments}))
+    tag = experiments.replace(",", "_") or "plain"
+    spec = importlib.util.spec_from_file_location(f"{tag}_{plan.uri}", plan.output_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return plan, module

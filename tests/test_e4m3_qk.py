@@ -7,13 +7,11 @@ The launcher takes it for programs of at least _E4M3_QK_MIN_ROWS rows; the tests
 threshold to force either path.
 """
 
-import importlib.util
-
 import pytest
 import torch
 import triton
 import triton.language as tl
-from kernel_cases import SMALL_SPLITS, build, tolerance
+from kernel_cases import SMALL_SPLITS, build, build_module, tolerance
 
 from kgen.build import build_one
 from kgen.passes.context import load_context
@@ -21,12 +19,7 @@ from kgen.testing import relative_error
 
 
 def _e4m3_module(tmp_path, layout):
-    ctx = load_context(tmp_path, env={"KGEN_EXPERIMENTS": "e4m3_qk"})
-    plan = build_one(layout, "float8_e4m3fn", "bfloat16", ctx=ctx)
-    spec = importlib.util.spec_from_file_location(f"e4m3_{plan.uri}", plan.output_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return build_module(tmp_path, layout, "float8_e4m3fn", "e4m3_qk")[1]
 
 
 def _run(module, case, monkeypatch, min_rows):

@@ -4,11 +4,9 @@ The fused merge is checked in Triton's interpreter: programs run one after anoth
 so the arrival counter's ordering is exercised but not its memory model (GPU tests do that).
 """
 
-import importlib.util
-
 import pytest
 import torch
-from kernel_cases import SMALL_SPLITS, build, tolerance
+from kernel_cases import SMALL_SPLITS, build, build_module, tolerance
 
 from kgen.build import build_one
 from kgen.errors import BuildError
@@ -32,12 +30,7 @@ def test_context_reads_the_environment_and_defaults_to_none():
 
 
 def _fused_module(tmp_path, layout, kv, variant="grouped"):
-    ctx = load_context(tmp_path, env={"KGEN_EXPERIMENTS": "fused_merge"})
-    plan = build_one(layout, kv, "bfloat16", variant, ctx=ctx)
-    spec = importlib.util.spec_from_file_location(f"fused_{plan.uri}", plan.output_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return plan, module
+    return build_module(tmp_path, layout, kv, "fused_merge", variant)
 
 
 def test_fused_module_has_no_merge_kernel_and_says_so(tmp_path):
@@ -66,21 +59,13 @@ def test_fused_merge_parity_and_counters_reset(tmp_path, layout, kv, group):
 
 def test_fused_scratch_counts_the_counters(tmp_path):
     _, fused = _fused_module(tmp_path, "gqa64", "bfloat16")
-    plain = build_one("gqa64", "bfloat16", "bfloat16", ctx=load_context(tmp_path / "plain", env={}))
-    spec = importlib.util.spec_from_file_location("plain_gqa64", plain.output_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    _, module = build_module(tmp_path / "plain", "gqa64", "bfloat16")
     args = (64, 8, 1, 16, 4, "sm_90", 132)
     assert fused.scratch_bytes(*args) - module.scratch_bytes(*args) == 4 * 16  # one int32 per program
 
 
 def _module_with(tmp_path, layout, kv, experiments):
-    ctx = load_context(tmp_path, env={"KGEN_EXPERIMENTS": experiments})
-    plan = build_one(layout, kv, "bfloat16", ctx=ctx)
-    spec = importlib.util.spec_from_file_location(f"exp_{experiments.replace(',', '_')}_{plan.uri}", plan.output_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return plan, module
+    return build_module(tmp_path, layout, kv, experiments)
 
 
 @pytest.mark.parametrize(("layout", "kv", "group"), [
@@ -106,11 +91,8 @@ def test_half_partials_module_says_so_and_halves_the_scratch(tmp_path):
     plan, half = _module_with(tmp_path, "gqa64", "bfloat16", "half_partials")
     assert "experiments : half_partials" in plan.source
     assert any(d.what == "partial dtype" and d.value == "float16" for d in plan.decisions)
-    plain = build_one("gqa64", "bfloat16", "bfloat16", ctx=load_context(tmp_path / "plain", env={}))
+    plain, module = build_module(tmp_path / "plain", "gqa64", "bfloat16")
     assert plain.partial_dtype == "float32" and ".to(Partial_O.dtype.element_ty)" not in plain.source
-    spec = importlib.util.spec_from_file_location("plain_gqa64_half", plain.output_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     args = (64, 8, 1, 16, 4, "sm_90", 132)
     splits = module._max_splits(module.select_config("sm_90", 8, 16), 16, 132)[0]
     assert module.scratch_bytes(*args) == 64 * 8 * splits * 4 * (64 + 1)

@@ -3,15 +3,12 @@
 Run on a GPU machine: KGEN_TEST_ON_GPU=1 pytest -m gpu
 """
 
-import importlib.util
 
 import pytest
 import torch
-from kernel_cases import SPECS, check_parity, tolerance
+from kernel_cases import SPECS, build_module, check_parity, tolerance
 
 import kgen
-from kgen.build import build_one
-from kgen.passes.context import load_context
 from kgen.testing import make_case, relative_error
 
 pytestmark = pytest.mark.gpu
@@ -106,15 +103,7 @@ FUSED_CASES = [
 def test_fused_merge_experiment_on_the_gpu(tmp_path, layout, kv, group, batch, prefix, draft):
     """The experiment's arrival counters under real concurrency: parity after many launches
     in a row and after graph replays, counters back at zero each time."""
-    import importlib.util
-
-    from kgen.build import build_one
-    from kgen.passes.context import load_context
-
-    plan = build_one(layout, kv, "bfloat16", ctx=load_context(tmp_path, env={"KGEN_EXPERIMENTS": "fused_merge"}))
-    spec = importlib.util.spec_from_file_location(f"fused_gpu_{plan.uri}", plan.output_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    _, module = build_module(tmp_path, layout, kv, "fused_merge")
     fp8 = kv != "bfloat16"
     prefixes = [prefix - 37 * b % (prefix // 2) for b in range(batch)]  # ragged, all > prefix/2
     case = make_case(SPECS[layout], prefixes, [draft] * batch, group, kv_dtype=kv, device="cuda",
@@ -176,15 +165,7 @@ def test_min_rows_on_the_gpu(layout, kv, group, draft):
     ("qwen3_5_gqa256", "bfloat16", 16, 16, 1024), ("mla_absorbed_512_64", "float8_e4m3fn", 16, 64, 4096),
 ])
 def test_half_partials_experiment_on_the_gpu(tmp_path, layout, kv, group, batch, prefix):
-    import importlib.util
-
-    from kgen.build import build_one
-    from kgen.passes.context import load_context
-
-    plan = build_one(layout, kv, "bfloat16", ctx=load_context(tmp_path, env={"KGEN_EXPERIMENTS": "half_partials"}))
-    spec = importlib.util.spec_from_file_location(f"half_gpu_{plan.uri}", plan.output_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    _, module = build_module(tmp_path, layout, kv, "half_partials")
     fp8 = kv != "bfloat16"
     case = make_case(SPECS[layout], [prefix - 29 * b % (prefix // 2) for b in range(batch)], [4] * batch, group,
                      kv_dtype=kv, device="cuda", k_scale=0.6 if fp8 else 1.0, v_scale=1.7 if fp8 else 1.0, seed=9)
@@ -201,11 +182,7 @@ def test_e4m3_qk_experiment_on_the_gpu(tmp_path, monkeypatch, layout, group, bat
     q.k of the same module both against the reference. The split of q is exact; Hopper's
     e4m3 wgmma accumulates with ~14 bits (with 10x queries MLA measured 6.3e-3 against a
     5.0e-3 bound: why the experiment is off)."""
-    ctx = load_context(tmp_path, env={"KGEN_EXPERIMENTS": "e4m3_qk"})
-    plan = build_one(layout, "float8_e4m3fn", "bfloat16", ctx=ctx)
-    spec = importlib.util.spec_from_file_location(f"gpu_e4m3_{plan.uri}", plan.output_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    _, module = build_module(tmp_path, layout, "float8_e4m3fn", "e4m3_qk")
     case = make_case(SPECS[layout], [prefix - 37 * b for b in range(batch)], [4] * batch, group,
                      kv_dtype="float8_e4m3fn", device="cuda", k_scale=0.6, v_scale=1.7, seed=3)
     config = {**module.select_config("sm_90", group, batch), "block_h": 16}
