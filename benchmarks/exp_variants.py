@@ -177,11 +177,29 @@ def draft_after(text: str) -> str:
     return text.replace(old, "_DRAFT_FIRST_ROWS = ()\n")
 
 
+def draft_first64(text: str) -> str:
+    """GQA: 64-row programs (group 16 at L4) also take the draft tile before the loop."""
+    old = "_DRAFT_FIRST_ROWS = (32,)\n"
+    assert old in text, "draft_first64: the module has no row-dependent draft tile"
+    return text.replace(old, "_DRAFT_FIRST_ROWS = (32, 64)\n")
+
+
+def pdl_late_trigger(text: str) -> str:
+    """Release the merge launch once a prefix program's loop and draft tile are done, before
+    its partial stores (an early trigger at the start cost 9-10 us at batch 16)."""
+    old = "        l_safe = tl.where(row_ok, l_i, 1.0)\n"
+    assert text.count(old) == 1, "pdl_late_trigger: the prefix stage's epilogue changed"
+    text = text.replace("from triton.language.extra.cuda import gdc_wait",
+                        "from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait")
+    return text.replace(old, "        if USE_PDL:\n            gdc_launch_dependents()\n" + old)
+
+
 # Text patches of a generated module; each fails loudly when the text it edits is gone, so a
 # template change never turns a variant silently into the base kernel.
 PATCHES = {"unmasked": unmasked_full_tiles, "kq_transposed": kq_transposed, "qk_ahead": qk_ahead,
            "no_pdl": no_pdl, "fp16_qk": fp16_qk, "precise_qk": precise_qk,
-           "pdl_early_trigger": pdl_early_trigger, "no_draft_probe": no_draft_probe, "draft_after": draft_after}
+           "pdl_early_trigger": pdl_early_trigger, "no_draft_probe": no_draft_probe, "draft_after": draft_after,
+           "draft_first64": draft_first64, "pdl_late_trigger": pdl_late_trigger}
 
 
 # Variant names that are build experiments (kgen/experiments.py), not text patches.
@@ -533,6 +551,27 @@ def main() -> int:
                     for prefix in (16384, 4096):
                         run(f"g{group} p{prefix // 1024}K {name}", G, kv, group, 64, prefix, 4, variants=variants)
             run(f"g8 b16p1K {name}", G, "bfloat16", 8, 16, 1024, 4, variants=variants)
+    if want("session7"):
+        # The merge with a chunk of splits in flight together: unrolled (shipped) and as one
+        # [SPLIT_CHUNK, ...] block (saved:block3d), against the loop over single splits
+        # (saved:loopmerge, the build before). Then, at the latency cases, fp16 partials,
+        # 64-row programs drafting first and a late PDL trigger; the headline cases last.
+        g16 = {**cfg(16, 64, 4, 3, 2, 64), "lazy_rescale": True}
+        b16 = (None, g16, cfg(16, 32, 4, 3, 2, 64), cfg(16, 32, 4, 3, 1, 64))
+        for variants in (("saved:loopmerge",), (), ("saved:block3d",)):
+            name = "+".join(variants) or "unrolled"
+            run(f"b16p1K {name}", G, "bfloat16", 16, 16, 1024, 4, variants=variants, configs=b16)
+            run(f"g8 b16p1K {name}", G, "bfloat16", 8, 16, 1024, 4, variants=variants)
+            run(f"b1p4K {name}", G, "bfloat16", 16, 1, 4096, 4, variants=variants)
+            run(f"mla b16p4K {name}", M, "bfloat16", 16, 16, 4096, 4, variants=variants)
+        for variants in (("half",), ("draft_first64",), ("pdl_late_trigger",)):
+            run(f"b16p1K {variants[0]}", G, "bfloat16", 16, 16, 1024, 4, variants=variants)
+            run(f"g8 b16p1K {variants[0]}", G, "bfloat16", 8, 16, 1024, 4, variants=variants)
+        for variants in (("saved:loopmerge",), (), ("pdl_late_trigger",)):
+            name = "+".join(variants) or "unrolled"
+            for group in (16, 8, 4):
+                run(f"g{group} p16K {name}", G, "bfloat16", group, 64, 16384, 4, variants=variants)
+            run(f"g16 p4K {name}", G, "bfloat16", 16, 64, 4096, 4, variants=variants)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -53,6 +53,8 @@ BLOCK_DV = 256
 # The merge stage is a log-sum-exp combine: narrow programs keep its grid wide.
 MERGE_BLOCK_DV = 64
 MERGE_ROWS = 16
+# Splits a merge program loads as one block (all in flight together).
+MERGE_SPLIT_CHUNK = 8
 # tl.dot needs at least this many rows (and columns): the draft width is padded to reach it.
 MIN_DOT_ROWS = 16
 # Longest draft chain this module handles; longer ones fall back to another path.
@@ -112,22 +114,31 @@ def _split_plan(prefix_len, max_splits, MIN_TOKENS_PER_SPLIT: tl.constexpr, BLOC
 
 @triton.jit
 def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok, tile_ok,
-                    ROWS: tl.constexpr, COLS: tl.constexpr, CACHE: tl.constexpr):
-    """o = the splits' partials weighted by their sum-exp (log2 domain).
+                    ROWS: tl.constexpr, COLS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, CACHE: tl.constexpr):
+    """o = the splits' partials weighted by their sum-exp (log2 domain), combined online.
 
-    Two passes over the splits: the max first, so the weighted sum's loads do not wait on
-    each other. CACHE ".cg" reads through L2 only (partials another program just wrote).
+    The splits go SPLIT_CHUNK at a time through an unrolled body: no load in it depends on
+    another or on the arithmetic, so all of a chunk's loads are in flight together, where a
+    loop over single splits waited a memory latency per split. CACHE ".cg" reads through L2
+    only (partials another program just wrote).
     """
     m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    for split in range(0, num_written):
-        m = tl.maximum(m, tl.load(pl_ptr + split, mask=row_ok, other=0.0, cache_modifier=CACHE))
     l = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, COLS], dtype=tl.float32)
-    for split in range(0, num_written):
-        weight = tl.exp2(tl.load(pl_ptr + split, mask=row_ok, other=0.0, cache_modifier=CACHE) - m)
-        part = tl.load(po_ptr + split * stride_po_split, mask=tile_ok, other=0.0, cache_modifier=CACHE)
-        acc += part * weight[:, None]
-        l += weight
+    for first in range(0, num_written, SPLIT_CHUNK):
+        for i in tl.static_range(SPLIT_CHUNK):
+            split_ok = first + i < num_written
+            lse = tl.load(pl_ptr + first + i, mask=row_ok & split_ok, other=0.0, cache_modifier=CACHE)
+            # A split past the last one written weighs nothing; padding rows stay finite (0).
+            lse = tl.where(split_ok, lse, float("-inf"))
+            part = tl.load(po_ptr + (first + i) * stride_po_split, mask=tile_ok & split_ok, other=0.0,
+                           cache_modifier=CACHE)
+            m_new = tl.maximum(m, lse)
+            alpha = tl.exp2(m - m_new)
+            weight = tl.exp2(lse - m_new)
+            l = l * alpha + weight
+            acc = acc * alpha[:, None] + part * weight[:, None]
+            m = m_new
     tl.store(o_ptr, (acc / l[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
 
 
@@ -358,6 +369,7 @@ def _verify_merge_stage(
     stride_pl_head,
     MERGE_HEADS: tl.constexpr,
     L_PAD: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MIN_TOKENS_PER_SPLIT: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
@@ -393,7 +405,8 @@ def _verify_merge_stage(
             Partial_Lse + q_tok * stride_pl_tok + q_head * stride_pl_head,
             Partial_O + q_tok[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + offs_dv[None, :],
             O + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :],
-            stride_po_split, num_written, row_ok, row_ok[:, None] & dv_ok[None, :], ROWS, MERGE_BLOCK_DV, "",
+            stride_po_split, num_written, row_ok, row_ok[:, None] & dv_ok[None, :], ROWS, MERGE_BLOCK_DV, SPLIT_CHUNK,
+            "",
         )
 
 
@@ -626,6 +639,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         partial_lse.stride(1),
         MERGE_HEADS=merge_heads,
         L_PAD=l_pad,
+        SPLIT_CHUNK=min(_next_pow2(max_splits), MERGE_SPLIT_CHUNK),
         BLOCK_N=config["block_n"],
         MIN_TOKENS_PER_SPLIT=min_tokens,
         BLOCK_TABLE=block_table,

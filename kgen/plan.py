@@ -68,6 +68,7 @@ class Plan:
     block_dv: int | None = None
     merge_block_dv: int | None = None
     merge_rows: int | None = None
+    merge_split_chunk: int | None = None
     min_dot_rows: int | None = None
     max_draft_tokens: int | None = None
     max_rows: int | None = None

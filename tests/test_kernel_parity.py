@@ -115,6 +115,22 @@ def test_empty_splits_are_never_read():
     check_parity(case, GQA, "bfloat16", config=SMALL_SPLITS)
 
 
+@pytest.mark.parametrize("layout", [GQA, MLA])
+def test_merge_combines_more_splits_than_one_chunk(layout):
+    """A request with 10 splits: the merge loads MERGE_SPLIT_CHUNK (8) of them as one block,
+    then the last 2 in a second, partly masked chunk, combined online."""
+    module = kgen.load(layout, "bfloat16")
+    config = {**SMALL_SPLITS, "split": {"programs_per_sm": 8, "max_splits": 16, "min_tokens_per_split": 16}}
+    # Interpreter: 4 SMs x 8 programs / 3 requests = 10 splits; 300 tokens in splits of 32.
+    assert module._max_splits(config, 3, module._INTERPRETER_NUM_SMS) == (10, 16)
+    assert module.MERGE_SPLIT_CHUNK == 8
+    case = build(layout, [300, 5, 0], [4, 2, 3], 8, seed=12)
+    module.launch(*case.launch_args(), config=config)  # allocate the scratch for this shape
+    _poison_scratch(module)
+    case.o.fill_(float("nan"))
+    check_parity(case, layout, "bfloat16", config=config)
+
+
 def _poison_unnamed_slots(case) -> None:
     """NaN in every pool slot the page table does not name, slot 0 among them (a masked
     index load's `other=0` would land there)."""

@@ -11,6 +11,7 @@ MAX_DRAFT_TOKENS = 16  # verify widths are 1..4 in practice; longer chains fall 
 MAX_ROWS = 128  # BLOCK_H x L_PAD rows of fp32 accumulator per program
 MERGE_BLOCK_DV_CAP = 64  # V columns per merge program
 MERGE_ROWS = 16  # (head, draft) rows per merge program
+MERGE_SPLIT_CHUNK = 8  # splits a merge program loads at once
 PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 
 
@@ -54,12 +55,18 @@ def legalize(plan: Plan) -> Plan:
                  "the partials (one program per request took 25 of 39 us at batch 16, prefix 1K)"),
         Decision(NAME, "MERGE_ROWS", MERGE_ROWS,
                  "rows (head x draft position) per merge program; no tensor-core minimum applies"),
+        Decision(NAME, "MERGE_SPLIT_CHUNK", MERGE_SPLIT_CHUNK,
+                 f"splits a merge program loads as one block (the launcher takes min(next_pow2(splits), "
+                 f"{MERGE_SPLIT_CHUNK})): their loads are in flight together instead of one memory latency "
+                 f"per split; {MERGE_SPLIT_CHUNK} x {MERGE_ROWS} rows x {MERGE_BLOCK_DV_CAP} columns is 64 fp32 "
+                 "registers a thread at 4 warps"),
         Decision(NAME, "page sizes", PAGE_SIZES,
                  "PAGE_SIZE is a constexpr of the kernel: page index and offset fold at compile time"),
     ]
     return plan.with_(
         decisions,
         block_d=block_d, block_dv=block_dv, block_dpe=block_dpe, merge_block_dv=merge_block_dv, merge_rows=MERGE_ROWS,
+        merge_split_chunk=MERGE_SPLIT_CHUNK,
         min_dot_rows=MIN_DOT, max_draft_tokens=MAX_DRAFT_TOKENS,
         max_rows=MAX_ROWS, mask_d=block_d != shape.nope_dim, mask_dv=block_dv != shape.v_head_dim,
         page_sizes=PAGE_SIZES,

@@ -96,6 +96,7 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         "block_dv": plan.block_dv,
         "merge_block_dv": plan.merge_block_dv,
         "merge_rows": plan.merge_rows,
+        "merge_split_chunk": plan.merge_split_chunk,
         "mask_d": plan.mask_d,
         "mask_dv": plan.mask_dv,
         "min_dot_rows": plan.min_dot_rows,
