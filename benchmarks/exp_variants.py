@@ -194,12 +194,31 @@ def pdl_late_trigger(text: str) -> str:
     return text.replace(old, "        if USE_PDL:\n            gdc_launch_dependents()\n" + old)
 
 
+def no_merge_probe(text: str) -> str:
+    """TIMING PROBE, WRONG OUTPUT: the merge launch skipped (the prefix stage alone)."""
+    old = "    if max_splits == 1:\n"
+    assert text.count(old) == 1, "no_merge_probe: the launcher's merge guard changed"
+    return text.replace(old, "    if True:\n")
+
+
+def no_prefix_loop_probe(text: str) -> str:
+    """TIMING PROBE, WRONG OUTPUT: every split's prefix loop empty (no K/V tile read), the
+    rest (launches, q, draft tile, partial stores, merge) as shipped."""
+    old = "    split_end = tl.minimum(split_start + split_len, prefix_len)\n"
+    assert text.count(old) == 1, "no_prefix_loop_probe: the split bounds changed"
+    return text.replace(old, "    split_end = tl.minimum(split_start + split_len, prefix_len)\n"
+                             "    loop_end = split_start\n").replace(
+        "        for start_n in range(split_start, split_end, BLOCK_N):\n",
+        "        for start_n in range(split_start, loop_end, BLOCK_N):\n")
+
+
 # Text patches of a generated module; each fails loudly when the text it edits is gone, so a
 # template change never turns a variant silently into the base kernel.
 PATCHES = {"unmasked": unmasked_full_tiles, "kq_transposed": kq_transposed, "qk_ahead": qk_ahead,
            "no_pdl": no_pdl, "fp16_qk": fp16_qk, "precise_qk": precise_qk,
            "pdl_early_trigger": pdl_early_trigger, "no_draft_probe": no_draft_probe, "draft_after": draft_after,
-           "draft_first64": draft_first64, "pdl_late_trigger": pdl_late_trigger}
+           "draft_first64": draft_first64, "pdl_late_trigger": pdl_late_trigger,
+           "no_merge_probe": no_merge_probe, "no_prefix_loop_probe": no_prefix_loop_probe}
 
 
 # Variant names that are build experiments (kgen/experiments.py), not text patches.
@@ -572,6 +591,14 @@ def main() -> int:
             for group in (16, 8, 4):
                 run(f"g{group} p16K {name}", G, "bfloat16", group, 64, 16384, 4, variants=variants)
             run(f"g16 p4K {name}", G, "bfloat16", 16, 64, 4096, 4, variants=variants)
+    if want("session7b"):
+        # Where the latency case's time goes (timing probes, wrong output on purpose): the
+        # prefix stage alone, and everything but the K/V tiles.
+        for variants in ((), ("no_merge_probe",), ("no_prefix_loop_probe",),
+                         ("no_prefix_loop_probe", "no_merge_probe")):
+            name = "+".join(variants) or "shipped"
+            run(f"b16p1K {name}", G, "bfloat16", 16, 16, 1024, 4, variants=variants)
+            run(f"b16p4K {name}", G, "bfloat16", 16, 16, 4096, 4, variants=variants)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -413,7 +413,7 @@ def _verify_merge_stage(
 
 # Dot operand dtypes on the GPU. Prefix stage: the pool is already in the query dtype.
 _TL_PREFIX_DOT_DTYPE = tl.float16
-# Programs of these row counts run the draft tile before the prefix loop, others after it.
+# Unless the block config says (draft_tile), programs of these row counts run the draft tile before the prefix loop, others after it.
 # 32 rows (group 8 at L4): mma.sync, whose q fragments live in registers through the loop,
 # and a draft tile after it keeps a second copy (ptxas sm_90a, 64-token tiles: 208 B of
 # spills a thread after, none before). H200, batch 64: group 8 prefix 16K 282.2 -> 273.9 us,
@@ -465,6 +465,13 @@ def _rows(block_h, group, max_len, min_rows=None):
         if block_h * l_pad <= MAX_ROWS or block_h == 1:
             return block_h, l_pad
         block_h //= 2
+
+
+def _draft_first(config, rows):
+    """Whether the last split runs its draft tile before the prefix loop: the config's
+    draft_tile ("first" / "after", a tuner axis), else the row rule above."""
+    placement = config.get("draft_tile")
+    return rows in _DRAFT_FIRST_ROWS if placement is None else placement == "first"
 
 
 def _max_splits(config, programs_per_split, num_sms):
@@ -583,7 +590,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         BLOCK_TABLE=block_table,
         DOT_DTYPE=prefix_dot,
         LAZY_RESCALE=bool(config.get("lazy_rescale")),
-        DRAFT_FIRST=block_h * l_pad in _DRAFT_FIRST_ROWS,
+        DRAFT_FIRST=_draft_first(config, block_h * l_pad),
         USE_PDL=bool(launch_options),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],

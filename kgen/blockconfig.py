@@ -73,6 +73,10 @@ class BlockConfig(BaseModel):
     # measured slower on the H200 (docs/perf-notes.md, entry 22), so no shipped row sets it.
     # None: the kernel's own minimum (its MIN_DOT_ROWS, 16).
     min_rows: int | None = Field(default=None, ge=16, le=128)
+    # Where a request's last split runs its causal draft tile: "first" (before the prefix
+    # loop) or "after" it. Only modules that emit both placements (grouped GQA) take it; None
+    # is their row rule (before the loop in 32-row programs: docs/perf-notes.md, entry 30).
+    draft_tile: Literal["first", "after"] | None = None
 
     @field_validator("block_h", "block_n")
     @classmethod
@@ -115,6 +119,8 @@ class BlockConfig(BaseModel):
             s += " lazy_rescale"
         if self.min_rows:
             s += f" min_rows={self.min_rows}"
+        if self.draft_tile:
+            s += f" draft_tile={self.draft_tile}"
         if self.has_rocm_knobs:
             s += f" waves_per_eu={self.waves_per_eu} nonkdim={self.matrix_instr_nonkdim} kpack={self.kpack}"
         return s

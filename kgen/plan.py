@@ -56,6 +56,7 @@ class Plan:
     fp8_kv: bool | None = None
     v_from_k_tile: bool | None = None
     draft_tile_first: bool | None = None
+    draft_tile_either: bool = False
     draft_first_rows: tuple[int, ...] = ()
     unmasked_full_tiles: bool | None = None
     fused_merge: bool | None = None

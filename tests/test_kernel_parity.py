@@ -271,3 +271,28 @@ def test_gqa_draft_tile_before_and_after_the_loop(monkeypatch, kv, draft_first_r
     for group, draft in ((16, 4), (4, 3)):
         case = build(GQA, [70, 0, 33], [draft, 2, draft], group, kv_dtype=kv, seed=group + draft, **scales)
         check_parity(case, GQA, kv, config={**SMALL_SPLITS, "block_h": group})
+
+
+@pytest.mark.parametrize("placement", ["first", "after"])
+def test_a_configs_draft_tile_overrides_the_row_rule(monkeypatch, placement):
+    """BlockConfig.draft_tile picks the placement whatever the rows: the row rule is set to
+    the opposite for every row count, and the launch still takes the config's."""
+    module = kgen.load(GQA, "bfloat16")
+    monkeypatch.setattr(module, "_DRAFT_FIRST_ROWS", () if placement == "first" else (16, 32, 64))
+    config = {**SMALL_SPLITS, "block_h": 8, "draft_tile": placement}
+    assert module._draft_first(config, 32) is (placement == "first")
+    assert module._draft_first({**config, "draft_tile": None}, 32) is (placement != "first")
+    seen = []
+    real = module._verify_prefix_stage
+
+    class Spy:  # records the DRAFT_FIRST each launch compiles with
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["DRAFT_FIRST"])
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(module, "_verify_prefix_stage", Spy())
+    case = build(GQA, [70, 0, 33], [4, 2, 4], 8, seed=41)
+    check_parity(case, GQA, "bfloat16", config=config)
+    assert seen and set(seen) == {placement == "first"}

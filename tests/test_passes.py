@@ -5,15 +5,16 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from kgen.blockconfig import BlockConfig, TableFile, TableSource, read_defaults
 from kgen.build import build_all, specializations
-from kgen.errors import BuildError, SpecError
+from kgen.errors import BuildError, SpecError, TableError
 from kgen.passes.check import check
 from kgen.passes.context import load_context
 from kgen.passes.legalize import legalize, next_pow2
 from kgen.passes.pipeline import PASSES, run_pipeline
-from kgen.passes.render import render
+from kgen.passes.render import config_literal, render
 from kgen.passes.select_config import select_config
 from kgen.passes.specialize import specialize
 from kgen.passes.validate import validate
@@ -162,12 +163,14 @@ def test_unmasked_full_tiles_is_a_generation_time_decision(ctx, layout, kv, spli
 
 def test_draft_tile_position_is_a_generation_time_decision(ctx):
     """MLA emits the draft tile before the prefix loop only; the per-head baseline after it
-    only; grouped GQA both, each under the launcher's DRAFT_FIRST (set by the rows)."""
+    only; grouped GQA both, each under the launcher's DRAFT_FIRST (the config's draft_tile,
+    else the rows)."""
     for layout, variant, first, both in (("mla_absorbed_512_64", "grouped", True, False),
                                          ("qwen3_5_gqa256", "per_head", False, False),
                                          ("qwen3_5_gqa256", "grouped", False, True)):
         plan = run_pipeline(new_plan(SPECS[layout], "float8_e4m3fn", "bfloat16", variant), ctx)
-        assert plan.draft_tile_first is first and bool(plan.draft_first_rows) is both
+        assert plan.draft_tile_first is first and plan.draft_tile_either is both
+        assert bool(plan.draft_first_rows) is both
         code = _code(plan.source)
         prefix_stage = code[code.index("def _verify_prefix_stage"):code.index("def _verify_merge_stage")]
         loop = prefix_stage.index("for start_n in range(")
@@ -176,7 +179,8 @@ def test_draft_tile_position_is_a_generation_time_decision(ctx):
         # Drafts first: the prefix tiles after them are still raw e4m3 V, so the draft is divided back.
         assert ("/ v_descale" in prefix_stage) is (first or both)
         assert ("if DRAFT_FIRST:" in prefix_stage and "if not DRAFT_FIRST:" in prefix_stage) is both
-        assert ("DRAFT_FIRST=block_h * l_pad in _DRAFT_FIRST_ROWS" in code) is both
+        assert ("DRAFT_FIRST=_draft_first(config, block_h * l_pad)" in code) is both
+        assert ('placement = config.get("draft_tile")' in code) is both
 
 
 def test_every_pass_leaves_reasons(ctx):
@@ -248,6 +252,30 @@ def test_table_from_another_triton_is_used_with_a_warning(ctx):
     assert plan.arch_configs["sm_90"], "the table is still used"
     same = select_config(base, dataclasses.replace(ctx, triton_version="3.6.1"))
     assert not [d for d in same.decisions if d.what.endswith("warning")]
+
+
+def _table_with_draft_tile(layout: str, placement: str) -> TableSource:
+    table = TableFile.model_validate({
+        "schema": "kgen.block-config-table/1", "arch": "sm_90",
+        "metadata": {"gpu_name": "NVIDIA H200", "arch": "sm_90", "triton_version": "3.6.0", "tuned": True},
+        "entries": [{"layout": layout, "kv_dtype": "bfloat16", "group_size": 16, "batch_min": 1, "batch_max": 8,
+                     "config": {"block_h": 16, "block_n": 32, "num_warps": 4, "num_stages": 3,
+                                "draft_tile": placement}}],
+    })
+    return TableSource(arch="sm_90", path="sm_90.json", origin="shipped", table=table)
+
+
+def test_a_table_row_chooses_the_draft_tile_only_where_both_are_emitted(ctx):
+    gqa = legalize(specialize(validate(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"))))
+    plan = select_config(gqa, dataclasses.replace(ctx, tables={"sm_90": _table_with_draft_tile(gqa.spec.name, "after")}))
+    assert plan.arch_configs["sm_90"][0].config.draft_tile == "after"
+    assert config_literal(plan.arch_configs["sm_90"][0].config).endswith("'draft_tile': 'after'}")
+    mla = legalize(specialize(validate(new_plan(SPECS["mla_absorbed_512_64"], "bfloat16", "bfloat16"))))
+    bad = dataclasses.replace(ctx, tables={"sm_90": _table_with_draft_tile(mla.spec.name, "after")})
+    with pytest.raises(TableError, match=r"sets draft_tile 'after'.*always runs the draft tile before"):
+        select_config(mla, bad)
+    with pytest.raises(ValidationError, match="draft_tile"):
+        BlockConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, draft_tile="middle")
 
 
 def test_default_rules_pick_by_k_width_then_kv_storage():

@@ -129,10 +129,35 @@ def test_sm_90_space_is_cuda_without_amd_knobs() -> None:
         "max_splits",
         "min_tokens_per_split",
         "lazy_rescale",
+        "draft_tile",
     }
     assert space.axes["lazy_rescale"] == (0, 1)
+    assert space.axes["draft_tile"] == ("after", "first")
     assert space.axes["block_h"] == (1, 2, 4, 8)  # <= next_pow2(group 8)
     assert prof.kv_dtypes == ("bfloat16", "float8_e4m3fn")
+
+
+def test_draft_tile_is_searched_only_where_the_module_has_both_placements() -> None:
+    """MLA's module always drafts first: no draft_tile axis. For GQA a choice the row rule
+    would make anyway stays unset (None), so one kernel never gets two names."""
+    assert "draft_tile" not in space_for("sm_90", "mla_absorbed_512_64", 16).axes
+    assert "draft_tile" not in space_for("gfx950", "qwen3_5_gqa256", 8).axes  # not measured on ROCm
+    g8, g4 = space_for("sm_90", "qwen3_5_gqa256", 8), space_for("sm_90", "qwen3_5_gqa256", 4)
+    base = {"block_n": 64, "num_warps": 4, "num_stages": 3, "programs_per_sm": 1, "max_splits": 64,
+            "min_tokens_per_split": 128, "lazy_rescale": 0}
+    # Group 8 at L4 is 32 rows: the rule drafts first there, after the loop at group 4's 16.
+    assert g8.config({**base, "block_h": 8, "draft_tile": "first"}).draft_tile is None
+    assert g8.config({**base, "block_h": 8, "draft_tile": "after"}).draft_tile == "after"
+    assert g4.config({**base, "block_h": 4, "draft_tile": "after"}).draft_tile is None
+    assert g4.config({**base, "block_h": 4, "draft_tile": "first"}).draft_tile == "first"
+    # Enqueueing a table row: unset means the rule's placement; a set one is kept.
+    assert g8.params_of(cfg(block_h=8, num_stages=3))[0]["draft_tile"] == "first"
+    assert g4.params_of(cfg(block_h=4, num_stages=3))[0]["draft_tile"] == "after"
+    assert g4.params_of(cfg(block_h=4, draft_tile="first"))[0]["draft_tile"] == "first"
+    # Both placements of one tile config are separate points of the space, none a duplicate.
+    feasible = g8.feasible_configs()
+    assert len(feasible) == len(set(feasible))
+    assert {c.draft_tile for c in feasible if c.block_h == 8} == {None, "after"}
 
 
 def test_gfx950_space_has_amd_knobs_and_160k_lds() -> None:
@@ -248,6 +273,7 @@ def test_suggest_prunes_before_anything_runs() -> None:
         "max_splits": 64,
         "min_tokens_per_split": 256,
         "lazy_rescale": 0,
+        "draft_tile": "first",
     }
     with pytest.raises(optuna.TrialPruned, match="does not fit"):
         space.suggest(optuna.trial.FixedTrial(too_big))
@@ -256,6 +282,8 @@ def test_suggest_prunes_before_anything_runs() -> None:
     assert ok.lazy_rescale is None  # off is the default, so tables never spell it out
     lazy = space.suggest(optuna.trial.FixedTrial({**too_big, "num_stages": 1, "block_n": 64, "lazy_rescale": 1}))
     assert lazy.lazy_rescale is True and "lazy_rescale" in lazy.short()
+    after = space.suggest(optuna.trial.FixedTrial({**too_big, "num_stages": 1, "block_n": 64, "draft_tile": "after"}))
+    assert after.draft_tile == "after" and "draft_tile=after" in after.short()
     padded = BlockConfig(block_h=8, block_n=64, num_warps=4, num_stages=1, min_rows=64)
     assert space.why_not(padded) is None and "min_rows=64" in padded.short()
 
@@ -286,7 +314,7 @@ def test_space_digest_changes_with_the_choices() -> None:
 
 def test_counts_and_description() -> None:
     space = space_for("sm_90", "qwen3_5_gqa256", 8)
-    assert 0 < space.feasible_count() < space.size() == 4 * 4 * 3 * 4 * 4 * 5 * 5 * 2
+    assert 0 < space.feasible_count() < space.size() == 4 * 4 * 3 * 4 * 4 * 5 * 5 * 2 * 2
     text = space.describe()
     assert "232448" in text and "block_n" in text and "fit" in text
 

@@ -78,6 +78,7 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         "fp8_kv": plan.fp8_kv,
         "v_from_k_tile": plan.v_from_k_tile,
         "draft_tile_first": plan.draft_tile_first,
+        "draft_tile_either": plan.draft_tile_either,
         "draft_first_rows": plan.draft_first_rows,
         "unmasked_full_tiles": plan.unmasked_full_tiles,
         "fused_merge": plan.fused_merge,

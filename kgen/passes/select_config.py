@@ -7,7 +7,8 @@ time by arch, group size and batch; rows whose arch is not ROCm lose their AMD k
 
 from __future__ import annotations
 
-from kgen.blockconfig import BlockConfig, check_triton_version
+from kgen.blockconfig import DEFAULTS_FILE, BlockConfig, TableEntry, check_triton_version
+from kgen.errors import TableError
 from kgen.passes.context import BuildContext
 from kgen.plan import ConfigEntry, Decision, Plan
 
@@ -18,10 +19,28 @@ def _per_head(config: BlockConfig) -> BlockConfig:
     return config.model_copy(update={"block_h": 1})
 
 
+def _check_draft_tile(plan: Plan, entries: list[TableEntry], path: object) -> None:
+    """A row may choose the draft tile's placement only where the module emits both."""
+    if plan.draft_tile_either:
+        return
+    fixed = "before" if plan.draft_tile_first else "after"
+    for e in entries:
+        if e.config.draft_tile is not None:
+            raise TableError(
+                f"{path}: the row for {e.layout} ({e.kv_dtype}, group {e.group_size}, batch {e.batch_min}-"
+                f"{e.batch_max}) sets draft_tile {e.config.draft_tile!r}, but this layout's module always runs "
+                f"the draft tile {fixed} the prefix loop; remove draft_tile from that row"
+            )
+
+
 def select_config(plan: Plan, ctx: BuildContext) -> Plan:
     qk_dim = plan.spec.attention.qk_dim
     rule = ctx.defaults.rule_for(qk_dim, plan.kv_dtype)
     default = rule.config if plan.variant == "grouped" else _per_head(rule.config)
+    if default.draft_tile is not None and not plan.draft_tile_either:
+        # A rule covers every layout of its K width: placements are a per-row (tuned) choice.
+        raise TableError(f"{DEFAULTS_FILE}: the rule for K width <= {rule.max_qk_dim} sets draft_tile, which "
+                         f"layout {plan.spec.name} ({plan.variant}) cannot take; set it in a table row instead")
     decisions = [Decision(NAME, "default config", default.short(),
                           f"built-in rule for K width <= {rule.max_qk_dim}"
                           + (f", {rule.kv_storage} KV" if rule.kv_storage else "") + f": {rule.why}")]
@@ -37,6 +56,7 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
         return plan.with_(decisions, default_config=default, arch_configs=arch_configs, table_sources=sources)
     for arch, source in sorted(ctx.tables.items()):
         entries = source.table.entries_for(plan.spec.name, plan.kv_dtype) if source.table else []
+        _check_draft_tile(plan, entries, source.path)
         rows = tuple(ConfigEntry(e.group_size, e.batch_min, e.batch_max, e.config.for_arch(arch)) for e in entries)
         sources[arch] = f"{source.origin}: {source.path}"
         meta = source.table.metadata if source.table else None

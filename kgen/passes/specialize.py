@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from kgen.experiments import EXPERIMENTS
 from kgen.plan import Decision, Plan
-from kgen.spec import FP8_DTYPES
+from kgen.spec import FP8_DTYPES, AttentionShape
 
 NAME = "specialize"
 # Row counts (BLOCK_H x L_PAD) of grouped GQA programs that run the draft tile before the
 # prefix loop; measured on the H200 in session 6 (docs/perf-notes.md, entry 30).
 GQA_DRAFT_FIRST_ROWS = (32,)
+
+
+def draft_tile_either(attention: AttentionShape, variant: str = "grouped") -> bool:
+    """Whether the module emits both draft-tile placements (before and after the prefix
+    loop) and lets the launcher pick: grouped GQA programs. Absorbed MLA always runs it
+    first (q's 64 x 576 register copy would spill through the loop) and the per-head
+    baseline after."""
+    v_from_k_tile = attention.v_source == "k_latent" and attention.v_head_dim == attention.nope_dim
+    return variant == "grouped" and not v_from_k_tile
 
 
 def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
@@ -23,8 +32,10 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
     # Where the last split runs the draft tile. After the prefix loop, the draft's q·k keeps
     # a register copy of q alive through the whole loop; with a 64x576 q (MLA) that spills.
     draft_tile_first = v_from_k_tile
-    # GQA's grouped programs: the launcher places it by the program's rows (measured per row count).
-    draft_first_rows = GQA_DRAFT_FIRST_ROWS if not v_from_k_tile and plan.variant == "grouped" else ()
+    # GQA's grouped programs: both placements are emitted; the block config's draft_tile picks
+    # one, else the launcher places it by the program's rows (measured per row count).
+    either = draft_tile_either(shape, plan.variant)
+    draft_first_rows = GQA_DRAFT_FIRST_ROWS if either else ()
     # Whole tiles in a loop without the -inf score select, the partial last tile in a second
     # loop. Measured on the H200 (docs/perf-notes.md, entries 12 and 20): only MLA BF16 gains.
     unmasked_full_tiles = v_from_k_tile and not fp8_kv
@@ -43,15 +54,16 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
                      "absorbed MLA: V is the latent columns of the K tile already loaded, so no V "
                      "pointer or load is emitted" if v_from_k_tile else
                      f"V comes from its own buffer (v_source = {shape.v_source!r})"),
-            Decision(NAME, "draft tile", _draft_tile_what(draft_tile_first, draft_first_rows),
+            Decision(NAME, "draft tile", _draft_tile_what(draft_tile_first, either, draft_first_rows),
                      "MLA: before the loop, so q's register copy for the draft dot dies before it; ptxas "
                      "sm_90a, FP8, 32-token tiles, 3 stages: 1576 -> 404 B of spills a thread (BF16 "
                      "unchanged at 52 B)" if draft_tile_first else
-                     "both placements emitted, the launcher picks by rows. 32-row programs hold q's mma.sync "
+                     "both placements emitted; a block config's draft_tile picks one, else the launcher "
+                     "picks by rows. 32-row programs hold q's mma.sync "
                      "fragments in registers through the loop and a draft tile after it keeps a second copy "
                      "(ptxas sm_90a: 208 B of spills after, none before; H200 group 8, batch 64, prefix 16K "
                      "282.2 -> 273.9 us); 16-row programs ran slower before (group 4: 256.0 -> 268.5 us), "
-                     "64-row ones spill 20 B before and none after" if draft_first_rows else
+                     "64-row ones spill 20 B before and none after" if either else
                      "after the loop: the per-head baseline keeps its measured placement"),
             Decision(NAME, "full tiles", "whole-tile loop + partial-tile loop" if unmasked_full_tiles else "one loop",
                      "MLA BF16: whole tiles in a loop without the -inf score select, then the partial tile; "
@@ -75,7 +87,7 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
             Decision(NAME, "e4m3 q.k", "emitted" if fp8_qk_dot else "not emitted", fp8_qk_why),
         ],
         has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, draft_tile_first=draft_tile_first,
-        draft_first_rows=draft_first_rows,
+        draft_tile_either=either, draft_first_rows=draft_first_rows,
         unmasked_full_tiles=unmasked_full_tiles,
         fused_merge=fused_merge, partial_dtype=partial_dtype, prefix_dot_dtype=prefix_dot,
         fp8_qk_dot=fp8_qk_dot,
@@ -100,10 +112,10 @@ def _e4m3_qk_dot(plan: Plan, experiments: frozenset[str]) -> tuple[bool, str]:
     return True, f"experiment (KGEN_EXPERIMENTS=e4m3_qk): {EXPERIMENTS['e4m3_qk']}"
 
 
-def _draft_tile_what(first: bool, first_rows: tuple[int, ...]) -> str:
+def _draft_tile_what(first: bool, either: bool, first_rows: tuple[int, ...]) -> str:
     if first:
         return "before the prefix tiles"
-    if first_rows:
-        rows = ", ".join(str(r) for r in first_rows)
-        return f"before the prefix tiles in programs of {rows} rows, after them otherwise"
+    if either:
+        rows = ", ".join(str(r) for r in first_rows) or "no"
+        return f"the config's draft_tile; unset: before the prefix tiles in programs of {rows} rows, after otherwise"
     return "after the prefix tiles"

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from kgen.blockconfig import BlockConfig
-from kgen.tuner.space import KERNEL_AXES
+from kgen.tuner.space import KERNEL_AXES, PLACEMENT_AXES
 
 if TYPE_CHECKING:
     import optuna
@@ -123,6 +123,9 @@ def make_objective(
 # --------------------------------------------------------------------------- synthetic
 
 
+_PLACEMENT_STEPS = {"after": 0, None: 1, "first": 2}
+
+
 def _log_distance(value: int | None, target: int | None) -> float:
     if value is None or target is None:
         return 0.0
@@ -161,8 +164,10 @@ class SyntheticBowl:
     @staticmethod
     def _fields(cfg: BlockConfig) -> dict[str, int | None]:
         # A switch that is off is None in the config but a distance of one from on.
+        # A placement is a category: one step from unset (the row rule) to either side.
         return {**cfg.model_dump(exclude={"split"}), **cfg.split.model_dump(),
-                **{n: int(bool(getattr(cfg, n))) for n in KERNEL_AXES}}
+                **{n: int(bool(getattr(cfg, n))) for n in KERNEL_AXES},
+                **{n: _PLACEMENT_STEPS[getattr(cfg, n)] for n in PLACEMENT_AXES}}
 
     def exact(self, config: BlockConfig) -> float:
         """The noiseless cost."""

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kgen.blockconfig import BlockConfig, SplitPolicy, read_defaults
 from kgen.passes.legalize import next_pow2
+from kgen.passes.specialize import GQA_DRAFT_FIRST_ROWS, draft_tile_either
 from kgen.spec import FP8_DTYPES, LayoutSpec
 from kgen.tuner.errors import TuneError, describe_validation
 
@@ -40,6 +41,10 @@ KERNEL_AXES = ("lazy_rescale",)
 # Optional integer axes, searched only where a family lists choices: min_rows (rows a
 # program is padded to; the kernel's own minimum means "unset").
 ROW_AXES = ("min_rows",)
+# Where the draft tile runs (BlockConfig.draft_tile: "first" / "after" the prefix loop),
+# searched only for layouts whose module emits both placements (grouped GQA, not MLA).
+PLACEMENT_AXES = ("draft_tile",)
+Placement = Literal["first", "after"]
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -50,7 +55,7 @@ def dtype_bytes(dtype: str) -> int:
 # --------------------------------------------------------------------------- the data file
 
 
-def _sorted_unique(values: tuple[int, ...]) -> tuple[int, ...]:
+def _sorted_unique(values: tuple) -> tuple:
     return tuple(sorted(set(values)))
 
 
@@ -71,10 +76,11 @@ class Axes(BaseModel):
     kpack: tuple[Literal[1, 2], ...] = ()
     lazy_rescale: tuple[Literal[0, 1], ...] = ()
     min_rows: tuple[int, ...] = ()
+    draft_tile: tuple[Placement, ...] = ()
 
     @field_validator("*")
     @classmethod
-    def _sorted(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+    def _sorted(cls, values: tuple) -> tuple:
         return _sorted_unique(values)
 
 
@@ -95,6 +101,7 @@ class AxesOverride(BaseModel):
     kpack: tuple[Literal[1, 2], ...] | None = None
     lazy_rescale: tuple[Literal[0, 1], ...] | None = None
     min_rows: tuple[int, ...] | None = None
+    draft_tile: tuple[Placement, ...] | None = None
 
 
 class Limits(BaseModel):
@@ -261,6 +268,9 @@ class ProblemShape:
     drafts: tuple[int, ...]
     min_dot: int = 16
     max_rows: int = 128
+    # The module emits both draft-tile placements; unset, it drafts first at these rows.
+    draft_tile_either: bool = False
+    draft_first_rows: tuple[int, ...] = ()
 
     @classmethod
     def of(
@@ -287,6 +297,8 @@ class ProblemShape:
             drafts=tuple(sorted(set(drafts))),
             min_dot=rules.min_dot,
             max_rows=rules.max_rows,
+            draft_tile_either=draft_tile_either(att),
+            draft_first_rows=GQA_DRAFT_FIRST_ROWS if draft_tile_either(att) else (),
         )
 
 
@@ -301,6 +313,12 @@ def launch_rows(block_h: int, shape: ProblemShape, draft: int, min_rows: int | N
         if block_h * l_pad <= shape.max_rows or block_h == 1:
             return block_h, l_pad
         block_h //= 2
+
+
+def row_rule_placements(cfg: BlockConfig, shape: ProblemShape) -> set[str]:
+    """Where the module's row rule puts the draft tile for ``cfg``, over the study's drafts."""
+    rows = (bh * l_pad for bh, l_pad in (launch_rows(cfg.block_h, shape, d, cfg.min_rows) for d in shape.drafts))
+    return {"first" if r in shape.draft_first_rows else "after" for r in rows}
 
 
 def smem_bytes(cfg: BlockConfig, shape: ProblemShape, rows: int, stage_buffers_offset: int = 0) -> int:
@@ -381,6 +399,8 @@ class SearchSpace:
     def build(cls, profile: ArchProfile, shape: ProblemShape) -> SearchSpace:
         cap = next_pow2(shape.group_size)
         kernel = tuple(n for n in KERNEL_AXES + ROW_AXES if getattr(profile.axes, n))
+        if shape.draft_tile_either:  # MLA and per-head modules have one fixed placement
+            kernel += tuple(n for n in PLACEMENT_AXES if getattr(profile.axes, n))
         names = CORE_AXES + SPLIT_AXES + kernel + (ROCM_AXES if profile.is_rocm else ())
         axes = {n: tuple(getattr(profile.axes, n)) for n in names}
         axes["block_h"] = tuple(b for b in axes["block_h"] if b <= cap)
@@ -399,7 +419,11 @@ class SearchSpace:
         switches = {n: bool(params[n]) or None for n in KERNEL_AXES if n in self.axes}  # off is the default
         # The kernel's own minimum is the unset value, so equal configs compare (and key) equal.
         rows = {n: params[n] if params[n] > self.shape.min_dot else None for n in ROW_AXES if n in self.axes}
-        return BlockConfig(**{n: params[n] for n in CORE_AXES}, split=split, **knobs, **switches, **rows)
+        cfg = BlockConfig(**{n: params[n] for n in CORE_AXES}, split=split, **knobs, **switches, **rows)
+        if "draft_tile" in self.axes and row_rule_placements(cfg, self.shape) != {params["draft_tile"]}:
+            # Only a placement the row rule would not pick is spelled out, so equal kernels key equal.
+            cfg = cfg.model_copy(update={"draft_tile": params["draft_tile"]})
+        return cfg
 
     def why_not(self, cfg: BlockConfig) -> str | None:
         return why_not(cfg, self.shape, self.profile)
@@ -423,6 +447,9 @@ class SearchSpace:
         params, notes = {}, []
         for name, choices in self.axes.items():
             want = values.get(name)
+            if name in PLACEMENT_AXES:
+                params[name] = self._placement_param(cfg, choices, notes)
+                continue
             if want is None:
                 want = self.profile.baseline_knobs.get(name, choices[0])
             got = min(choices, key=lambda c: (abs(math.log2(c + 1) - math.log2(want + 1)), c))
@@ -430,6 +457,21 @@ class SearchSpace:
                 notes.append(f"{name} {want} -> {got} (nearest choice)")
             params[name] = got
         return params, notes
+
+    def _placement_param(self, cfg: BlockConfig, choices: tuple[str, ...], notes: list[str]) -> str:
+        """The draft_tile choice of ``cfg``: its own, or where the row rule puts it (at the
+        study's longest draft when the drafts disagree)."""
+        want = cfg.draft_tile
+        if want is None:
+            rule = row_rule_placements(cfg, self.shape)
+            bh, l_pad = launch_rows(cfg.block_h, self.shape, max(self.shape.drafts), cfg.min_rows)
+            want = "first" if bh * l_pad in self.shape.draft_first_rows else "after"
+            if len(rule) > 1:
+                notes.append(f"draft_tile: the row rule differs between drafts; {want} (longest draft) enqueued")
+        if want not in choices:
+            notes.append(f"draft_tile {want} -> {choices[0]} (not a choice)")
+            return choices[0]
+        return want
 
     def size(self) -> int:
         return math.prod(len(v) for v in self.axes.values())
