@@ -161,6 +161,19 @@ def test_min_rows_on_the_gpu(layout, kv, group, draft):
     check_parity(case, layout, kv, config=config)
 
 
+@pytest.mark.parametrize("placement", ["first", "after"])
+@pytest.mark.parametrize(("kv", "group", "draft"), [("bfloat16", 16, 4), ("float8_e4m3fn", 8, 4), ("bfloat16", 4, 3)])
+def test_draft_tile_placement_on_the_gpu(kv, group, draft, placement):
+    """BlockConfig.draft_tile at 64-, 32- and 16-row programs, both placements, many splits a
+    request (batch 8: the merge combines more splits than one chunk)."""
+    fp8 = kv != "bfloat16"
+    case = make_case(SPECS["qwen3_5_gqa256"], [6000 - 331 * b for b in range(8)], [draft] * 8, group, kv_dtype=kv,
+                     device="cuda", k_scale=0.6 if fp8 else 1.0, v_scale=1.7 if fp8 else 1.0, seed=group + draft)
+    module = kgen.load("qwen3_5_gqa256", kv)
+    config = {**module.select_config("sm_90", group, 8), "draft_tile": placement}
+    check_parity(case, "qwen3_5_gqa256", kv, config=config)
+
+
 @pytest.mark.parametrize(("layout", "kv", "group", "batch", "prefix"), [
     ("qwen3_5_gqa256", "bfloat16", 16, 16, 1024), ("mla_absorbed_512_64", "float8_e4m3fn", 16, 64, 4096),
 ])

@@ -267,7 +267,8 @@ def _table_with_draft_tile(layout: str, placement: str) -> TableSource:
 
 def test_a_table_row_chooses_the_draft_tile_only_where_both_are_emitted(ctx):
     gqa = legalize(specialize(validate(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"))))
-    plan = select_config(gqa, dataclasses.replace(ctx, tables={"sm_90": _table_with_draft_tile(gqa.spec.name, "after")}))
+    good = dataclasses.replace(ctx, tables={"sm_90": _table_with_draft_tile(gqa.spec.name, "after")})
+    plan = select_config(gqa, good)
     assert plan.arch_configs["sm_90"][0].config.draft_tile == "after"
     assert config_literal(plan.arch_configs["sm_90"][0].config).endswith("'draft_tile': 'after'}")
     mla = legalize(specialize(validate(new_plan(SPECS["mla_absorbed_512_64"], "bfloat16", "bfloat16"))))
