@@ -39,7 +39,8 @@ def test_lazy_is_the_config_switch_not_a_patch():
 @pytest.mark.parametrize("variants", [("unmasked",), ("fused", "unmasked"), ("lazy",), ("qk_ahead",),
                                       ("qk_ahead", "lazy"), ("no_pdl",),
                                       ("half",), ("half", "fused", "unmasked"),
-                                      ("e4m3", "fp16_qk"), ("e4m3", "precise_qk"), ("draft_after",)])
+                                      ("e4m3", "fp16_qk"), ("e4m3", "precise_qk"), ("draft_after",),
+                                      ("draft_first64",), ("pdl_late_trigger",)])
 def test_variants_match_the_reference(tmp_path, variants):
     # qk_ahead rewrites the fp16 q.k; FP8 modules (bf16 q) carry the e4m3 one beside it.
     kv = "bfloat16" if "qk_ahead" in variants else "float8_e4m3fn"
@@ -65,3 +66,14 @@ def test_saved_variant_loads_the_whole_saved_module(tmp_path, monkeypatch):
     assert relative_error(case.o, case.reference(torch.float64)) <= tolerance(case)
     with pytest.raises(FileNotFoundError):
         exp_variants.load_variant("gqa64", "bfloat16", ("saved:missing",), str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("probe", ["no_merge_probe", "no_prefix_loop_probe"])
+def test_timing_probes_apply_and_change_the_output(tmp_path, probe):
+    """The probes still patch today's text, and their output is wrong as documented (a probe
+    that silently matched the reference would be timing the shipped kernel)."""
+    module = exp_variants.load_variant("qwen3_5_gqa256", "bfloat16", (probe,), str(tmp_path))
+    case = build("qwen3_5_gqa256", [70, 33], [4, 3], 8, seed=6)
+    case.o.zero_()
+    module.launch(*case.launch_args(), config=exp_variants.cfg(8, 16, 4, 1, 8, 16))
+    assert relative_error(case.o, case.reference(torch.float64)) > 10 * tolerance(case)
