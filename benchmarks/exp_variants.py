@@ -212,13 +212,78 @@ def no_prefix_loop_probe(text: str) -> str:
         "        for start_n in range(split_start, loop_end, BLOCK_N):\n")
 
 
+TRANSPOSED_OLD = """            k = tl.load(k_row_ptr[:, None] + offs_d[None, :])
+            qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
+            # Scores live in the log2 domain: exp2 is cheaper than exp.
+            qk = tl.where(n_ok[None, :], qk * score_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            if LAZY_RESCALE:
+                # A row's max moves only when it grows by more than 2**8 (p stays <= 256,
+                # exact in fp32), so most tiles skip the ROWS x D_v accumulator multiply.
+                grow = m_new > m_i + 8.0
+                m_new = tl.where(grow, m_new, m_i)
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if LAZY_RESCALE:
+                if tl.max(grow.to(tl.int32), 0) > 0:
+                    acc = acc * alpha[:, None]
+            v_row_ptr = V_Buffer + page * stride_v_page + (tok % PAGE_SIZE) * stride_v_slot + kv_head * stride_v_head
+            v = tl.load(v_row_ptr[:, None] + offs_dv[None, :])
+            pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE))
+            if LAZY_RESCALE:
+                acc += pv
+            else:
+                acc = acc * alpha[:, None] + pv
+            m_i = m_new
+"""
+TRANSPOSED_NEW = """            k = tl.load(k_row_ptr[:, None] + offs_d[None, :])
+            # Transposed: tokens are the wgmma's M (64), the ROWS its N, so a 32- or 16-row
+            # program still runs wgmma and q^T waits in shared memory, not in registers.
+            qk_t = tl.dot(k.to(DOT_DTYPE), q_t)
+            qk_t = tl.where(n_ok[:, None], qk_t * score_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk_t, 0))
+            if LAZY_RESCALE:
+                grow = m_new > m_i + 8.0
+                m_new = tl.where(grow, m_new, m_i)
+            alpha = tl.exp2(m_i - m_new)
+            p_t = tl.exp2(qk_t - m_new[None, :])
+            l_i = l_i * alpha + tl.sum(p_t, 0)
+            if LAZY_RESCALE:
+                if tl.max(grow.to(tl.int32), 0) > 0:
+                    acc_t = acc_t * alpha[None, :]
+            v_row_ptr = V_Buffer + page * stride_v_page + (tok % PAGE_SIZE) * stride_v_slot + kv_head * stride_v_head
+            v = tl.load(v_row_ptr[:, None] + offs_dv[None, :])
+            pv_t = tl.dot(tl.trans(v.to(DOT_DTYPE)), p_t.to(DOT_DTYPE))
+            if LAZY_RESCALE:
+                acc_t += pv_t
+            else:
+                acc_t = acc_t * alpha[None, :] + pv_t
+            m_i = m_new
+"""
+
+
+def transposed_loop(text: str) -> str:
+    """BF16 GQA: the prefix loop computes S^T = K q^T and O^T = V^T P^T (tokens as the
+    wgmma's M), the accumulator transposed back after the loop."""
+    assert text.count(TRANSPOSED_OLD) == 1, "transposed_loop: the BF16 loop body changed"
+    text = text.replace(TRANSPOSED_OLD, TRANSPOSED_NEW)
+    head = "        for start_n in range(split_start, split_end, BLOCK_N):\n"
+    assert text.count(head) == 1
+    text = text.replace(head, "        q_t = tl.trans(q)\n        acc_t = tl.trans(acc)\n" + head)
+    tail = "        if not DRAFT_FIRST:\n"
+    assert text.count(tail) == 1
+    return text.replace(tail, "        acc = tl.trans(acc_t)\n" + tail)
+
+
 # Text patches of a generated module; each fails loudly when the text it edits is gone, so a
 # template change never turns a variant silently into the base kernel.
 PATCHES = {"unmasked": unmasked_full_tiles, "kq_transposed": kq_transposed, "qk_ahead": qk_ahead,
            "no_pdl": no_pdl, "fp16_qk": fp16_qk, "precise_qk": precise_qk,
            "pdl_early_trigger": pdl_early_trigger, "no_draft_probe": no_draft_probe, "draft_after": draft_after,
            "draft_first64": draft_first64, "pdl_late_trigger": pdl_late_trigger,
-           "no_merge_probe": no_merge_probe, "no_prefix_loop_probe": no_prefix_loop_probe}
+           "no_merge_probe": no_merge_probe, "no_prefix_loop_probe": no_prefix_loop_probe,
+           "transposed_loop": transposed_loop}
 
 
 # Variant names that are build experiments (kgen/experiments.py), not text patches.
@@ -599,6 +664,19 @@ def main() -> int:
             name = "+".join(variants) or "shipped"
             run(f"b16p1K {name}", G, "bfloat16", 16, 16, 1024, 4, variants=variants)
             run(f"b16p4K {name}", G, "bfloat16", 16, 16, 4096, 4, variants=variants)
+    if want("session7c"):
+        # The transposed prefix loop (tokens as the wgmma's M) for groups 8 and 4, whose 32-
+        # and 16-row programs otherwise run mma.sync (offline, 64-token tiles: HGMMA 32, no
+        # spills, 217 / 215 KB of shared memory), against the shipped loop.
+        for group in (8, 4):
+            base = cfg(group, 64, 4, 3, 1)
+            confs = (None, {**base, "draft_tile": "first"}, {**base, "draft_tile": "after"}, cfg(group, 32, 4, 3, 1),
+                     {**base, "lazy_rescale": True})
+            for variants in ((), ("transposed_loop",)):
+                name = "+".join(variants) or "shipped"
+                run(f"g{group} p16K {name}", G, "bfloat16", group, 64, 16384, 4, variants=variants, configs=confs)
+                run(f"g{group} p4K {name}", G, "bfloat16", group, 64, 4096, 4, variants=variants, configs=confs[:3])
+                run(f"g{group} b16p1K {name}", G, "bfloat16", group, 16, 1024, 4, variants=variants)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -40,10 +40,12 @@ def test_lazy_is_the_config_switch_not_a_patch():
                                       ("qk_ahead", "lazy"), ("no_pdl",),
                                       ("half",), ("half", "fused", "unmasked"),
                                       ("e4m3", "fp16_qk"), ("e4m3", "precise_qk"), ("draft_after",),
-                                      ("draft_first64",), ("pdl_late_trigger",)])
+                                      ("draft_first64",), ("pdl_late_trigger",), ("transposed_loop",),
+                                      ("transposed_loop", "lazy")])
 def test_variants_match_the_reference(tmp_path, variants):
-    # qk_ahead rewrites the fp16 q.k; FP8 modules (bf16 q) carry the e4m3 one beside it.
-    kv = "bfloat16" if "qk_ahead" in variants else "float8_e4m3fn"
+    # qk_ahead and transposed_loop rewrite the 16-bit loop; FP8 modules (bf16 q) carry the
+    # e4m3 q.k beside it.
+    kv = "bfloat16" if {"qk_ahead", "transposed_loop"} & set(variants) else "float8_e4m3fn"
     base = kgen.load("qwen3_5_gqa256", kv)
     variants, (config,) = exp_variants.lazy_configs(base, variants, (exp_variants.cfg(8, 16, 4, 1, 8, 16),), 8, 3)
     module = exp_variants.load_variant("qwen3_5_gqa256", kv, variants, str(tmp_path))
