@@ -677,6 +677,22 @@ def main() -> int:
                 run(f"g{group} p16K {name}", G, "bfloat16", group, 64, 16384, 4, variants=variants, configs=confs)
                 run(f"g{group} p4K {name}", G, "bfloat16", group, 64, 4096, 4, variants=variants, configs=confs[:3])
                 run(f"g{group} b16p1K {name}", G, "bfloat16", group, 16, 1024, 4, variants=variants)
+    if want("session7e"):
+        # One split a request at batch 64 (64 programs, no merge, no partials): the tuner's
+        # max_splits axis starts at 8 and programs_per_sm 1 already gives 2 splits, so this
+        # was never timed. Against the table row (2 splits) and 3-4 splits.
+        for group in (16, 8, 4):
+            row = None
+            for prefix in (16384, 4096):
+                mod = kgen.load(G, "bfloat16")
+                row = mod.select_config("sm_90", group, 64)
+                confs = (None, *({**row, "split": {**row["split"], "max_splits": n}} for n in (1,)),
+                         {**row, "split": {**row["split"], "programs_per_sm": 2}})
+                run(f"g{group} p{prefix // 1024}K splits", G, "bfloat16", group, 64, prefix, 4, configs=confs)
+        mod = kgen.load(M, "bfloat16")
+        row = mod.select_config("sm_90", 16, 64)
+        run("mla p16K splits", M, "bfloat16", 16, 64, 16384, 4,
+            configs=(None, {**row, "split": {**row["split"], "max_splits": 1}}))
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)
