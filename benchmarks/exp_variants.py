@@ -693,6 +693,15 @@ def main() -> int:
         row = mod.select_config("sm_90", 16, 64)
         run("mla p16K splits", M, "bfloat16", 16, 64, 16384, 4,
             configs=(None, {**row, "split": {**row["split"], "max_splits": 1}}))
+    if want("session7f"):
+        # Two co-resident programs per SM for groups 8 and 4 (Nsight Compute, session 7e: one
+        # program per SM reads at most ~36-45 GB/s, so 128 of them leave DRAM at 83-88%):
+        # 32-token tiles, 3 stages = 112 KB of shared memory, two fit in 228 KB.
+        for group in (8, 4, 16):
+            confs = (None, cfg(group, 32, 4, 3, 2), cfg(group, 32, 4, 2, 2), cfg(group, 32, 4, 4, 2),
+                     cfg(group, 16, 4, 4, 2))
+            for prefix in (16384, 4096):
+                run(f"g{group} p{prefix // 1024}K 2/SM", G, "bfloat16", group, 64, prefix, 4, configs=confs)
     print(f"total {time.time() - t0:.0f}s")
     with open(os.path.join(args.out, "exp.json"), "w") as f:
         json.dump(results, f, indent=1)
