@@ -11,7 +11,7 @@ MAX_DRAFT_TOKENS = 16  # verify widths are 1..4 in practice; longer chains fall 
 MAX_ROWS = 128  # BLOCK_H x L_PAD rows of fp32 accumulator per program
 MERGE_BLOCK_DV_CAP = 64  # V columns per merge program
 MERGE_ROWS = 16  # (head, draft) rows per merge program
-MERGE_SPLIT_CHUNK = 8  # splits a merge program loads at once
+MERGE_SPLIT_CHUNK = 8  # splits a merge program has in flight at once
 PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 
 
@@ -56,10 +56,10 @@ def legalize(plan: Plan) -> Plan:
         Decision(NAME, "MERGE_ROWS", MERGE_ROWS,
                  "rows (head x draft position) per merge program; no tensor-core minimum applies"),
         Decision(NAME, "MERGE_SPLIT_CHUNK", MERGE_SPLIT_CHUNK,
-                 f"splits a merge program loads as one block (the launcher takes min(next_pow2(splits), "
-                 f"{MERGE_SPLIT_CHUNK})): their loads are in flight together instead of one memory latency "
-                 f"per split; {MERGE_SPLIT_CHUNK} x {MERGE_ROWS} rows x {MERGE_BLOCK_DV_CAP} columns is 64 fp32 "
-                 "registers a thread at 4 warps"),
+                 f"a merge program takes a request's splits {MERGE_SPLIT_CHUNK} at a time through an unrolled body "
+                 "whose loads depend on nothing, so they are in flight together instead of one memory latency per "
+                 "split (H200: batch 1, prefix 4K, 64 splits 21.6 -> 19.0 us); the same chunk as one 3-D block "
+                 "load ran slower (ptxas 239 registers, the split-axis sums through shared memory)"),
         Decision(NAME, "page sizes", PAGE_SIZES,
                  "PAGE_SIZE is a constexpr of the kernel: page index and offset fold at compile time"),
     ]
