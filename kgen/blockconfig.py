@@ -40,7 +40,8 @@ class SplitPolicy(BaseModel):
     """How the prefix is split across programs (split-KV).
 
     The launcher sizes the grid from shapes only (graph-safe):
-    ``max_splits = clamp(cdiv(programs_per_sm * num_sms, programs_per_split), 1, max_splits)``.
+    ``max_splits = clamp((programs_per_sm * num_sms) // programs_per_split, 1, max_splits)``
+    (rounded down: a grid just past a whole wave leaves most SMs idle for the last one).
     Inside the kernel each request uses ``clamp(cdiv(prefix_len, min_tokens_per_split), 1,
     max_splits)`` splits of its own, so a short prefix is not cut into slivers.
     """
