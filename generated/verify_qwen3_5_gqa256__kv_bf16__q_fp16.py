@@ -79,10 +79,14 @@ _BLOCK_CONFIGS = {
     "sm_90": (
         (4, 9, 32, {'block_h': 4, 'block_n': 32, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}),
         (4, 33, 96, {'block_h': 4, 'block_n': 64, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}, 'lazy_rescale': True}),
+        (4, 97, 1073741824, {'block_h': 4, 'block_n': 64, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}, 'lazy_rescale': True}),
         (8, 9, 32, {'block_h': 8, 'block_n': 32, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}),
         (8, 33, 96, {'block_h': 8, 'block_n': 64, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}}),
+        (8, 97, 1073741824, {'block_h': 8, 'block_n': 32, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}),
+        (16, 1, 8, {'block_h': 16, 'block_n': 64, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}, 'lazy_rescale': True}),
         (16, 9, 32, {'block_h': 16, 'block_n': 64, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}, 'lazy_rescale': True}),
         (16, 33, 96, {'block_h': 16, 'block_n': 64, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}, 'lazy_rescale': True}),
+        (16, 97, 1073741824, {'block_h': 16, 'block_n': 32, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}),
     ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
