@@ -81,6 +81,7 @@ _BLOCK_CONFIGS = {
         (128, 1, 1073741824, {'block_h': 4, 'block_n': 64, 'num_warps': 8, 'num_stages': 1, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256}}),
     ),
     "sm_90": (
+        (16, 9, 32, {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}}),
         (16, 33, 96, {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}}),
     ),
 }

@@ -77,6 +77,8 @@ _BLOCK_CONFIGS = {
         (16, 1, 1073741824, {'block_h': 4, 'block_n': 64, 'num_warps': 8, 'num_stages': 1, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256}}),
     ),
     "sm_90": (
+        (4, 33, 96, {'block_h': 4, 'block_n': 64, 'num_warps': 4, 'num_stages': 2, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}),
+        (8, 33, 96, {'block_h': 8, 'block_n': 32, 'num_warps': 2, 'num_stages': 1, 'split': {'programs_per_sm': 4, 'max_splits': 8, 'min_tokens_per_split': 64}, 'lazy_rescale': True}),
         (16, 33, 96, {'block_h': 16, 'block_n': 64, 'num_warps': 4, 'num_stages': 2, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}),
     ),
 }
