@@ -53,7 +53,7 @@ BLOCK_DV = 128
 # The merge stage is a log-sum-exp combine: narrow programs keep its grid wide.
 MERGE_BLOCK_DV = 64
 MERGE_ROWS = 16
-# Splits a merge program loads as one block (all in flight together).
+# Splits a merge program has in flight at once (one unrolled chunk).
 MERGE_SPLIT_CHUNK = 8
 # tl.dot needs at least this many rows (and columns): the draft width is padded to reach it.
 MIN_DOT_ROWS = 16

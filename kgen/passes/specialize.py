@@ -12,20 +12,24 @@ NAME = "specialize"
 GQA_DRAFT_FIRST_ROWS = (32,)
 
 
+def reads_v_from_k_tile(attention: AttentionShape) -> bool:
+    """Absorbed MLA: V is the latent (nope) columns of the K tile itself."""
+    return attention.v_source == "k_latent" and attention.v_head_dim == attention.nope_dim
+
+
 def draft_tile_either(attention: AttentionShape, variant: str = "grouped") -> bool:
     """Whether the module emits both draft-tile placements (before and after the prefix
     loop) and lets the launcher pick: grouped GQA programs. Absorbed MLA always runs it
     first (q's 64 x 576 register copy would spill through the loop) and the per-head
     baseline after."""
-    v_from_k_tile = attention.v_source == "k_latent" and attention.v_head_dim == attention.nope_dim
-    return variant == "grouped" and not v_from_k_tile
+    return variant == "grouped" and not reads_v_from_k_tile(attention)
 
 
 def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
     shape = plan.spec.attention
     has_pe = shape.pe_dim > 0
     fp8_kv = plan.kv_dtype in FP8_DTYPES
-    v_from_k_tile = shape.v_source == "k_latent" and shape.v_head_dim == shape.nope_dim
+    v_from_k_tile = reads_v_from_k_tile(shape)
     # e4m3 -> fp16 is one native conversion (sm_89+, gfx942+) while e4m3 -> bf16 is emulated,
     # and fp16 holds every e4m3 value exactly; queries are far inside fp16's range.
     prefix_dot = "float16" if fp8_kv else plan.q_dtype
