@@ -315,10 +315,15 @@ def launch_rows(block_h: int, shape: ProblemShape, draft: int, min_rows: int | N
         block_h //= 2
 
 
+def row_rule_placement(cfg: BlockConfig, shape: ProblemShape, draft: int) -> str:
+    """Where the module's row rule puts the draft tile for ``cfg`` at one draft length."""
+    bh, l_pad = launch_rows(cfg.block_h, shape, draft, cfg.min_rows)
+    return "first" if bh * l_pad in shape.draft_first_rows else "after"
+
+
 def row_rule_placements(cfg: BlockConfig, shape: ProblemShape) -> set[str]:
-    """Where the module's row rule puts the draft tile for ``cfg``, over the study's drafts."""
-    rows = (bh * l_pad for bh, l_pad in (launch_rows(cfg.block_h, shape, d, cfg.min_rows) for d in shape.drafts))
-    return {"first" if r in shape.draft_first_rows else "after" for r in rows}
+    """Where the row rule puts the draft tile for ``cfg``, over the study's drafts."""
+    return {row_rule_placement(cfg, shape, d) for d in shape.drafts}
 
 
 def smem_bytes(cfg: BlockConfig, shape: ProblemShape, rows: int, stage_buffers_offset: int = 0) -> int:
@@ -463,10 +468,8 @@ class SearchSpace:
         study's longest draft when the drafts disagree)."""
         want = cfg.draft_tile
         if want is None:
-            rule = row_rule_placements(cfg, self.shape)
-            bh, l_pad = launch_rows(cfg.block_h, self.shape, max(self.shape.drafts), cfg.min_rows)
-            want = "first" if bh * l_pad in self.shape.draft_first_rows else "after"
-            if len(rule) > 1:
+            want = row_rule_placement(cfg, self.shape, max(self.shape.drafts))
+            if len(row_rule_placements(cfg, self.shape)) > 1:
                 notes.append(f"draft_tile: the row rule differs between drafts; {want} (longest draft) enqueued")
         if want not in choices:
             notes.append(f"draft_tile {want} -> {choices[0]} (not a choice)")
