@@ -27,6 +27,7 @@ from kgen.spec import FP8_DTYPES
 
 TABLE_DIR = Path(__file__).parent / "tables"
 DEFAULTS_FILE = TABLE_DIR / "defaults.json"
+TARGETS_FILE = TABLE_DIR / "targets.json"  # per-target limits (kgen/targets.py), not a block-config table
 TABLE_SCHEMA = "kgen.block-config-table/1"
 DEFAULTS_SCHEMA = "kgen.block-config-defaults/1"
 ROCM_ARCH_PREFIX = "gfx"
@@ -69,11 +70,6 @@ class BlockConfig(BaseModel):
     # Kernel switch: move a row's running max only when it grows past 2**8, skipping most
     # accumulator rescales. Wins for 64-row BF16 programs, loses for FP8 (docs/perf-notes.md).
     lazy_rescale: bool | None = None
-    # Fewest BLOCK_H x L_PAD rows a program gets: the launcher pads the draft positions up to
-    # it. 64 puts a 32-row program (group 8, L 4) on Hopper's wgmma instead of mma.sync, but
-    # measured slower on the H200 (docs/perf-notes.md, entry 22), so no shipped row sets it.
-    # None: the kernel's own minimum (its MIN_DOT_ROWS, 16).
-    min_rows: int | None = Field(default=None, ge=16, le=128)
     # Where a request's last split runs its causal draft tile: "first" (before the prefix
     # loop) or "after" it. Only modules that emit both placements (grouped GQA) take it; None
     # is their row rule (before the loop in 32-row programs: docs/perf-notes.md, entry 30).
@@ -84,13 +80,6 @@ class BlockConfig(BaseModel):
     def _power_of_two(cls, v: int) -> int:
         if not _pow2(v):
             raise ValueError(f"must be a power of two (tl.arange extents are), got {v}")
-        return v
-
-    @field_validator("min_rows")
-    @classmethod
-    def _rows_power_of_two(cls, v: int | None) -> int | None:
-        if v is not None and not _pow2(v):
-            raise ValueError(f"min_rows must be a power of two (rows are BLOCK_H x L_PAD), got {v}")
         return v
 
     @field_validator("num_warps")
@@ -118,8 +107,6 @@ class BlockConfig(BaseModel):
         )
         if self.lazy_rescale:
             s += " lazy_rescale"
-        if self.min_rows:
-            s += f" min_rows={self.min_rows}"
         if self.draft_tile:
             s += f" draft_tile={self.draft_tile}"
         if self.has_rocm_knobs:
@@ -307,7 +294,8 @@ def write_table(path: Path, table: TableFile) -> bool:
 
 def shipped_tables(directory: Path = TABLE_DIR) -> dict[str, Path]:
     """Shipped table files by arch name (``sm_90.json`` -> ``sm_90``)."""
-    return {p.stem: p for p in sorted(Path(directory).glob("*.json")) if p != DEFAULTS_FILE}
+    return {p.stem: p for p in sorted(Path(directory).glob("*.json"))
+            if p.name not in (DEFAULTS_FILE.name, TARGETS_FILE.name)}
 
 
 class TableSource(BaseModel):

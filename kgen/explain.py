@@ -13,11 +13,11 @@ from kgen.spec import KV_DTYPES, Q_DTYPES, canonical_dtype, load_layouts
 # Plan fields each pass fills, shown after that pass.
 _FIELDS_BY_PASS = {
     "specialize": ("has_pe", "fp8_kv", "v_from_k_tile", "draft_tile_first", "draft_tile_either",
-                   "draft_first_rows",
-                   "unmasked_full_tiles", "fused_merge", "partial_dtype", "prefix_dot_dtype", "fp8_qk_dot"),
+                   "draft_first_rows", "unmasked_full_tiles", "prefix_dot_dtype"),
     "legalize": ("block_d", "block_dpe", "block_dv", "merge_block_dv", "merge_rows", "merge_split_chunk",
-                 "mask_d", "mask_dv", "max_rows"),
+                 "mask_d", "mask_dv"),
     "select_config": ("default_config",),
+    "fit": ("kernel_shape",),
     "check": ("checked",),
     "emit": ("output_path", "written"),
 }
