@@ -71,12 +71,12 @@ class BlockConfig(BaseModel):
     lazy_rescale: bool | None = None
     # Fewest BLOCK_H x L_PAD rows a program gets: the launcher pads the draft positions up to
     # it. 64 puts a 32-row program (group 8, L 4) on Hopper's wgmma instead of mma.sync, but
-    # measured slower on the H200 (docs/perf-notes.md, entry 22), so no shipped row sets it.
+    # measured slower on the H200 (docs/perf-notes.md, "Filling the tensor cores"), so no row sets it.
     # None: the kernel's own minimum (its MIN_DOT_ROWS, 16).
     min_rows: int | None = Field(default=None, ge=16, le=128)
     # Where a request's last split runs its causal draft tile: "first" (before the prefix
     # loop) or "after" it. Only modules that emit both placements (grouped GQA) take it; None
-    # is their row rule (before the loop in 32-row programs: docs/perf-notes.md, entry 30).
+    # is their row rule (before the loop in 32-row programs: docs/perf-notes.md, "Draft tile placement").
     draft_tile: Literal["first", "after"] | None = None
 
     @field_validator("block_h", "block_n")
