@@ -72,7 +72,7 @@ class BlockConfig(BaseModel):
     lazy_rescale: bool | None = None
     # Where a request's last split runs its causal draft tile: "first" (before the prefix
     # loop) or "after" it. Only modules that emit both placements (grouped GQA) take it; None
-    # is their row rule (before the loop in 32-row programs: docs/perf-notes.md, entry 30).
+    # is their row rule (before the loop in 32-row programs: docs/perf-notes.md, "Draft tile placement").
     draft_tile: Literal["first", "after"] | None = None
 
     @field_validator("block_h", "block_n")

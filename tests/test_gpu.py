@@ -24,7 +24,7 @@ CASES = [
     ("gqa128", "bfloat16", 8, 64, 4096, 4),
     ("gqa128", "float8_e4m3fn", 16, 4, 16384, 2),
     ("gqa64", "bfloat16", 8, 16, 8192, 4),
-    # Table rows tuned in session 7: FP8 group 8 at batch 33-96 (2 warps, 1 stage, 4
+    # Cases on sm_90 rows with configs of their own: FP8 group 8 at batch 33-96 (2 warps, 1 stage, 4
     # programs per SM), MLA at batch 9-32, group 16 at batch 1-8.
     ("qwen3_5_gqa256", "float8_e4m3fn", 8, 64, 4096, 4),
     ("mla_absorbed_512_64", "bfloat16", 16, 16, 8192, 3),

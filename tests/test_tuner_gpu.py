@@ -62,7 +62,7 @@ WORKLOAD = Workload(batch=2, prefix=40, draft=2)
 def module() -> Any:
     mod = kgen.load("gqa64", "bfloat16")
     if not getattr(mod, "_INTERPRET", False):
-        pytest.skip("generated modules were loaded for a GPU in this session: the GPU path covers this")
+        pytest.skip("generated modules were loaded for a GPU in this process: the GPU path covers this")
     return mod
 
 
