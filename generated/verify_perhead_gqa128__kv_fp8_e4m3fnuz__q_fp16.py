@@ -801,6 +801,10 @@ def _why_not_common(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, max_len
             return f"{name} is not contiguous in its last dim"
         if t.device != q.device:
             return f"{name} is on {t.device}, q_extend on {q.device}"
+    if q.device.type != "cuda" and not _INTERPRET:
+        # Without the interpreter Triton finds no driver for these tensors and raises.
+        return (f"{q.device.type} tensors need Triton's interpreter: set TRITON_INTERPRET=1 before "
+                "triton is imported, or pass CUDA tensors")
     if q.dtype != Q_DTYPE or k_extend.dtype != Q_DTYPE or v_extend.dtype != Q_DTYPE or o.dtype != Q_DTYPE:
         return f"query-side dtypes must be {Q_DTYPE} (this module's)"
     if k_pool.dtype != KV_DTYPE or v_pool.dtype != KV_DTYPE:
@@ -841,6 +845,68 @@ def _why_not_target(q, group, batch, max_len):
     return ""
 
 
+# KGEN_CHECK_INDICES=1 when the module is imported checks index values on every call (the
+# switch kgen.runtime's chain reads too); check_indices=True checks one call.
+_CHECK_INDICES = os.environ.get("KGEN_CHECK_INDICES", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indices=None, pool_slots=0,
+                        block_table=None, prefix_lens=None, page_size=1, num_blocks=0):
+    """Raise ValueError naming the tensor, the request and the value when an index would read
+    outside the KV pool or a length is negative (the kernels do not check: such input reads
+    out of bounds). Flat pools pass kv_indptr/kv_indices/pool_slots, paged caches
+    block_table/prefix_lens/page_size/num_blocks.
+
+    The comparisons run on the device, but reading their verdict syncs the host (once when
+    all is well): the check is opt-in and cannot run inside CUDA-graph capture."""
+    checks = []  # (ok flags on the device, message for the first bad flag's position)
+
+    def indptr(name, ptr, what):
+        ptr = ptr.to(torch.int64)
+        checks.append((ptr[:1] == 0, lambda i: f"{name}[0] must be 0, got {int(ptr[0])}"))
+        checks.append((ptr[1:] >= ptr[:-1], lambda b: (
+            f"{name} decreases at request {b}: {name}[{b}] = {int(ptr[b])} > {name}[{b + 1}] = "
+            f"{int(ptr[b + 1])}, a negative {what} length")))
+        return ptr
+
+    qo = indptr("qo_indptr", qo_indptr, "draft")
+    checks.append((qo[-1:] == num_tokens,
+                   lambda i: f"qo_indptr[-1] = {int(qo[-1])} but q_extend has {num_tokens} tokens"))
+    checks.append((qo[1:] - qo[:-1] <= max_len, lambda b: (
+        f"request {b} has {int(qo[b + 1] - qo[b])} draft tokens (qo_indptr[{b + 1}] - qo_indptr[{b}]) "
+        f"but max_len_extend = {max_len}")))
+    if kv_indptr is not None:
+        kv = indptr("kv_indptr", kv_indptr, "prefix")
+        checks.append((kv[-1:] <= kv_indices.numel(), lambda i: (
+            f"kv_indptr[-1] = {int(kv[-1])} exceeds len(kv_indices) = {kv_indices.numel()}")))
+        used = torch.arange(kv_indices.numel(), device=kv.device) < kv[-1:]
+        in_pool = (kv_indices >= 0) & (kv_indices < pool_slots)
+
+        def slot_message(i):
+            b = int(torch.searchsorted(kv, torch.tensor(i, device=kv.device), right=True)) - 1
+            return (f"kv_indices[{i}] = {int(kv_indices[i])} (request {b}, prefix token {i - int(kv[b])}) is "
+                    f"outside the pool's slots 0..{pool_slots - 1} (k_buffer.shape[0] = {pool_slots})")
+
+        checks.append((~used | in_pool, slot_message))
+    else:
+        width = block_table.shape[1]
+        capacity = width * page_size
+        plens = prefix_lens.to(torch.int64)
+        checks.append(((plens >= 0) & (plens <= capacity), lambda b: (
+            f"prefix_lens[{b}] = {int(plens[b])} is outside 0..{capacity} (block_table width {width} "
+            f"x page size {page_size})")))
+        pages_used = (plens.clamp(0, capacity) + page_size - 1) // page_size
+        used = torch.arange(width, device=plens.device)[None, :] < pages_used[:, None]
+        in_cache = (block_table >= 0) & (block_table < num_blocks)
+        checks.append(((~used | in_cache).reshape(-1), lambda i: (
+            f"block_table[{i // width}, {i % width}] = {int(block_table[i // width, i % width])} (request "
+            f"{i // width}) is outside the cache's blocks 0..{num_blocks - 1} (k_cache.shape[0] = {num_blocks})")))
+    verdicts = torch.stack([ok.all() for ok, _ in checks]).cpu()  # the one host sync
+    for (ok, message), passed in zip(checks, verdicts.tolist()):
+        if not passed:
+            raise ValueError(message(int((~ok).nonzero()[0, 0])))
+
+
 def why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
             kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
             sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True, sliding_window_size=-1,
@@ -879,14 +945,24 @@ def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
                          kv_indptr, kv_indices, custom_mask, is_causal, mask_indptr,
                          max_len_extend, k_scale, v_scale, sm_scale=None, logit_cap=0.0,
                          skip_prefix_custom_mask=True, sliding_window_size=-1, sinks=None,
-                         window_kv_offsets=None, xai_temperature_len=-1, max_bs=None):
+                         window_kv_offsets=None, xai_temperature_len=-1, max_bs=None, *, check_indices=False):
     """SGLang's target-verify call. Writes o_extend and returns True, or returns False
-    (o_extend untouched, nothing raised) when this module does not handle the input."""
+    (o_extend untouched, nothing raised) when this module does not handle the input.
+
+    Index values are not checked: an out-of-range kv_indices entry reads outside the pool.
+    With check_indices=True (or KGEN_CHECK_INDICES=1 when the module was imported), an
+    accepted call first checks them on the device and raises ValueError naming the tensor,
+    the request and the value (qo_indptr/kv_indptr start at 0 and never decrease, qo_indptr
+    ends at the token count, kv_indices used lie in the pool, drafts <= max_len_extend).
+    That check syncs the host, so it is for debugging and not for CUDA-graph capture."""
     if why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
                kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
                sm_scale, logit_cap, skip_prefix_custom_mask, sliding_window_size, sinks,
                window_kv_offsets, xai_temperature_len, max_bs):
         return False
+    if check_indices or _CHECK_INDICES:
+        _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, kv_indptr=kv_indptr,
+                            kv_indices=kv_indices, pool_slots=k_buffer.shape[0])
     launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
            kv_indices, max_len_extend, k_scale, v_scale, sm_scale)
     return True
@@ -909,18 +985,29 @@ def why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, bloc
         return "block_table must be row-contiguous and on q's device"
     if not isinstance(prefix_lens, torch.Tensor) or prefix_lens.dim() != 1 or prefix_lens.dtype not in _INDEX_DTYPES:
         return "prefix_lens must be a 1-D int32/int64 tensor"
+    if prefix_lens.device != q_extend.device:
+        return f"prefix_lens is on {prefix_lens.device}, q_extend on {q_extend.device}"
     if prefix_lens.shape[0] != block_table.shape[0] or qo_indptr.shape[0] != block_table.shape[0] + 1:
         return "block_table, prefix_lens and qo_indptr disagree on the batch size"
     return ""
 
 
 def verify_paged_fwd(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens,
-                     qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, config=None):
+                     qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, config=None,
+                     *, check_indices=False):
     """vLLM-style paged cache ([blocks, page, H_kv, D] + block table): the kernel walks the
-    pages itself. Returns False (o untouched) when this module does not handle the input."""
+    pages itself. Returns False (o untouched) when this module does not handle the input.
+
+    check_indices=True (or KGEN_CHECK_INDICES=1 when the module was imported) checks index
+    values first, as in verify_shared_kv_fwd: prefix_lens in 0..block_table width x page
+    size, the block_table entries they use inside the cache, qo_indptr as there. It raises
+    ValueError on bad values and syncs the host (debugging only, not under graph capture)."""
     if why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table,
                      prefix_lens, qo_indptr, max_len_extend, k_scale, v_scale, sm_scale):
         return False
+    if check_indices or _CHECK_INDICES:
+        _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, block_table=block_table,
+                            prefix_lens=prefix_lens, page_size=k_cache.shape[1], num_blocks=k_cache.shape[0])
     _run(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, qo_indptr, prefix_lens,
          block_table, int(max_len_extend), k_scale, v_scale, sm_scale, config,
          page_size=k_cache.shape[1], stride_table=block_table.stride(0),

@@ -37,6 +37,8 @@ def _pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
 
+# Every model below is strict (SCHEMA.md): a wrong type is an error, never converted ("64" is
+# not 64, 1 is not true); float fields alone also take integers (a hand-written 41 for 41.0).
 class SplitPolicy(BaseModel):
     """How the prefix is split across programs (split-KV).
 
@@ -47,7 +49,7 @@ class SplitPolicy(BaseModel):
     max_splits)`` splits of its own, so a short prefix is not cut into slivers.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     programs_per_sm: int = Field(default=2, ge=1, le=64)
     max_splits: int = Field(default=64, ge=1, le=1024)
@@ -57,7 +59,7 @@ class SplitPolicy(BaseModel):
 class BlockConfig(BaseModel):
     """One launch configuration. ROCm knobs stay ``None`` on CUDA and are never passed there."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     block_h: int = Field(ge=1, le=128)
     block_n: int = Field(ge=16, le=512)
@@ -74,6 +76,14 @@ class BlockConfig(BaseModel):
     # loop) or "after" it. Only modules that emit both placements (grouped GQA) take it; None
     # is their row rule (before the loop in 32-row programs: docs/perf-notes.md, "Draft tile placement").
     draft_tile: Literal["first", "after"] | None = None
+
+    @field_validator("matrix_instr_nonkdim", "kpack", mode="before")
+    @classmethod
+    def _integer_choice(cls, v: object) -> object:
+        # Literal choices compare by value, so true would pass as 1 and 16.0 as 16.
+        if v is not None and type(v) is not int:
+            raise ValueError(f"must be an integer, got {v!r} ({type(v).__name__})")
+        return v
 
     @field_validator("block_h", "block_n")
     @classmethod
@@ -117,7 +127,7 @@ class BlockConfig(BaseModel):
 class Measured(BaseModel):
     """Times measured by the tuner for one bucket (median microseconds)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     tuned_us: float = Field(gt=0)
     default_us: float = Field(gt=0)
@@ -134,7 +144,7 @@ class TableEntry(BaseModel):
     split policy adapts to the actual prefix length inside the kernel.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     layout: str
     kv_dtype: str
@@ -160,7 +170,7 @@ class TableEntry(BaseModel):
 
 
 class TableMetadata(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     gpu_name: str = "unknown"
     arch: str
@@ -173,7 +183,7 @@ class TableMetadata(BaseModel):
 
 
 class TableFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     schema_: Literal["kgen.block-config-table/1"] = Field(alias="schema")
     arch: str
@@ -200,7 +210,7 @@ class DefaultRule(BaseModel):
     """A built-in default for every layout whose K width is at most ``max_qk_dim``; with
     ``kv_storage`` ("fp8" or "16bit") only for KV caches stored that way."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     max_qk_dim: int = Field(gt=0)
     kv_storage: Literal["fp8", "16bit"] | None = None
@@ -213,7 +223,7 @@ class DefaultRule(BaseModel):
 
 
 class DefaultsFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     schema_: Literal["kgen.block-config-defaults/1"] = Field(alias="schema")
     rules: list[DefaultRule] = Field(min_length=1)
@@ -226,11 +236,30 @@ class DefaultsFile(BaseModel):
         return max(self.rules, key=lambda r: (r.max_qk_dim, r.kv_storage is None))
 
 
-def _describe(path: Path, exc: ValidationError) -> str:
+# Keys that say which row of a list an error is in (TableEntry, DefaultRule).
+_ROW_KEYS = ("layout", "kv_dtype", "group_size", "batch_min", "batch_max", "max_qk_dim", "kv_storage")
+
+
+def _row(raw: object, loc: tuple) -> str:
+    """' (row N: layout ..., group_size ...)' for an error inside ``entries[N]`` / ``rules[N]``."""
+    if len(loc) < 2 or loc[0] not in ("entries", "rules") or not isinstance(loc[1], int):
+        return ""
+    rows = raw.get(loc[0]) if isinstance(raw, dict) else None
+    row = rows[loc[1]] if isinstance(rows, list) and loc[1] < len(rows) else None
+    keys = [f"{k} {row[k]!r}" for k in _ROW_KEYS if isinstance(row, dict) and k in row]
+    return f" (row {loc[1]}{': ' + ', '.join(keys) if keys else ''})"
+
+
+def _describe(path: Path, exc: ValidationError, raw: object = None) -> str:
+    """One line per problem: the file, the row of a list, the field, what is wrong and the value given."""
     parts = []
     for item in exc.errors():
         field = ".".join(str(p) for p in item["loc"]) or "<top level>"
-        parts.append(f"{path}: field '{field}': {item['msg']}")
+        msg = item["msg"]
+        given = item.get("input")
+        if (item["type"].endswith("_type") or item["type"] == "literal_error") and not isinstance(given, dict | list):
+            msg += f" (got {given!r} of type {type(given).__name__})"
+        parts.append(f"{path}: field '{field}'{_row(raw, item['loc'])}: {msg}")
     return "\n".join(parts)
 
 
@@ -249,7 +278,7 @@ def read_table(path: Path) -> TableFile:
     try:
         return TableFile.model_validate(raw)
     except ValidationError as exc:
-        raise TableError(_describe(Path(path), exc)) from None
+        raise TableError(_describe(Path(path), exc, raw)) from None
 
 
 def read_defaults(path: Path = DEFAULTS_FILE) -> DefaultsFile:
@@ -257,7 +286,7 @@ def read_defaults(path: Path = DEFAULTS_FILE) -> DefaultsFile:
     try:
         return DefaultsFile.model_validate(raw)
     except ValidationError as exc:
-        raise TableError(_describe(Path(path), exc)) from None
+        raise TableError(_describe(Path(path), exc, raw)) from None
 
 
 def table_to_json(table: TableFile) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from kgen.errors import SpecError
+from kgen.errors import SpecError, UsageError
+from kgen.loader import check_variant
 from kgen.passes.context import load_context
 from kgen.passes.pipeline import run_pipeline
 from kgen.plan import Plan, new_plan
@@ -76,8 +77,20 @@ def explain(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16", 
     spec = specs[layout]
     kv = canonical_dtype(kv_dtype, KV_DTYPES, "KV")
     q = canonical_dtype(q_dtype, Q_DTYPES, "query")
-    group = group or max(spec.attention.group_sizes)
+    variant = check_variant(variant)
+    listed = spec.attention.group_sizes
+    if group is None:
+        group = max(listed)
+    elif isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise UsageError(f"--group must be a positive number of query heads per KV head, got {group!r}")
     lines = [f"kgen explain {layout} --kv-dtype {kv} --q-dtype {q} --variant {variant}"]
+    if group not in listed:
+        # Explained, not refused: a module runs any group; only the table rows and the gate differ.
+        lines.append(
+            f"warning: group {group} is not one of {layout}'s listed groups {list(listed)}: no table row "
+            f"is tuned for it, so a module called directly runs it with the default block config, and "
+            f"the runtime gate sends it to the per-head kernel"
+        )
     collected: list[str] = []
     # Explaining writes nothing: emit runs in check mode against the real output directory.
     ctx = load_context(check_only=True)
