@@ -356,3 +356,28 @@ def test_tune_with_two_workers_writes_the_table_once_and_reports(tmp_path: Path)
     assert len(writes) == 1 and writes[0]["path"] == str(out) and writes[0]["workers"] == 2
     assert main(["tune", "--report", "--workers", "2", "--storage", storage]) == 0
     assert main(["tune", "--report", "--workers", "3", "--storage", storage]) == 1
+
+
+@pytest.mark.gpu
+def test_two_gpu_workers_share_one_study_on_two_devices(tmp_path: Path) -> None:
+    """`kgen tune --workers 2` on a machine with two GPUs: one study, both devices ran
+    trials (two GPU UUIDs), nothing lost or measured twice, the table written once."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two visible GPUs")
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    out = tmp_path / "table.json"
+    cmd = [sys.executable, "-m", "kgen.tuner.cli", "tune", "--workers", "2", "--layout", "gqa64", "--kv-dtype",
+           "bf16", "--group", "8", "--bucket", "b9-32", "--trials", "12", "--timeout", "240", "--storage", storage,
+           "--out", str(out), "--no-progress"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "checks: all passed" in run.stdout, run.stdout[-3000:]
+    (study_summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=study_summary.study_name, storage=storage)
+    done = study.get_trials(deepcopy=False, states=DONE)
+    assert len({t.user_attrs["gpu_uuid"] for t in done}) == 2, "both GPUs ran trials"
+    report = study_report(study, expect_workers=2)
+    assert report.problems == [] and len(report.table_writes) == 1, format_report(report)
