@@ -48,6 +48,7 @@ class DeviceInfo:
     num_sms: int
     l2_bytes: int
     total_memory: int
+    uuid: str | None = None  # tells two physical GPUs apart (``kgen tune --report``)
 
 
 def device_info_from_props(props: Any, hip: bool) -> DeviceInfo:
@@ -65,6 +66,7 @@ def device_info_from_props(props: Any, hip: bool) -> DeviceInfo:
         num_sms=int(props.multi_processor_count),
         l2_bytes=int(getattr(props, "L2_cache_size", 0) or 50 << 20),
         total_memory=int(props.total_memory),
+        uuid=str(getattr(props, "uuid", "") or "") or None,
     )
 
 
