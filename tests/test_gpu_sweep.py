@@ -68,7 +68,15 @@ def _gpu_arch() -> str:
     return kgen.load("gqa64")._device_info("cuda", torch.cuda.current_device())[0]
 
 
+def _gpu_sms() -> int:
+    """The GPU's multiprocessors (they size the split grid), else the H200's 132."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return 132
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
 ARCH = _gpu_arch()
+NUM_SMS = _gpu_sms()
 
 
 def unlisted_group(groups: tuple[int, ...]) -> int:
@@ -105,12 +113,15 @@ class SweepCase:
 
 
 def draft_classes(module, group: int, batch: int) -> list[tuple[int, ...]]:
-    """Draft lengths 1..MAX_DRAFT_TOKENS grouped by the (BLOCK_H, L_PAD) the launcher picks on
-    ARCH for this group and batch: the lengths of one group run the same compiled kernels."""
-    config = module.select_config(ARCH, group, batch)
-    classes: dict[tuple[int, int], list[int]] = {}
+    """Draft lengths 1..MAX_DRAFT_TOKENS grouped by the program the launcher picks on ARCH for
+    this group and batch (its ``launch_params``): the lengths of one class run the same
+    compiled prefix kernel. A length no program fits is a class of its own, so its refusal
+    shows up as a failing id."""
+    classes: dict[object, list[int]] = {}
     for draft in range(1, module.MAX_DRAFT_TOKENS + 1):
-        classes.setdefault(module._rows(config["block_h"], group, draft, config.get("min_rows")), []).append(draft)
+        launches = module.launch_params(ARCH, NUM_SMS, group, batch, draft)
+        key = (tuple(sorted(launches[0][1].items())), tuple(sorted(launches[0][2].items()))) if launches else draft
+        classes.setdefault(key, []).append(draft)
     return [tuple(lengths) for lengths in classes.values()]
 
 
