@@ -96,16 +96,20 @@ def _table_entry(tok, page_shift, BLOCK_TABLE: tl.constexpr):
     """Where in the request's table prefix token `tok` is listed: its page in a vLLM block
     table (page sizes are powers of two), its own slot in SGLang's kv_indices."""
     if BLOCK_TABLE:
-        return tok >> page_shift
-    return tok
+        entry = tok >> page_shift
+    else:
+        entry = tok
+    return entry
 
 
 @triton.jit
 def _page_slot(tok, page_shift, BLOCK_TABLE: tl.constexpr):
     """Position of prefix token `tok` inside its page (always 0 for token slots)."""
     if BLOCK_TABLE:
-        return tok & ((1 << page_shift) - 1)
-    return 0
+        slot = tok & ((1 << page_shift) - 1)
+    else:
+        slot = 0
+    return slot
 
 
 @triton.jit
