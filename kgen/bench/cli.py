@@ -327,12 +327,10 @@ def collect_meta(args: argparse.Namespace, copy_gbps: float, copy_bytes: int) ->
     import triton
 
     from kgen.bench.timing import CudaGraphTimer
+    from kgen.runtime.device import arch_of
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    if torch.version.hip:
-        arch = str(props.gcnArchName).split(":")[0]
-    else:
-        arch = f"sm_{props.major}{props.minor}"
+    arch = arch_of(props)
     commit, dirty = _git_state()
     return BenchMeta(
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),

@@ -67,10 +67,10 @@ def device_facts(device: torch.device) -> tuple[str, int]:
     """(arch, multiprocessor count) as the generated modules name them."""
     if device.type != "cuda":
         return "interpreter", 4
+    from kgen.runtime.device import arch_of
+
     props = torch.cuda.get_device_properties(device)
-    if torch.version.hip:
-        return str(props.gcnArchName).split(":")[0], props.multi_processor_count
-    return f"sm_{props.major}{props.minor}", props.multi_processor_count
+    return arch_of(props), props.multi_processor_count
 
 
 def scratch_bytes_of(module: ModuleType, case: Case, arch: str, num_sms: int) -> int | None:
