@@ -7,6 +7,7 @@ import types
 import pytest
 import torch
 
+from kgen.env import env_flag
 from kgen.plan import module_uri
 from kgen.runtime import device as device_mod
 from kgen.runtime.gate import (
@@ -15,6 +16,7 @@ from kgen.runtime.gate import (
     Inventory,
     Switches,
     decide_path,
+    env_switches,
     explain_gate,
     gate_from_env,
     scan_inventory,
@@ -323,3 +325,19 @@ def test_detect_arch_without_gpu(monkeypatch):
     assert device_mod.detect_arch() is None
     d = gate_from_env(query(), env={}, inventory=inventory())
     assert d.path == "general" and "no GPU" in d.reason
+
+
+def test_arch_of_reads_torch_device_properties():
+    cuda = types.SimpleNamespace(major=9, minor=0, name="H200")
+    rocm = types.SimpleNamespace(major=9, minor=4, gcnArchName="gfx942:sramecc+:xnack-", name="MI300X")
+    assert device_mod.arch_of(cuda, is_hip=False) == "sm_90"
+    assert device_mod.arch_of(rocm, is_hip=True) == "gfx942"
+    with pytest.raises(ValueError, match="gcnArchName"):
+        device_mod.arch_of(cuda, is_hip=True)
+
+
+@pytest.mark.parametrize(("value", "on"), [("1", True), (" TRUE ", True), ("on", True), ("0", False), ("", False)])
+def test_switches_parse_flags_one_way(value, on):
+    switches = env_switches({"KGEN_DISABLE": value, "TRITON_INTERPRET": value})
+    assert switches == Switches(enabled=not on, force_path=None, interpreter=on)
+    assert env_flag("X", {"X": value}) is on

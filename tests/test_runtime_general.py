@@ -66,7 +66,9 @@ def test_pool_is_never_gathered_whole():
     pages = to_pages(case, 16)
     o = case.out()
     prefix = Spy(pages["k_cache"], pages["v_cache"], pages["block_table"], pages["prefix_lens"], 2)
-    attend(case.q, case.k, case.v, o, case.qo_indptr, prefix, chunk_tokens=4096, token_budget=256)
+    call = PagedCall(case.q, case.k, case.v, o, pages["k_cache"], pages["v_cache"], pages["block_table"],
+                     pages["prefix_lens"], case.qo_indptr)  # fmt: skip
+    attend(call, prefix, chunk_tokens=4096, token_budget=256)
     assert max(seen) <= 256 and len(seen) >= 1000 // 128
     torch.testing.assert_close(o, ref(case), **TOL)
 

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import torch
 
-from kgen.runtime.call import PLAIN, Features, PagedCall, Scale, VerifyCall, sglang_signature
+from kgen.runtime.call import Features, PagedCall, Scale, VerifyCall, sglang_signature
 from kgen.runtime.validate import check_flat_indices, validate_flat
 
 # ----------------------------------------------------------------------------- prefix sources
@@ -241,35 +241,31 @@ def _hide(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 
 def attend(
-    q_extend: torch.Tensor,
-    k_extend: torch.Tensor,
-    v_extend: torch.Tensor,
-    o_extend: torch.Tensor,
-    qo_indptr: torch.Tensor,
+    call: VerifyCall | PagedCall,
     prefix: PrefixSource,
     *,
-    k_scale: Scale = 1.0,
-    v_scale: Scale = 1.0,
-    sm_scale: float | None = None,
-    features: Features = PLAIN,
     compute_dtype: torch.dtype = torch.float32,
     chunk_tokens: int = 4096,
     token_budget: int = 1 << 16,
 ) -> None:
-    """Write o_extend for every request; inputs are assumed valid (see ``validate_*``).
+    """Write ``call.o_extend`` for every request, the prefix read from ``prefix``; the call is
+    assumed valid (see ``kgen.runtime.validate``).
 
     The prefix is visited in chunks of ``min(chunk_tokens, token_budget // bs)`` tokens per
     request (at least 16), all requests at once, so the gathered K/V never exceed about
     ``token_budget`` tokens.
     """
-    dev, cd, f = q_extend.device, compute_dtype, features
+    q_extend, k_extend, v_extend, o_extend, qo_indptr = (
+        call.q_extend, call.k_extend, call.v_extend, call.o_extend, call.qo_indptr
+    )  # fmt: skip
+    dev, cd, f = q_extend.device, compute_dtype, call.features
     _, h_q, d_qk = q_extend.shape
     h_kv, d_v = k_extend.shape[1], v_extend.shape[2]
     group = h_q // h_kv
     if q_extend.shape[0] == 0 or qo_indptr.numel() < 2:
         return
-    sm = 1.0 / math.sqrt(d_qk) if sm_scale is None else float(sm_scale)
-    ks, vs = _scalar(k_scale, cd, dev), _scalar(v_scale, cd, dev)
+    sm = 1.0 / math.sqrt(d_qk) if call.sm_scale is None else float(call.sm_scale)
+    ks, vs = _scalar(call.k_scale, cd, dev), _scalar(call.v_scale, cd, dev)
     batch, max_prefix = _make_batch(qo_indptr, prefix.lengths(), f)
     if batch.max_draft == 0:
         return
@@ -308,16 +304,8 @@ class GeneralPath:
         else:
             prefix = FlatPrefix(call.k_buffer, call.v_buffer, call.kv_indptr, call.kv_indices)
         attend(
-            call.q_extend,
-            call.k_extend,
-            call.v_extend,
-            call.o_extend,
-            call.qo_indptr,
+            call,
             prefix,
-            k_scale=call.k_scale,
-            v_scale=call.v_scale,
-            sm_scale=call.sm_scale,
-            features=call.features,
             compute_dtype=self.compute_dtype,
             chunk_tokens=self.chunk_tokens,
             token_budget=self.token_budget,

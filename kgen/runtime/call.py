@@ -128,18 +128,9 @@ class VerifyCall:
 
     @property
     def features(self) -> Features:
-        """The extras of this call (mask, window, cap, sinks, temperature)."""
-        return Features(
-            custom_mask=self.custom_mask,
-            mask_indptr=self.mask_indptr,
-            is_causal=self.is_causal,
-            skip_prefix_custom_mask=self.skip_prefix_custom_mask,
-            sliding_window_size=self.sliding_window_size,
-            sinks=self.sinks,
-            window_kv_offsets=self.window_kv_offsets,
-            logit_cap=self.logit_cap,
-            xai_temperature_len=self.xai_temperature_len,
-        )
+        """The extras of this call (mask, window, cap, sinks, temperature): Features' fields are
+        named as SGLang's arguments."""
+        return Features(**{f.name: getattr(self, f.name) for f in fields(Features)})
 
     def prefix_lens(self) -> torch.Tensor:
         """Each request's prefix length, on the device (no sync)."""
