@@ -140,10 +140,12 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
     for first in range(0, num_written, SPLIT_CHUNK):
         for i in tl.static_range(SPLIT_CHUNK):
             split_ok = first + i < num_written
-            lse = tl.load(pl_ptr + first + i, mask=row_ok & split_ok, other=0.0, cache_modifier=CACHE)
+            # Masks by tl.where, not `row_ok & split_ok`: Triton 3.9's interpreter broadcasts a scalar
+            # comparison as int32 data, and its tl.load refuses a non-bool mask. Same PTX (one and.pred).
+            lse = tl.load(pl_ptr + first + i, mask=tl.where(split_ok, row_ok, False), other=0.0, cache_modifier=CACHE)
             # A split past the last one written weighs nothing; padding rows stay finite (0).
             lse = tl.where(split_ok, lse, float("-inf"))
-            part = tl.load(po_ptr + (first + i) * stride_po_split, mask=tile_ok & split_ok, other=0.0,
+            part = tl.load(po_ptr + (first + i) * stride_po_split, mask=tl.where(split_ok, tile_ok, False), other=0.0,
                            cache_modifier=CACHE)
             m_new = tl.maximum(m, lse)
             alpha = tl.exp2(m - m_new)
