@@ -18,7 +18,9 @@ SCRIPTS = ("gpu_tests.sh", "tune.sh", "bench_of_record.sh")
 
 
 def _run(args: list[str], tmp_path: Path, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "OUT": str(tmp_path / "out"), "KGEN_CACHE_DIR": str(tmp_path / "cache"), **env}
+    # No wheels: a checkout's .whl/ holds the GPU machine's (another Python's) wheels.
+    full_env = {**os.environ, "OUT": str(tmp_path / "out"), "KGEN_CACHE_DIR": str(tmp_path / "cache"),
+                "KGEN_WHEEL_DIR": str(tmp_path / "no-wheels"), **env}
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run(["bash", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300)
 

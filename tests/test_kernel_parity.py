@@ -182,12 +182,11 @@ def test_graph_safety_no_host_sync(monkeypatch):
     module._scratch(case.q.device, case.q.shape[0], case.q.shape[1], 4)
 
 
-@pytest.mark.parametrize("num_q_heads", [1, 3, 6, 12, 16, 48, 128])
 @pytest.mark.parametrize("l_pad", [1, 2, 4, 8, 16])
-def test_merge_rows_are_a_power_of_two(num_q_heads, l_pad):
+def test_merge_rows_are_a_power_of_two(l_pad):
     """tl.arange needs a power of two: the interpreter does not check it, the GPU compiler does."""
     module = kgen.load(GQA, "bfloat16")
-    heads = module._merge_heads(num_q_heads, l_pad)
+    heads = module._merge_heads(l_pad)
     rows = heads * l_pad
     assert heads >= 1 and rows & (rows - 1) == 0
     assert rows <= max(module.MERGE_ROWS, l_pad)

@@ -1,7 +1,7 @@
 # Shared set-up of the device scripts in benchmarks/device/: sourced, never run. Each script
 # calls `kgen_device_setup DEFAULT_OUT` first; that function
 #   - refuses to run outside the repository root (the scripts put $PWD on PYTHONPATH);
-#   - installs the wheels carried in .whl/ (the GPU image has no pydantic, optuna or
+#   - installs the wheels carried in $KGEN_WHEEL_DIR (default .whl/; the GPU image has no pydantic, optuna or
 #     SQLAlchemy; benchmarks/README.md lists them) into /tmp/kgen-site;
 #   - puts the checkout and /tmp/kgen-site on PYTHONPATH and sets PYTHONUNBUFFERED=1, so the
 #     logs hold everything printed up to a time limit's kill;
@@ -24,10 +24,11 @@ kgen_device_setup() {
     export PYTHONUNBUFFERED=1
     export PYTHONPATH="$PWD:/tmp/kgen-site${PYTHONPATH:+:$PYTHONPATH}"
     export KGEN_CACHE_DIR="${KGEN_CACHE_DIR:-/tmp/kgen-cache}"
-    if compgen -G ".whl/*.whl" >/dev/null; then
+    local wheels="${KGEN_WHEEL_DIR:-.whl}"
+    if compgen -G "$wheels/*.whl" >/dev/null; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/kgen-site .whl/*.whl \
-            || { echo "benchmarks/device: installing the wheels of .whl/ failed (see pip's message above)" >&2; exit 2; }
+            --target /tmp/kgen-site "$wheels"/*.whl \
+            || { echo "benchmarks/device: installing the wheels of $wheels/ failed (see pip's message above)" >&2; exit 2; }
     fi
     local commit="${KGEN_GIT_COMMIT:-}"
     if [ -z "$commit" ]; then
