@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from kgen.bench import SCHEMA
 from kgen.bench.cases import HEADLINE_KERNEL, KERNELS, KGEN_KERNELS, LEGACY_INDEX_DTYPE, Case
 from kgen.bench.measure import CaseResult, KernelResult, SweepEntry
-from kgen.errors import KgenError
+from kgen.errors import KgenError, read_validated
 from kgen.spec import KV_DTYPES
 
 JSON_NAME = "bench.json"
@@ -122,22 +122,7 @@ def write_json(run: BenchRun, path: Path) -> Path:
 
 def read_run(path: Path | str) -> BenchRun:
     """Read a bench.json (a result or a baseline); errors name the file and the field."""
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BenchReportError(f"{path}: no such file") from None
-    except json.JSONDecodeError as exc:
-        raise BenchReportError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    try:
-        return BenchRun.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "<top level>"
-        raise BenchReportError(
-            f"{path}: not a kgen bench result ({SCHEMA}): field '{where}': {first['msg']}"
-            + (f" (and {len(exc.errors()) - 1} more problems)" if len(exc.errors()) > 1 else "")
-        ) from None
+    return read_validated(path, BenchRun, BenchReportError, invalid=f"not a kgen bench result ({SCHEMA})")
 
 
 # ---------------------------------------------------------------------------- summary figures
