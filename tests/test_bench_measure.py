@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
-from kgen.bench.cases import KERNELS, build_matrix, make_case, min_bytes
+from kgen.bench.cases import KERNELS, build_matrix, case_for, min_bytes
 from kgen.bench.measure import (
     TOLERANCE_BF16,
     KernelResult,
@@ -87,7 +87,7 @@ def _cases(**kw):  # noqa: ANN202
 
 
 def test_measure_kernel_bandwidth_and_copy_share() -> None:
-    case = make_case(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 2, 1024, 4)
+    case = case_for(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 2, 1024, 4)
     nbytes = min_bytes(case).total  # 2,236,416 B
     run = KernelRun(fn=FakeLaunch("grouped", 2.0), n_sets=2, check=lambda: 0.001, scratch_bytes=7)
     res = measure_kernel(run, FakeTimer(), nbytes, COPY_GBPS, TOLERANCE_BF16)
@@ -381,7 +381,7 @@ def test_measure_kernel_times_both_index_dtypes_in_alternation() -> None:
 def test_a_wrong_or_untimable_other_index_dtype() -> None:
     wrong = measure_kernel(_ab_run(alt_err=0.5), FakePairTimer(), 10, None, TOLERANCE_BF16)
     assert wrong.status == "ok" and wrong.index_ab.status == "failed"
-    case = make_case(SPECS["gqa128"], 8, "bfloat16", 4, 1024, 2, index_dtype_ab="int32")
+    case = case_for(SPECS["gqa128"], 8, "bfloat16", 4, 1024, 2, index_dtype_ab="int32")
     assert make_case_result(case, {"grouped": wrong}).status == "FAILED"
     no_pair = measure_kernel(_ab_run(), FakeTimer(), 10, None, TOLERANCE_BF16)
     assert no_pair.status == "error" and "cannot time two index dtypes" in no_pair.note

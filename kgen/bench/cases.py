@@ -119,7 +119,7 @@ class Case:
         return (self.batch, self.prefix, self.draft) in HEADLINE_SHAPES
 
 
-def make_case(
+def case_for(
     spec: LayoutSpec,
     group: int,
     kv_dtype: str,
@@ -130,6 +130,7 @@ def make_case(
     index_dtype: str = DEFAULT_INDEX_DTYPE,
     index_dtype_ab: str | None = None,
 ) -> Case:
+    """The benchmark case of one layout at one size (its head widths copied from ``spec``)."""
     shape = spec.attention
     return Case(
         layout=spec.name,
@@ -295,7 +296,7 @@ def build_matrix(
             for batch in batches:
                 for prefix in prefixes:
                     for draft in drafts:
-                        cases.append(make_case(spec, group, kv_dtype, batch, prefix, draft, kv_heads,
+                        cases.append(case_for(spec, group, kv_dtype, batch, prefix, draft, kv_heads,
                                                *index_dtypes))  # fmt: skip
     return cases
 

@@ -35,12 +35,12 @@ from kgen.bench.inputs import (
     build_inputs,
     build_peer_inputs,
     draft_mask,
-    max_rel_error,
     rows_from_folded,
     rows_from_heads,
 )
 from kgen.bench.measure import VARIANT_SEP, KernelRun, _short
 from kgen.bench.timing import EagerTimer, Timer
+from kgen.testing import relative_error
 
 Loader = Callable[[str, str, str], ModuleType]  # (layout, kv_dtype, variant) -> module
 
@@ -134,8 +134,7 @@ def kgen_run(case: Case, inputs: CaseInputs, variant: str, loader: Loader | None
             s0 = inputs.sets[0]
             s0.o.fill_(float("nan"))
             fn(0)
-            rows = inputs.check_requests * case.draft
-            return max_rel_error(s0.o[:rows], inputs.reference())
+            return _check_rows(s0.o, inputs)
 
         return fn, check
 
@@ -160,8 +159,9 @@ def kgen_run(case: Case, inputs: CaseInputs, variant: str, loader: Loader | None
 
 
 def _check_rows(out_rows: torch.Tensor, inputs: CaseInputs) -> float:
+    """The max-norm relative error of the first checked rows against the reference."""
     rows = inputs.check_requests * inputs.case.draft
-    return max_rel_error(out_rows[:rows], inputs.reference())
+    return relative_error(out_rows[:rows], inputs.reference(), "max")
 
 
 # ---------------------------------------------------------------------------- FlexAttention

@@ -13,7 +13,7 @@ workloads.
 
 Correctness: before any timing, the config runs a small case (one request per prefix in
 ``[check].prefixes``) and its output is compared with ``kgen.reference.reference_verify``.
-Problems come from ``kgen.testing.make_case``, the generator the tests and the benchmark use.
+Problems come from ``kgen.testing.make_case``, the builder the tests and the benchmark use.
 
 Everything that touches torch is imported lazily: the rest of the tuner runs without it.
 """
@@ -215,8 +215,11 @@ class GpuBackend:
 
     def check(self, config: BlockConfig) -> str | None:
         """None when the config's output on the small case matches the reference
-        (elementwise ``|out - ref| <= atol + rtol * |ref|``; NaN fills catch unwritten rows)."""
+        elementwise (``torch.allclose``: ``|out - ref| <= atol + rtol * |ref|``; NaN fills
+        catch unwritten rows)."""
         import torch
+
+        from kgen.testing import relative_error
 
         case, expected = self._reference_case()
         case.o.fill_(float("nan"))
@@ -224,14 +227,13 @@ class GpuBackend:
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
         got = case.o.float()
-        if not torch.isfinite(got).all():
+        err = relative_error(got, expected, "max")
+        if math.isinf(err):
             return "output has NaN or Inf (rows left unwritten or overflow)"
-        err = (got - expected).abs()
-        bound = self.check_spec.atol + self.check_spec.rtol * expected.abs()
-        if bool((err > bound).any()):
+        if not torch.allclose(got, expected, rtol=self.check_spec.rtol, atol=self.check_spec.atol):
             return (
-                f"max abs error {err.max().item():.3g} vs reference_verify exceeds "
-                f"atol {self.check_spec.atol} + rtol {self.check_spec.rtol} x |ref|"
+                f"error vs reference_verify exceeds atol {self.check_spec.atol} + rtol {self.check_spec.rtol} "
+                f"x |ref| (max |out - ref| / max |ref| = {err:.3g})"
             )
         return None
 
