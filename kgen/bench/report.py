@@ -70,6 +70,8 @@ class BenchMeta(BaseModel):
     argv: list[str] = Field(default_factory=list)
     timer: dict[str, Any] = Field(default_factory=dict)
     flex_sweep: str = "none"
+    # --baseline-modules: the earlier build whose grouped modules were timed against these.
+    baseline_modules: str | None = None
     duration_s: float | None = None
     notes: list[str] = Field(default_factory=list)
 
@@ -212,6 +214,9 @@ def _header(run: BenchRun) -> list[str]:
     for kernel, (title, mid, worst, key, n) in index_ab_summary(run.cases).items():
         lines.append(f"- {KERNEL_TITLES[kernel]} kv_indices {title}: median **{mid:.3f}** over {n} cases "
                      f"(largest {worst:.3f} at {key}), each the median of alternated graph replays")  # fmt: skip
+    build = build_ab_summary(run.cases)
+    if build is not None:
+        lines.append(f"- {build_ab_line(build, m.baseline_modules)}, each the median of alternated graph replays")
     for note in m.notes:
         lines.append(f"- {note}")
     return lines
@@ -630,3 +635,37 @@ def index_ab_summary(cases: Sequence[CaseResult]) -> dict[str, tuple[str, float,
             worst = max(pts)
             out[kernel] = (pts[0][2], statistics.median(p[0] for p in pts), worst[0], worst[1], len(pts))
     return out
+
+
+@dataclass(frozen=True)
+class BuildABSummary:
+    """The grouped kernel against an earlier build over a run: the geometric mean of the
+    cases' current/baseline ratios, and the worst (largest) one."""
+
+    geomean: float
+    worst: float
+    worst_key: str
+    cases: int
+
+
+def build_ab_summary(cases: Sequence[CaseResult]) -> BuildABSummary | None:
+    """None when no case timed the grouped kernel against a baseline build."""
+    pts = [
+        (ab.ratio, c.key)
+        for c in cases
+        if HEADLINE_KERNEL in c.kernels
+        and (ab := c.kernels[HEADLINE_KERNEL].build_ab) is not None
+        and ab.ratio is not None
+    ]
+    if not pts:
+        return None
+    worst = max(pts)
+    return BuildABSummary(geomean(p[0] for p in pts) or math.nan, worst[0], worst[1], len(pts))
+
+
+def build_ab_line(summary: BuildABSummary, modules: str | None) -> str:
+    return (
+        f"grouped kernel vs the build in {modules or 'the baseline modules'} (time now / time then): "
+        f"geometric mean {summary.geomean:.3f} over {summary.cases} cases, worst {summary.worst:.3f} at "
+        f"{summary.worst_key}"
+    )
