@@ -192,3 +192,15 @@ def test_workloads_are_timed_by_the_benchmarks_timer_over_every_input_set(module
     cfg = BlockConfig(block_h=8, block_n=16, num_warps=4, num_stages=1)
     assert be.time_workload(WORKLOAD, cfg) == 6.0
     assert seen == list(range(len(be._input_sets(WORKLOAD)))) and len(seen) == TIMING.max_input_sets
+
+
+def test_a_jobs_backend_takes_the_job_and_the_workloads_file(module: Any) -> None:
+    from kgen.tuner.workloads import load_workloads
+
+    workloads = load_workloads()
+    bucket = workloads.bucket[0]
+    job = TuneJob("sm_90", LAYOUTS["gqa64"], "bfloat16", "bfloat16", 8, bucket, tuple(workloads.workloads(bucket)))
+    be = GpuBackend.for_job(module, job, workloads, 60 << 20)
+    assert (be.arch, be.layout, be.group_size, be.num_kv_heads) == ("sm_90", job.layout, 8, workloads.num_kv_heads)
+    assert be.workloads == list(job.workloads) and be.check_spec == workloads.check and be.l2_bytes == 60 << 20
+    assert be.timer.replays == workloads.timing.replays

@@ -132,20 +132,9 @@ def case_for(
 ) -> Case:
     """The benchmark case of one layout at one size (its head widths copied from ``spec``)."""
     shape = spec.attention
-    return Case(
-        layout=spec.name,
-        group=group,
-        kv_dtype=kv_dtype,
-        batch=batch,
-        prefix=prefix,
-        draft=draft,
-        qk_dim=shape.qk_dim,
-        v_dim=shape.v_head_dim,
-        separate_v=shape.v_source == "v_buffer",
-        kv_heads=kv_heads,
-        index_dtype=index_dtype,
-        index_dtype_ab=index_dtype_ab,
-    )
+    widths = {"qk_dim": shape.qk_dim, "v_dim": shape.v_head_dim, "separate_v": shape.v_source == "v_buffer"}
+    return Case(spec.name, group, kv_dtype, batch, prefix, draft, **widths, kv_heads=kv_heads,
+                index_dtype=index_dtype, index_dtype_ab=index_dtype_ab)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ limit) without a GPU and without a clock.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -158,17 +159,9 @@ def _bandwidth(nbytes: int, median_us: float, copy_gbps: float | None) -> tuple[
 
 def _timed_result(base: dict[str, Any], timing: Timing, nbytes: int, copy_gbps: float | None) -> KernelResult:
     gbps, pct = _bandwidth(nbytes, timing.median_us, copy_gbps)
-    return KernelResult(
-        **base,
-        median_us=timing.median_us,
-        p10_us=timing.p10_us,
-        p90_us=timing.p90_us,
-        launches=timing.launches,
-        replays=timing.replays,
-        timing_mode=timing.mode,
-        gbps=gbps,
-        pct_copy=pct,
-    )
+    figures = dataclasses.asdict(timing)  # median_us, p10_us, p90_us, launches, replays, mode
+    figures["timing_mode"] = figures.pop("mode")
+    return KernelResult(**base, **figures, gbps=gbps, pct_copy=pct)
 
 
 def _checked(run: KernelRun, tolerance: float) -> tuple[KernelStatus, float | None, str]:

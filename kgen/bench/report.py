@@ -404,6 +404,20 @@ def _log2_axis(ax, values: Iterable[int], label: str) -> None:  # noqa: ANN001 -
     ax.grid(True, alpha=0.3)
 
 
+def _slices(cases: list[CaseResult], x: str, fixed: str, preferred: int) -> tuple[int, int, list[CaseResult]]:
+    """One plot line's cases: ``fixed`` (batch or prefix) at ``preferred`` (else its largest)
+    and the longest draft (4 when there), ordered by ``x``: (fixed value, draft, cases)."""
+    value = _pick((getattr(c.case, fixed) for c in cases), preferred)
+    draft = _pick((c.case.draft for c in cases), 4)
+    chosen = [c for c in cases if getattr(c.case, fixed) == value and c.case.draft == draft]
+    return value, draft, sorted(chosen, key=lambda c: getattr(c.case, x))
+
+
+def _plot(ax, pts: list[tuple[int, float]], name: str, label: str) -> None:  # noqa: ANN001 - matplotlib Axes
+    if pts:
+        ax.plot(*zip(*pts, strict=True), marker="o", label=label, color=KERNEL_COLORS.get(name))
+
+
 def plot_bandwidth(run: BenchRun, path: Path) -> Path:
     """% of the copy ceiling (GB/s when there is none) vs prefix length, one line per
     kernel, at batch 64 (else the largest) and the longest draft."""
@@ -412,16 +426,10 @@ def plot_bandwidth(run: BenchRun, path: Path) -> Path:
     use_pct = run.meta.copy_ceiling_gbps is not None
     for row, kv, cases in panels:
         ax = axes[(row, kv)]
-        batch = _pick((c.case.batch for c in cases), 64)
-        draft = _pick((c.case.draft for c in cases), 4)
-        sel = sorted((c for c in cases if c.case.batch == batch and c.case.draft == draft),
-                     key=lambda c: c.case.prefix)  # fmt: skip
+        batch, draft, sel = _slices(cases, "prefix", "batch", 64)
         for name in KERNELS:
-            pts = [(c.case.prefix, c.kernels[name]) for c in sel if name in c.kernels]
-            pts = [(x, r.pct_copy if use_pct else r.gbps) for x, r in pts if r.timed]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=KERNEL_TITLES.get(name, name),
-                        color=KERNEL_COLORS.get(name))  # fmt: skip
+            timed = [(c.case.prefix, c.kernels[name]) for c in sel if name in c.kernels and c.kernels[name].timed]
+            _plot(ax, [(x, r.pct_copy if use_pct else r.gbps) for x, r in timed], name, KERNEL_TITLES.get(name, name))
         _log2_axis(ax, (c.case.prefix for c in sel), "prefix length (tokens)")
         ax.set_ylim(bottom=0)
         ax.set_title(f"{row} {kv}, batch {batch}, L {draft}", fontsize=9)
@@ -439,17 +447,11 @@ def plot_speedup(run: BenchRun, path: Path) -> Path:
     fig, axes = _grid(panels)
     for row, kv, cases in panels:
         ax = axes[(row, kv)]
-        prefix = _pick((c.case.prefix for c in cases), 16384)
-        draft = _pick((c.case.draft for c in cases), 4)
-        sel = sorted((c for c in cases if c.case.prefix == prefix and c.case.draft == draft),
-                     key=lambda c: c.case.batch)  # fmt: skip
-        plotted = False
+        prefix, draft, sel = _slices(cases, "batch", "prefix", 16384)
         for name in KERNELS:
             pts = [(c.case.batch, c.speedup[name]) for c in sel if name in c.speedup]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=f"vs {KERNEL_TITLES.get(name, name)}",
-                        color=KERNEL_COLORS.get(name))  # fmt: skip
-                plotted = True
+            _plot(ax, pts, name, f"vs {KERNEL_TITLES.get(name, name)}")
+        plotted = bool(ax.lines)
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
         _log2_axis(ax, (c.case.batch for c in sel), "batch")
         ax.set_title(f"{row} {kv}, prefix {_size_label(prefix)}, L {draft}", fontsize=9)

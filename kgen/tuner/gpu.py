@@ -33,7 +33,8 @@ from kgen.tuner.objective import FatalDeviceError
 
 if TYPE_CHECKING:
     from kgen.spec import LayoutSpec
-    from kgen.tuner.workloads import Check, Timing, Workload
+    from kgen.tuner.study import TuneJob
+    from kgen.tuner.workloads import Check, Timing, Workload, WorkloadsFile
 
 
 
@@ -162,6 +163,13 @@ class GpuBackend:
         self.timer = timer or CudaGraphTimer(replays=timing.replays)
         self._check_case: tuple[Any, Any] | None = None
         self._sets: dict[Workload, list[Any]] = {}
+
+    @classmethod
+    def for_job(cls, module: Any, job: TuneJob, workloads: WorkloadsFile, l2_bytes: int) -> GpuBackend:
+        """The backend of one study: the job's arch, layout, dtypes, group and workloads, and
+        the workloads file's KV heads, check and timing."""
+        return cls(module, job.arch, job.layout, job.kv_dtype, job.q_dtype, job.group_size, workloads.num_kv_heads,
+                   list(job.workloads), workloads.check, workloads.timing, l2_bytes=l2_bytes)  # fmt: skip
 
     def _cfg(self, config: BlockConfig) -> dict[str, Any]:
         return config.for_arch(self.arch).model_dump(exclude_none=True)

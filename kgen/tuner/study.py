@@ -465,21 +465,8 @@ def make_backend(spec: BackendSpec, job: TuneJob, space: SearchSpace, workloads:
         )
     from kgen.tuner.gpu import GpuBackend, detect_device, load_module
 
-    device = detect_device()
     module = load_module(job.layout.name, job.kv_dtype, job.q_dtype)
-    return GpuBackend(
-        module,
-        arch=job.arch,
-        layout=job.layout,
-        kv_dtype=job.kv_dtype,
-        q_dtype=job.q_dtype,
-        group_size=job.group_size,
-        num_kv_heads=workloads.num_kv_heads,
-        workloads=list(job.workloads),
-        check=workloads.check,
-        timing=workloads.timing,
-        l2_bytes=device.l2_bytes,
-    )
+    return GpuBackend.for_job(module, job, workloads, detect_device().l2_bytes)
 
 
 @dataclass(frozen=True)
