@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kgen.errors import TableError
+from kgen.errors import TableError, describe_validation
 from kgen.spec import FP8_DTYPES
 
 TABLE_DIR = Path(__file__).parent / "tables"
@@ -250,19 +250,6 @@ def _row(raw: object, loc: tuple) -> str:
     return f" (row {loc[1]}{': ' + ', '.join(keys) if keys else ''})"
 
 
-def _describe(path: Path, exc: ValidationError, raw: object = None) -> str:
-    """One line per problem: the file, the row of a list, the field, what is wrong and the value given."""
-    parts = []
-    for item in exc.errors():
-        field = ".".join(str(p) for p in item["loc"]) or "<top level>"
-        msg = item["msg"]
-        given = item.get("input")
-        if (item["type"].endswith("_type") or item["type"] == "literal_error") and not isinstance(given, dict | list):
-            msg += f" (got {given!r} of type {type(given).__name__})"
-        parts.append(f"{path}: field '{field}'{_row(raw, item['loc'])}: {msg}")
-    return "\n".join(parts)
-
-
 def _read_json(path: Path) -> object:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
@@ -278,7 +265,7 @@ def read_table(path: Path) -> TableFile:
     try:
         return TableFile.model_validate(raw)
     except ValidationError as exc:
-        raise TableError(_describe(Path(path), exc, raw)) from None
+        raise TableError(describe_validation(Path(path), exc, lambda loc: _row(raw, loc))) from None
 
 
 def read_defaults(path: Path = DEFAULTS_FILE) -> DefaultsFile:
@@ -286,7 +273,7 @@ def read_defaults(path: Path = DEFAULTS_FILE) -> DefaultsFile:
     try:
         return DefaultsFile.model_validate(raw)
     except ValidationError as exc:
-        raise TableError(_describe(Path(path), exc, raw)) from None
+        raise TableError(describe_validation(Path(path), exc, lambda loc: _row(raw, loc))) from None
 
 
 def table_to_json(table: TableFile) -> str:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kgen.errors import SpecError, UsageError
+from kgen.errors import SpecError, UsageError, describe_validation
 
 SHIPPED_LAYOUT_DIR = Path(__file__).parent / "layouts"
 # What every field of a layout spec means; unknown-key errors point here (repository-relative).
@@ -173,19 +173,6 @@ class LayoutSpec(BaseModel):
         return names
 
 
-def _format_validation_error(path: Path | str, err: ValidationError) -> str:
-    lines = []
-    for item in err.errors():
-        field = ".".join(str(p) for p in item["loc"]) or "<top level>"
-        msg = item["msg"]
-        if item["type"] == "extra_forbidden":
-            msg = f"unknown key (check the spelling; see {LAYOUT_README_NAME} for the fields)"
-        elif item["type"] == "missing":
-            msg = "required field is missing"
-        lines.append(f"{path}: field '{field}': {msg}")
-    return "\n".join(lines)
-
-
 def parse_layout(text: str, source: Path | str = "<memory>") -> LayoutSpec:
     """Parse and validate one layout spec from TOML text."""
     try:
@@ -195,7 +182,7 @@ def parse_layout(text: str, source: Path | str = "<memory>") -> LayoutSpec:
     try:
         spec = LayoutSpec.model_validate({**raw, "source": str(source)})
     except ValidationError as exc:
-        raise SpecError(_format_validation_error(source, exc)) from None
+        raise SpecError(describe_validation(source, exc, fields_doc=LAYOUT_README_NAME)) from None
     stem = Path(str(source)).stem
     if str(source) != "<memory>" and stem != spec.name:
         raise SpecError(f"{source}: field 'name': {spec.name!r} must match the file name {stem!r}")

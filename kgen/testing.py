@@ -1,16 +1,20 @@
 """Random verify problems in SGLang's layout, for tests, the tuner's check and the benchmark.
 
-A ``VerifyCase`` holds every tensor ``verify_shared_kv_fwd`` takes. Pools are filled with
-random data (never zeros: zeros hide unwritten outputs) and the page table is a random
-permutation of slots unless ``shuffle=False``. ``poison_unnamed_slots`` puts NaN in every slot
+``make_case`` is the one builder of verify inputs: the tests, the tuner and ``kgen bench``
+(whose input sets are slices of one case) all call it. A ``VerifyCase`` holds every tensor
+``verify_shared_kv_fwd`` takes. Pools are filled with random data (never zeros: zeros hide
+unwritten outputs), in chunks so a pool of many GiB needs no fp32 copy of itself, and the
+page table is a random permutation of slots unless ``shuffle=False``. ``poison_unnamed_slots`` puts NaN in every slot
 a case does not name and ``to_paged`` copies a case's prefixes into a vLLM-style paged cache
 (NaN wherever no prefix token lies), so that a kernel reading outside a request shows up.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -60,6 +64,24 @@ def _indptr(lengths: Sequence[int], device: torch.device | str) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.int32, device=device)
 
 
+POOL_CHUNK_ELEMS = 64 << 20  # random pool values are drawn this many at a time (bounded fp32 temporaries)
+
+
+def random_pool(slots: int, heads: int, dim: int, dtype: torch.dtype, scale: float, gen: torch.Generator,
+                device: torch.device) -> torch.Tensor:
+    """N(0, 1) values stored as ``x / scale`` in ``dtype`` (what an engine's FP8 quantizer
+    stores; the kernel multiplies the scale back), drawn in chunks of POOL_CHUNK_ELEMS."""
+    out = torch.empty(slots, heads, dim, dtype=dtype, device=device)
+    rows = max(1, POOL_CHUNK_ELEMS // max(1, heads * dim))
+    for start in range(0, slots, rows):
+        n = min(rows, slots - start)
+        x = torch.randn(n, heads, dim, generator=gen, device=device)
+        if scale != 1.0:
+            x.div_(scale)
+        out[start : start + n] = x.to(dtype)
+    return out
+
+
 def make_case(
     spec: LayoutSpec,
     prefix_lens: Sequence[int],
@@ -75,8 +97,14 @@ def make_case(
     spare_slots: int = 7,
     index_dtype: torch.dtype = torch.int32,
     seed: int = 0,
+    draft_affinity: float = 0.0,
 ) -> VerifyCase:
-    """A random problem: request b has ``prefix_lens[b]`` prefix and ``draft_lens[b]`` drafts."""
+    """A random problem: request b has ``prefix_lens[b]`` prefix and ``draft_lens[b]`` drafts.
+
+    ``draft_affinity`` > 0 adds one random direction per request, times it, to the request's
+    draft queries and keys: their scores then stand above the prefix keys', so the draft
+    block carries a visible share of the softmax mass and a wrong causal mask on the draft
+    tail shows in the output instead of drowning in a long prefix (see ``draft_affinity_for``)."""
     if len(prefix_lens) != len(draft_lens):
         raise ValueError("prefix_lens and draft_lens must have one entry per request")
     if any(n < 0 for n in prefix_lens) or any(n < 1 for n in draft_lens):
@@ -95,23 +123,25 @@ def make_case(
     def randn(*size: int) -> torch.Tensor:
         return torch.randn(*size, generator=gen, device=dev)
 
-    k_pool = randn(slots, num_kv_heads, shape.qk_dim)
-    if kv_dtype in FP8_DTYPES:
-        # Quantize as an engine would: store x / scale, the kernel multiplies back.
-        k_pool = (k_pool / k_scale).to(kvdt)
-    else:
-        k_pool = k_pool.to(kvdt)
+    fp8 = kv_dtype in FP8_DTYPES
+    k_pool = random_pool(slots, num_kv_heads, shape.qk_dim, kvdt, k_scale if fp8 else 1.0, gen, dev)
     v_pool = None
     if shape.v_source != "k_latent":
-        v_pool = randn(slots, num_kv_heads, shape.v_head_dim)
-        v_pool = (v_pool / v_scale).to(kvdt) if kv_dtype in FP8_DTYPES else v_pool.to(kvdt)
+        v_pool = random_pool(slots, num_kv_heads, shape.v_head_dim, kvdt, v_scale if fp8 else 1.0, gen, dev)
     order = torch.randperm(slots, generator=gen, device=dev) if shuffle else torch.arange(slots, device=dev)
     kv_indices = order[:total_prefix].to(index_dtype)
-    q = randn(num_tokens, num_q_heads, shape.qk_dim).to(qdt)
-    k_ext = randn(num_tokens, num_kv_heads, shape.qk_dim).to(qdt)
+    del order
+    q = randn(num_tokens, num_q_heads, shape.qk_dim)
+    k_ext = randn(num_tokens, num_kv_heads, shape.qk_dim)
     v_ext = None
     if shape.v_source != "k_latent":
         v_ext = randn(num_tokens, num_kv_heads, shape.v_head_dim).to(qdt)
+    if draft_affinity:
+        shared = randn(len(draft_lens), 1, shape.qk_dim) * draft_affinity
+        shared = shared.repeat_interleave(torch.tensor(list(draft_lens), device=dev), dim=0)
+        q.add_(shared)
+        k_ext.add_(shared)
+    q, k_ext = q.to(qdt), k_ext.to(qdt)
     o = torch.full((num_tokens, num_q_heads, shape.v_head_dim), float("nan"), dtype=qdt, device=dev)
     if shape.v_source == "k_latent":
         # Absorbed MLA: V is a view of K's latent columns, in the pool and in the draft.
@@ -218,9 +248,20 @@ def to_paged(case: VerifyCase, page_size: int, spare_blocks: int = 2, seed: int 
                       prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32, device=device))
 
 
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64; NaN anywhere gives inf."""
+def draft_affinity_for(prefix: int, qk_dim: int) -> float:
+    """The ``draft_affinity`` that puts a draft score at about ln(prefix) + 2 over prefix
+    scores of about N(0, 1 + beta^2)."""
+    return math.sqrt((math.log(max(prefix, 2)) + 2.0) / math.sqrt(qk_dim))
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor, norm: Literal["l2", "max"] = "l2") -> float:
+    """||out - ref|| / ||ref|| in float64, in the L2 norm (the whole output) or the max norm
+    (the worst element against the largest |ref|, so one wrong row is not averaged away over
+    many right ones). NaN or inf anywhere in ``out`` gives inf: an unwritten output is
+    NaN-filled, so a kernel that skips rows cannot pass."""
     out64, ref64 = out.double(), ref.double()
     if not torch.isfinite(out64).all():
         return float("inf")
+    if norm == "max":
+        return ((out64 - ref64).abs().max() / ref64.abs().max().clamp_min(1e-30)).item()
     return ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()

@@ -9,9 +9,9 @@ from kgen.bench.cases import (
     HEADLINE_SHAPES,
     BenchUsageError,
     build_matrix,
+    case_for,
     format_case_list,
     input_sets,
-    make_case,
     min_bytes,
     parse_kv_dtypes,
     parse_layout_groups,
@@ -55,13 +55,13 @@ def test_matrix_order_puts_bf16_before_its_fp8_twin() -> None:
 
 
 def test_keys_and_peer_keys() -> None:
-    bf16 = make_case(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 64, 16384, 4)
-    fp8 = make_case(SPECS["qwen3_5_gqa256"], 16, "float8_e4m3fn", 64, 16384, 4)
+    bf16 = case_for(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 64, 16384, 4)
+    fp8 = case_for(SPECS["qwen3_5_gqa256"], 16, "float8_e4m3fn", 64, 16384, 4)
     assert bf16.key == "qwen3_5_gqa256/g16/bf16/bs64/p16384/L4"
     assert fp8.key == "qwen3_5_gqa256/g16/fp8_e4m3fn/bs64/p16384/L4"
     assert bf16.peer_key == fp8.peer_key == "qwen3_5_gqa256/g16/bs64/p16384/L4"
     assert bf16.is_headline
-    two_heads = make_case(SPECS["gqa128"], 8, "bfloat16", 1, 1024, 1, kv_heads=2)
+    two_heads = case_for(SPECS["gqa128"], 8, "bfloat16", 1, 1024, 1, kv_heads=2)
     assert two_heads.key.endswith("/hkv2") and two_heads.num_q_heads == 16
 
 
@@ -71,7 +71,7 @@ def test_min_bytes_gqa_by_hand() -> None:
     #   q          (2 * 4) * 16 * 256 * 2 B         =    65,536
     #   draft K/V  (2 * 4) * 1 * (256 + 256) * 2 B  =     8,192
     #   o          (2 * 4) * 16 * 256 * 2 B         =    65,536
-    case = make_case(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 2, 1024, 4)
+    case = case_for(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 2, 1024, 4)
     mb = min_bytes(case)
     assert (mb.prefix_kv, mb.q, mb.draft_kv, mb.o) == (2_097_152, 65_536, 8_192, 65_536)
     assert mb.total == 2_236_416
@@ -84,26 +84,26 @@ def test_min_bytes_mla_reads_v_from_k() -> None:
     #   q          2 * 16 * 576 * 2 B   =  36,864
     #   draft K    2 * 576 * 2 B        =   2,304
     #   o          2 * 16 * 512 * 2 B   =  32,768
-    case = make_case(SPECS["mla_absorbed_512_64"], 16, "float8_e4m3fn", 1, 1024, 2)
+    case = case_for(SPECS["mla_absorbed_512_64"], 16, "float8_e4m3fn", 1, 1024, 2)
     assert not case.separate_v and case.qk_dim == 576 and case.v_dim == 512
     assert min_bytes(case).total == 589_824 + 36_864 + 2_304 + 32_768 == 661_760
 
 
 def test_min_bytes_fp8_gqa128_headline() -> None:
-    case = make_case(SPECS["gqa128"], 8, "float8_e4m3fn", 64, 16384, 4)
+    case = case_for(SPECS["gqa128"], 8, "float8_e4m3fn", 64, 16384, 4)
     # 64*16384*256*1 + 256*8*128*2 + 256*256*2 + 256*8*128*2
     assert min_bytes(case).total == 268_435_456 + 524_288 + 131_072 + 524_288
 
 
 def test_input_sets_rotate_past_twice_the_l2() -> None:
     l2 = 50 << 20
-    big = make_case(SPECS["mla_absorbed_512_64"], 16, "bfloat16", 128, 32768, 4)
+    big = case_for(SPECS["mla_absorbed_512_64"], 16, "bfloat16", 128, 32768, 4)
     assert input_sets(big, l2) == 1
-    small = make_case(SPECS["gqa128"], 8, "float8_e4m3fn", 1, 1024, 1)
+    small = case_for(SPECS["gqa128"], 8, "float8_e4m3fn", 1, 1024, 1)
     assert min_bytes(small).total == 266_752
     assert input_sets(small, l2) == 394  # ceil(2 * 52,428,800 / 266,752)
     assert input_sets(small, l2, max_sets=256) == 256
-    mid = make_case(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 16, 1024, 4)
+    mid = case_for(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 16, 1024, 4)
     n_mid = input_sets(mid, l2)
     assert n_mid * min_bytes(mid).total >= 2 * l2 > (n_mid - 1) * min_bytes(mid).total
 

@@ -305,3 +305,75 @@ def test_execute_with_an_index_dtype_ab_on_cpu(tmp_path: Path, capsys: pytest.Ca
     assert "int64/int32=1.020" in out
     assert "grouped kv_indices int64/int32: median 1.020 over 1 cases" in cli.summary_text(run)
     assert "| grouped int64/int32 |" in render_markdown(run)
+
+
+# ----------------------------------------------------------------- --baseline-modules
+
+
+def test_baseline_modules_option_is_checked_before_measuring(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run_bench(_parse("--quick", "--baseline-modules", str(empty), "--out", str(tmp_path))) == 2
+    assert "not a directory of generated modules" in capsys.readouterr().err
+    built = tmp_path / "before"
+    built.mkdir()
+    (built / "verify_gqa128__kv_bf16__q_bf16.py").write_text("")
+    for extra, why in ((("--kernels", "per_head"), "keep it in --kernels"),
+                       (("--index-dtype", "int64,int32"), "one at a time")):  # fmt: skip
+        assert run_bench(_parse("--quick", "--baseline-modules", str(built), *extra)) == 2
+        assert why in capsys.readouterr().err
+    assert cli.baseline_modules_dir(_parse("--baseline-modules", str(built))) == built
+
+
+def test_execute_with_a_baseline_build_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--baseline-modules through the real provider: the generated grouped module (Triton's
+    interpreter) and its copy in DIR, each checked, timed with the timer's pair(); the JSON
+    keeps both times and the ratio, the summary the geometric mean and the worst case."""
+    import shutil
+
+    from test_bench_peers import fake_timer
+
+    import kgen
+    from kgen.bench.peers import DeviceProvider
+    from kgen.bench.report import BenchMeta, read_run, render_markdown, write_json
+    from kgen.bench.timing import PairedTiming
+
+    class PairingFakeTimer:
+        def __init__(self) -> None:
+            self.pairs: list[tuple[str, str]] = []
+
+        def __call__(self, fn, n_sets):  # noqa: ANN001, ANN204
+            return fake_timer(fn, n_sets)
+
+        def pair(self, fn_a, fn_b, n_sets):  # noqa: ANN001, ANN202
+            self.pairs.append((fn_a.__qualname__, fn_b.__qualname__))
+            fn_a(n_sets - 1)
+            fn_b(n_sets - 1)
+            ratios = (1.04, 1.02, 1.05, 1.0, 1.04) if len(self.pairs) == 1 else (0.98, 0.99, 0.97, 1.0, 0.99)
+            return PairedTiming.from_samples([10.0 * r for r in ratios], [10.0] * 5, n_sets, "fake")
+
+    current = kgen.load("gqa128", "bfloat16")
+    before = tmp_path / "before"
+    before.mkdir()
+    shutil.copy(current.__file__, before)
+    args = _parse("--layout", "gqa128:8", "--kv-dtype", "bf16", "--batch", "2", "--prefix", "32", "--draft", "1,2",
+                  "--kernels", "grouped", "--baseline-modules", str(before), "--no-progress", "--flex-sweep", "none")
+    provider = DeviceProvider(device="cpu", l2_bytes=1 << 16, compile_flex=False, select_timer=fake_timer,
+                              baseline_modules=cli.baseline_modules_dir(args))  # fmt: skip
+    timer = PairingFakeTimer()
+    meta = BenchMeta(gpu_name="cpu", baseline_modules=str(before))
+    run = cli.execute(args, cli.select_cases(args), provider, timer, meta, tmp_path)
+    assert [c.status for c in run.cases] == ["ok", "ok"] and len(timer.pairs) == 2
+    for case, ratio in zip(run.cases, (1.04, 0.99), strict=True):
+        ab = case.kernels["grouped"].build_ab
+        assert ab.status == "ok" and ab.modules == str(before) and ab.median_us == 10.0
+        assert ab.ratio == pytest.approx(ratio) and ab.max_rel_err < 2e-2 and ab.alternations == 5
+        assert case.kernels["grouped"].median_us == pytest.approx(10.0 * ratio)
+    assert "now/then=1.040" in capsys.readouterr().out
+    again = read_run(write_json(run, tmp_path / "bench.json"))
+    assert again.cases[0].kernels["grouped"].build_ab.ratio == pytest.approx(1.04)
+    summary = cli.summary_text(again)
+    assert f"vs the build in {before}" in summary
+    assert f"geometric mean {(1.04 * 0.99) ** 0.5:.3f} over 2 cases, worst 1.040 at {run.cases[0].key}" in summary
+    assert f"grouped kernel vs the build in {before}" in render_markdown(again)

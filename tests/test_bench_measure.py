@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
-from kgen.bench.cases import KERNELS, build_matrix, make_case, min_bytes
+from kgen.bench.cases import KERNELS, build_matrix, case_for, min_bytes
 from kgen.bench.measure import (
     TOLERANCE_BF16,
     KernelResult,
@@ -87,7 +87,7 @@ def _cases(**kw):  # noqa: ANN202
 
 
 def test_measure_kernel_bandwidth_and_copy_share() -> None:
-    case = make_case(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 2, 1024, 4)
+    case = case_for(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 2, 1024, 4)
     nbytes = min_bytes(case).total  # 2,236,416 B
     run = KernelRun(fn=FakeLaunch("grouped", 2.0), n_sets=2, check=lambda: 0.001, scratch_bytes=7)
     res = measure_kernel(run, FakeTimer(), nbytes, COPY_GBPS, TOLERANCE_BF16)
@@ -381,7 +381,37 @@ def test_measure_kernel_times_both_index_dtypes_in_alternation() -> None:
 def test_a_wrong_or_untimable_other_index_dtype() -> None:
     wrong = measure_kernel(_ab_run(alt_err=0.5), FakePairTimer(), 10, None, TOLERANCE_BF16)
     assert wrong.status == "ok" and wrong.index_ab.status == "failed"
-    case = make_case(SPECS["gqa128"], 8, "bfloat16", 4, 1024, 2, index_dtype_ab="int32")
+    case = case_for(SPECS["gqa128"], 8, "bfloat16", 4, 1024, 2, index_dtype_ab="int32")
     assert make_case_result(case, {"grouped": wrong}).status == "FAILED"
     no_pair = measure_kernel(_ab_run(), FakeTimer(), 10, None, TOLERANCE_BF16)
     assert no_pair.status == "error" and "cannot time two index dtypes" in no_pair.note
+
+
+# ----------------------------------------------------------------- --baseline-modules
+
+
+def _build_ab_run(baseline: KernelRun) -> KernelRun:
+    return KernelRun(fn=FakeLaunch("grouped now", 103.0), n_sets=3, check=lambda: 1e-3, index_dtype="int64",
+                     baseline=baseline, baseline_modules="/tmp/before")  # fmt: skip
+
+
+def test_measure_kernel_times_the_earlier_build_in_alternation() -> None:
+    timer = FakePairTimer(ratios=(1.03, 1.02, 1.05, 1.01, 1.03))
+    then = KernelRun(fn=FakeLaunch("grouped then", 100.0), n_sets=3, check=lambda: 2e-3)
+    res = measure_kernel(_build_ab_run(then), timer, 10**6, COPY_GBPS, TOLERANCE_BF16)
+    assert timer.pairs == [("grouped now", "grouped then", 3)] and timer.seen == []
+    assert res.index_ab is None and res.median_us == pytest.approx(103.0)
+    ab = res.build_ab
+    assert (ab.modules, ab.status, ab.median_us, ab.alternations) == ("/tmp/before", "ok", 100.0, 5)
+    assert ab.ratio == pytest.approx(1.03) and ab.max_rel_err == 2e-3
+    assert KernelResult.model_validate_json(res.model_dump_json()) == res
+
+
+def test_an_earlier_build_that_does_not_load_leaves_the_current_figure_alone() -> None:
+    missing = KernelRun(error="baseline: /tmp/before has no verify_x.py")
+    timer = FakePairTimer()
+    res = measure_kernel(_build_ab_run(missing), timer, 10**6, COPY_GBPS, TOLERANCE_BF16)
+    assert res.status == "ok" and res.median_us == 103.0 and timer.pairs == []
+    assert res.build_ab.status == "error" and "has no verify_x.py" in res.build_ab.note
+    no_pair = measure_kernel(_build_ab_run(KernelRun(fn=FakeLaunch("t", 1.0))), FakeTimer(), 10, None, TOLERANCE_BF16)
+    assert no_pair.status == "error" and "cannot time two builds" in no_pair.note

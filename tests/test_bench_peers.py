@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from kgen.bench.cases import build_matrix, make_case
+from kgen.bench.cases import build_matrix, case_for
 from kgen.bench.inputs import (
     FP8_K_SCALE,
+    FP8_V_SCALE,
     build_inputs,
     build_peer_inputs,
+    case_seed,
     draft_mask,
-    max_rel_error,
     rows_from_folded,
     rows_from_heads,
 )
@@ -41,6 +42,7 @@ from kgen.bench.peers import (
 from kgen.bench.timing import Timing
 from kgen.reference import reference_verify
 from kgen.spec import load_layouts
+from kgen.testing import draft_affinity_for, make_case, relative_error
 
 SPECS = load_layouts()
 
@@ -91,7 +93,7 @@ CASES = [
 
 
 def _case(layout: str, group: int, kv: str, draft: int, batch: int = 3, prefix: int = 96):  # noqa: ANN202
-    return make_case(SPECS[layout], group, kv, batch, prefix, draft)
+    return case_for(SPECS[layout], group, kv, batch, prefix, draft)
 
 
 def test_inputs_are_a_shuffled_paged_pool() -> None:
@@ -203,11 +205,30 @@ def test_scratch_bytes_signatures() -> None:
     assert scratch_bytes_of(object(), case, "sm_90", 132) is None
 
 
-def test_max_rel_error() -> None:
+def test_relative_error_in_the_max_norm() -> None:
     ref = torch.tensor([[1.0, -2.0]])
-    assert max_rel_error(ref.bfloat16(), ref) == 0.0
-    assert max_rel_error(torch.tensor([[1.0, -1.0]]), ref) == pytest.approx(0.5)
-    assert max_rel_error(torch.tensor([[float("nan"), 1.0]]), ref) == float("inf")
+    assert relative_error(ref.bfloat16(), ref, "max") == 0.0
+    assert relative_error(torch.tensor([[1.0, -1.0]]), ref, "max") == pytest.approx(0.5)
+    assert relative_error(torch.tensor([[float("nan"), 1.0]]), ref, "max") == float("inf")
+    # One wrong element of many: the max norm sees it whole, the L2 norm averages it away.
+    big = torch.ones(1, 100)
+    one_off = big.clone()
+    one_off[0, 0] = 1.5
+    assert relative_error(one_off, big, "max") == pytest.approx(0.5)
+    assert relative_error(one_off, big) == pytest.approx(0.05)
+
+
+def test_input_sets_are_slices_of_one_make_case_problem() -> None:
+    """The bench's inputs come from kgen.testing.make_case (one builder): set s is requests
+    s * batch onwards of one problem with the case's seed, dtypes, scales and draft affinity."""
+    case = _case("gqa128", 8, "float8_e4m3fn", 3, batch=2, prefix=40)
+    inp = build_inputs(case, "cpu", n_sets=2, seed=5)
+    full = make_case(SPECS["gqa128"], [40] * 4, [3] * 4, 8, kv_dtype="float8_e4m3fn", k_scale=FP8_K_SCALE,
+                     v_scale=FP8_V_SCALE, spare_slots=0, index_dtype=torch.int64, seed=case_seed(case, 5),
+                     draft_affinity=draft_affinity_for(40, 128))
+    assert torch.equal(inp.k_buffer.view(torch.uint8), full.k_buffer.view(torch.uint8))
+    assert torch.equal(inp.sets[1].q, full.q[6:12]) and torch.equal(inp.sets[1].kv_indices, full.kv_indices[80:])
+    assert torch.equal(inp.sets[0].k_extend, full.k_extend[:6])
 
 
 def test_device_provider_end_to_end_on_cpu(tmp_path: Path) -> None:
@@ -227,20 +248,20 @@ def test_device_provider_end_to_end_on_cpu(tmp_path: Path) -> None:
 
 
 def test_inputs_for_an_index_dtype_ab_hold_one_permutation_in_both_dtypes() -> None:
-    case = make_case(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2, index_dtype="int64", index_dtype_ab="int32")
+    case = case_for(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2, index_dtype="int64", index_dtype_ab="int32")
     inp = build_inputs(case, "cpu", n_sets=2)
     for s in inp.sets:
         assert s.kv_indices.dtype == torch.int64 and s.kv_indices_ab.dtype == torch.int32
         assert torch.equal(s.kv_indices, s.kv_indices_ab.long())
         assert s.indices("int32") is s.kv_indices_ab and s.indices("int64") is s.kv_indices
-    plain = build_inputs(make_case(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2, index_dtype="int32"), "cpu", n_sets=2)
+    plain = build_inputs(case_for(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2, index_dtype="int32"), "cpu", n_sets=2)
     assert plain.sets[0].kv_indices_ab is None and torch.equal(plain.sets[0].kv_indices.long(), inp.sets[0].kv_indices)
     with pytest.raises(ValueError, match="no int64 kv_indices"):
         plain.sets[0].indices("int64")
 
 
 def test_kgen_run_launches_each_index_dtype_on_its_own_page_table() -> None:
-    case = make_case(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2, index_dtype="int64", index_dtype_ab="int32")
+    case = case_for(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2, index_dtype="int64", index_dtype_ab="int32")
     inp = build_inputs(case, "cpu", n_sets=2)
     module = ReferenceModule()
     run = kgen_run(case, inp, "grouped", loader=lambda *a: module)
@@ -249,8 +270,8 @@ def test_kgen_run_launches_each_index_dtype_on_its_own_page_table() -> None:
     run.fn(1)
     run.alt.fn(1)
     assert module.index_dtypes == [torch.int64, torch.int32, torch.int64, torch.int32]
-    single = kgen_run(make_case(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2), build_inputs(
-        make_case(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2), "cpu"), "grouped", loader=lambda *a: module)
+    single = kgen_run(case_for(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2), build_inputs(
+        case_for(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2), "cpu"), "grouped", loader=lambda *a: module)
     assert single.alt is None and single.index_dtype == "int64"
 
 
@@ -263,14 +284,14 @@ def test_device_provider_unknown_kernel() -> None:
 _INTERPRETER_SCRIPT = """
 import json, sys
 from kgen.spec import load_layouts
-from kgen.bench.cases import make_case
+from kgen.bench.cases import case_for
 from kgen.bench.inputs import build_inputs
 from kgen.bench.peers import kgen_run
 specs = load_layouts()
 out = {}
 for n, (layout, group, kv, draft) in enumerate(json.loads(sys.argv[1])):
     # int64 kv_indices (SGLang's); the first case also checks the int32 page table
-    case = make_case(specs[layout], group, kv, 2, 80, draft, index_dtype_ab=None if n else "int32")
+    case = case_for(specs[layout], group, kv, 2, 80, draft, index_dtype_ab=None if n else "int32")
     inputs = build_inputs(case, "cpu")
     for variant in ("grouped", "per_head"):
         run = kgen_run(case, inputs, variant)
@@ -315,3 +336,16 @@ def test_flex_refusal_is_remembered_per_layout(monkeypatch: pytest.MonkeyPatch) 
             notes.append(runs["flex"].unsupported)
     assert len(calls) == 1
     assert "head dim 576" in notes[0] and "first refused at mla_absorbed_512_64/g16/bf16/bs1" in notes[1]
+
+
+def test_draft_affinity_raises_the_draft_scores_of_each_request() -> None:
+    """make_case's draft_affinity: a request's draft queries and keys share a direction, so
+    q.k over the drafts stands above q.k over the prefix; zero leaves the draws unchanged."""
+    spec = SPECS["gqa128"]
+    plain = make_case(spec, [200, 200], [4, 3], 8, seed=3)
+    again = make_case(spec, [200, 200], [4, 3], 8, seed=3, draft_affinity=0.0)
+    assert torch.equal(plain.q, again.q) and torch.equal(plain.k_buffer, again.k_buffer)
+    case = make_case(spec, [200, 200], [4, 3], 8, seed=3, draft_affinity=draft_affinity_for(200, 128))
+    q, k_ext = case.q.float()[:4, 0], case.k_extend.float()[:4, 0]
+    prefix = case.k_buffer.float()[case.kv_indices[:200].long(), 0]
+    assert (q @ k_ext.T).mean() > 5 * (q @ prefix.T).abs().mean()

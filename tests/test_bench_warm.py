@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kgen.bench.cases import build_matrix, make_case
+from kgen.bench.cases import build_matrix, case_for
 from kgen.bench.cli import sweep_cases
 from kgen.bench.peers import FLEX_SWEEP_GRID, flex_label
 from kgen.bench.warm import WarmJob, precompile, split_jobs, warm_jobs
@@ -49,7 +49,7 @@ def test_split_jobs_round_robin() -> None:
 def _case_dict() -> dict:
     from dataclasses import asdict
 
-    return asdict(make_case(SPECS["gqa128"], 8, "bfloat16", 2, 96, 2))
+    return asdict(case_for(SPECS["gqa128"], 8, "bfloat16", 2, 96, 2))
 
 
 def test_precompile_runs_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -72,12 +72,12 @@ def test_run_job_compiles_both_index_dtypes_of_an_ab(monkeypatch: pytest.MonkeyP
     from test_bench_peers import ReferenceModule
 
     from kgen.bench import peers, warm
-    from kgen.bench.cases import make_case
+    from kgen.bench.cases import case_for
     from kgen.spec import load_layouts
 
     module = ReferenceModule()
     real = peers.kgen_run
     monkeypatch.setattr(peers, "kgen_run", lambda case, inputs, variant: real(case, inputs, variant, lambda *a: module))
-    case = make_case(load_layouts()["gqa128"], 8, "bfloat16", 1, 32, 2, index_dtype_ab="int32")
+    case = case_for(load_layouts()["gqa128"], 8, "bfloat16", 1, 32, 2, index_dtype_ab="int32")
     warm.run_job(warm.WarmJob("grouped", asdict(case)), "cpu")
     assert module.index_dtypes == [torch.int64, torch.int32]

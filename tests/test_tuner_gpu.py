@@ -1,6 +1,6 @@
 """The real objective's code path without a GPU: the generated module runs in Triton's
 interpreter on CPU tensors, timed with the host clock instead of CUDA graphs. Only the
-CUDA-graph timer itself is left for the GPU."""
+CUDA-graph timer itself (kgen.bench.timing, shared with the benchmark) is left for the GPU."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import os
 # tests/conftest.py chooses Triton's interpreter before anything imports triton; these
 # tests run the kernels on CPU tensors, so they only make sense there.
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import optuna
@@ -18,10 +17,11 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 import kgen
+from kgen.bench.timing import EagerTimer
 from kgen.blockconfig import BlockConfig
 from kgen.spec import load_layouts
 from kgen.tuner.errors import TuneError
-from kgen.tuner.gpu import GpuBackend, check_kernel_rules, geomean, input_bytes, rotation_count, wall_timer
+from kgen.tuner.gpu import GpuBackend, geomean, input_bytes, rotation_count
 from kgen.tuner.objective import make_objective
 from kgen.tuner.results import finalize
 from kgen.tuner.space import default_config, load_spaces
@@ -36,9 +36,8 @@ LAYOUTS = load_layouts()
 SMALL_SPACE = """
 schema = "kgen.tune-space/1"
 [arch_families]
-"interp" = "cpu"
+"sm_" = "cpu"
 [family.cpu]
-warp_size = 32
 kv_dtypes = ["bfloat16"]
 [family.cpu.axes]
 block_h = [2, 8]
@@ -48,10 +47,6 @@ num_stages = [1]
 programs_per_sm = [1, 2]
 max_splits = [4]
 min_tokens_per_split = [64]
-[family.cpu.limits]
-smem_per_block = 101376
-smem_per_sm = 102400
-max_fp32_regs_per_thread = 160
 """
 CHECK = Check(prefixes=(1, 37, 70), atol=0.02, rtol=0.02)
 TIMING = Timing(replays=2, min_input_sets=1, max_input_sets=2, repeats=2, top_k=2)
@@ -79,7 +74,7 @@ def backend(mod: Any, workloads: list[Workload] | None = None, kv: str = "bfloat
         CHECK,
         TIMING,
         device="cpu",
-        timer=wall_timer,
+        timer=EagerTimer(iters=2),  # the host clock: torch sees no GPU here
     )
 
 
@@ -88,7 +83,6 @@ class Wrapped:
 
     def __init__(self, mod: Any, wrong_block_n: int | None = None, oor_block_h: int | None = None) -> None:
         self.mod, self.wrong_block_n, self.oor_block_h = mod, wrong_block_n, oor_block_h
-        self.MIN_DOT, self.MAX_ROWS = mod.MIN_DOT, mod.MAX_ROWS
 
     def launch(self, *args: Any, config: dict[str, Any]) -> None:
         if config["block_h"] == self.oor_block_h:
@@ -124,7 +118,7 @@ def test_a_short_study_on_the_real_kernel_prunes_wrong_and_failing_configs(modul
     spaces_path.write_text(SMALL_SPACE)
     spaces = load_spaces(spaces_path)
     bucket = Bucket(name="tiny", batch_min=1, batch_max=4, batches=(2,), prefixes=(40,))
-    job = TuneJob("interp", LAYOUTS["gqa64"], "bfloat16", "bfloat16", 8, bucket, (WORKLOAD,))
+    job = TuneJob("sm_90", LAYOUTS["gqa64"], "bfloat16", "bfloat16", 8, bucket, (WORKLOAD,))
     space = build_space(job, spaces)
     be = backend(Wrapped(module, wrong_block_n=32, oor_block_h=2))
     default = BlockConfig(block_h=8, block_n=16, num_warps=4, num_stages=1)
@@ -163,12 +157,6 @@ def test_geomean() -> None:
     assert geomean([1.0, 4.0, 16.0]) == pytest.approx(4.0)
 
 
-def test_kernel_rules_must_match_the_module() -> None:
-    check_kernel_rules(SimpleNamespace(MIN_DOT=16, MAX_ROWS=128), 16, 128)
-    with pytest.raises(TuneError, match="spaces.toml"):
-        check_kernel_rules(SimpleNamespace(URI="m", MIN_DOT=16, MAX_ROWS=64), 16, 128)
-
-
 def test_objective_on_the_real_backend_records_the_config(module: Any) -> None:
     spaces = load_spaces()
     bucket = Bucket(name="tiny", batch_min=1, batch_max=4, batches=(2,), prefixes=(40,))
@@ -180,3 +168,39 @@ def test_objective_on_the_real_backend_records_the_config(module: Any) -> None:
     study.optimize(make_objective(space, backend(module)), n_trials=1)
     assert study.trials[0].state.name == "COMPLETE"
     assert study.trials[0].user_attrs["config"]["block_h"] == 8
+
+
+def test_workloads_are_timed_by_the_benchmarks_timer_over_every_input_set(module: Any) -> None:
+    """One CUDA-graph timer for the tuner and the bench: the backend's default is
+    kgen.bench.timing.CudaGraphTimer with the bucket's replays, handed a launch per input set."""
+    from kgen.bench.timing import CudaGraphTimer, Timing
+
+    assert backend(module).timer == EagerTimer(iters=2)
+    default = GpuBackend(module, "interpreter", LAYOUTS["gqa64"], "bfloat16", "bfloat16", 8, 1, [WORKLOAD], CHECK,
+                         TIMING, device="cpu")
+    assert default.timer == CudaGraphTimer(replays=TIMING.replays)
+    seen: list[int] = []
+
+    def fake(fn: Any, n_sets: int) -> Timing:
+        for i in range(n_sets):
+            fn(i)
+            seen.append(i)
+        return Timing.from_samples([7.0, 5.0, 6.0], n_sets, "fake")
+
+    be = backend(module)
+    be.timer = fake
+    cfg = BlockConfig(block_h=8, block_n=16, num_warps=4, num_stages=1)
+    assert be.time_workload(WORKLOAD, cfg) == 6.0
+    assert seen == list(range(len(be._input_sets(WORKLOAD)))) and len(seen) == TIMING.max_input_sets
+
+
+def test_a_jobs_backend_takes_the_job_and_the_workloads_file(module: Any) -> None:
+    from kgen.tuner.workloads import load_workloads
+
+    workloads = load_workloads()
+    bucket = workloads.bucket[0]
+    job = TuneJob("sm_90", LAYOUTS["gqa64"], "bfloat16", "bfloat16", 8, bucket, tuple(workloads.workloads(bucket)))
+    be = GpuBackend.for_job(module, job, workloads, 60 << 20)
+    assert (be.arch, be.layout, be.group_size, be.num_kv_heads) == ("sm_90", job.layout, 8, workloads.num_kv_heads)
+    assert be.workloads == list(job.workloads) and be.check_spec == workloads.check and be.l2_bytes == 60 << 20
+    assert be.timer.replays == workloads.timing.replays

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
 import pytest
 
+from kgen import rules
 from kgen.blockconfig import BlockConfig, SplitPolicy
+from kgen.loader import load
 from kgen.spec import load_layouts
 from kgen.tuner.errors import TuneError
 from kgen.tuner.gpu import device_info_from_props, select_gpu
@@ -18,10 +22,8 @@ from kgen.tuner.space import (
     arch_family,
     arch_profile,
     default_config,
-    fp32_regs_per_thread,
     launch_rows,
     load_spaces,
-    smem_bytes,
 )
 
 LAYOUTS = load_layouts()
@@ -29,8 +31,21 @@ SPACES = load_spaces()
 
 
 def space_for(arch: str, layout: str, group: int, kv: str = "bfloat16", drafts: tuple[int, ...] = (4,)) -> SearchSpace:
-    shape = ProblemShape.of(LAYOUTS[layout], kv, "bfloat16", group, drafts, SPACES.kernel)
+    shape = ProblemShape.of(LAYOUTS[layout], kv, "bfloat16", group, drafts)
     return SearchSpace.build(arch_profile(arch, SPACES), shape)
+
+
+def targets_file(tmp_path: Path, **rows: dict) -> Path:
+    """kgen/tables/targets.json with rows replaced (a row given as None is left out)."""
+    shipped = json.loads((Path(__file__).parents[1] / "kgen" / "tables" / "targets.json").read_text())
+    for name, row in rows.items():
+        if row is None:
+            del shipped["targets"][name]
+        else:
+            shipped["targets"][name] = {**shipped["targets"][name], **row}
+    path = tmp_path / "targets.json"
+    path.write_text(json.dumps(shipped))
+    return path
 
 
 def cfg(**kw: object) -> BlockConfig:
@@ -119,7 +134,7 @@ def test_sm_90_space_is_cuda_without_amd_knobs() -> None:
     space = space_for("sm_90", "qwen3_5_gqa256", 8)
     prof = space.profile
     assert prof.family == "cuda" and prof.warp_size == 32
-    assert prof.limits.smem_per_block == 232448 and prof.limits.smem_per_sm == 228 * 1024
+    assert prof.target["shared_bytes"] == 232448 and prof.target["mma"] == "wgmma"
     assert set(space.axes) == {
         "block_h",
         "block_n",
@@ -164,7 +179,7 @@ def test_gfx950_space_has_amd_knobs_and_160k_lds() -> None:
     space = space_for("gfx950", "mla_absorbed_512_64", 16)
     prof = space.profile
     assert prof.family == "rocm" and prof.warp_size == 64
-    assert prof.limits.smem_per_block == 160 * 1024
+    assert prof.target["shared_bytes"] == 160 * 1024
     assert space.axes["matrix_instr_nonkdim"] == (16, 32)
     assert space.axes["kpack"] == (1,)  # Triton forces kpack 1 on gfx950: not a real choice
     assert 0 in space.axes["waves_per_eu"]
@@ -175,7 +190,7 @@ def test_gfx950_space_has_amd_knobs_and_160k_lds() -> None:
 def test_gfx942_space_has_kpack_and_64k_lds_and_fnuz() -> None:
     space = space_for("gfx942", "gqa128", 8, kv="float8_e4m3fnuz")
     prof = space.profile
-    assert prof.limits.smem_per_block == 64 * 1024
+    assert prof.target["shared_bytes"] == 64 * 1024
     assert space.axes["kpack"] == (1, 2)
     assert prof.kv_dtypes == ("bfloat16", "float8_e4m3fnuz")
 
@@ -186,10 +201,20 @@ def test_block_h_never_exceeds_next_pow2_of_the_group() -> None:
     assert max(space_for("gfx950", "gqa128", 8).axes["block_h"]) == 8
 
 
-def test_unlisted_arch_falls_back_to_family_limits_and_suffix_is_stripped() -> None:
-    assert arch_profile("sm_90a", SPACES).limits.smem_per_block == 232448
-    fallback = arch_profile("sm_89", SPACES)
-    assert fallback.limits.smem_per_block == 101376 and "fallback" in fallback.limits_from
+def test_targets_come_from_targets_json_and_suffix_is_stripped() -> None:
+    sm90a = arch_profile("sm_90a", SPACES)
+    assert (sm90a.target_name, sm90a.target["shared_bytes"]) == ("sm_90", 232448)
+    assert arch_profile("sm_89", SPACES).target["shared_bytes"] == 101376
+    # sm_80 has no FP8 tensor-core format: its module refuses FP8 KV, so it is not tuned.
+    assert arch_profile("sm_80", SPACES).kv_dtypes == ("bfloat16",)
+
+
+def test_an_arch_without_a_target_row_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(TuneError, match=r"sm_75 has no row in .*targets\.json.*add a row"):
+        arch_profile("sm_75", SPACES)
+    without_gfx950 = targets_file(tmp_path, gfx950=None)
+    with pytest.raises(TuneError, match="gfx950 has no row"):
+        arch_profile("gfx950", SPACES, without_gfx950)
 
 
 def test_unknown_arch_names_the_known_prefixes() -> None:
@@ -205,46 +230,64 @@ def test_launch_rows_are_the_generated_launchers() -> None:
     assert launch_rows(1, shape, 4) == (1, 16)  # rows padded to 16 for tl.dot
     assert launch_rows(4, shape, 4) == (4, 4)
     assert launch_rows(16, shape, 16) == (8, 16)  # halved to <= 128 rows
-    from kgen.loader import load
-
     module = load("gqa128", "bfloat16")
-    assert (module.MIN_DOT, module.MAX_ROWS) == (SPACES.kernel.min_dot, SPACES.kernel.max_rows)
+    assert (module.MIN_DOT, module.MAX_ROWS) == (rules.MIN_DOT, rules.MAX_ROWS)
     for block_h, draft in ((1, 4), (4, 4), (16, 16), (8, 4), (4, 2), (16, 1)):
         assert module.row_blocking(block_h, 16, draft) == launch_rows(block_h, shape, draft)
 
 
-def test_shared_memory_estimate_counts_k_v_tiles_per_stage_and_q() -> None:
-    shape = space_for("sm_90", "qwen3_5_gqa256", 8).shape
-    # K + V tiles: 64 x (256 + 256) x 2 B x 2 stages; Q: 16 rows x 256 x 2 B
-    assert smem_bytes(cfg(block_n=64, num_stages=2), shape, rows=16) == 64 * 512 * 2 * 2 + 16 * 256 * 2
-    mla = space_for("sm_90", "mla_absorbed_512_64", 16).shape
-    # MLA reuses the K tile (512 + 64 wide) as V
-    assert smem_bytes(cfg(block_n=32, num_stages=1), mla, rows=64) == 32 * 576 * 2 + 64 * 576 * 2
+@pytest.mark.parametrize(("arch", "layout", "kv", "group"), [
+    ("sm_90", "qwen3_5_gqa256", "bfloat16", 16),
+    ("sm_89", "mla_absorbed_512_64", "float8_e4m3fn", 16),
+    ("gfx942", "qwen3_5_gqa256", "bfloat16", 8),
+])
+def test_the_space_turns_away_exactly_what_the_modules_fit_changes(arch: str, layout: str, kv: str,
+                                                                  group: int) -> None:
+    """The generated module's own fit (what its launch runs) is the judge: a config passes
+    exactly when the module runs it as written at every draft length of the study."""
+    space = space_for(arch, layout, group, kv=kv, drafts=(1, 4))
+    module = load(layout, kv)
+    target = module._TARGETS[arch]
+    assert space.shape.kernel == module._KERNEL_SHAPE
+    for block_h, block_n, warps, stages in itertools.product((1, 4, 16), (16, 64, 128), (2, 4, 8), (1, 2, 4)):
+        c = cfg(block_h=min(block_h, group), block_n=block_n, num_warps=warps, num_stages=stages)
+        fitted = [module.fit(target, module._KERNEL_SHAPE, c.model_dump(exclude_none=True), group, d) for d in (1, 4)]
+        changed = any(f is None or f[4] for f in fitted)
+        reason = space.why_not(c) or ""
+        assert changed == reason.startswith(("duplicate: at L=", "no program fits")), (c.short(), reason)
 
 
-def test_register_estimate() -> None:
-    shape = space_for("sm_90", "mla_absorbed_512_64", 16).shape
-    regs = fp32_regs_per_thread(cfg(block_h=16, block_n=32, num_warps=8), shape, rows=64, warp_size=32)
-    assert regs == 64 * (512 + 32) / (8 * 32)
-
-
-def test_configs_that_do_not_fit_are_pruned_with_a_reason() -> None:
+def test_configs_the_launcher_changes_are_pruned_with_a_reason() -> None:
     sm90 = space_for("sm_90", "qwen3_5_gqa256", 8)
-    assert "shared memory" in sm90.why_not(cfg(block_n=128, num_stages=4))
-    assert "registers" in sm90.why_not(cfg(block_h=8, block_n=128, num_warps=2, num_stages=1))
+    stages = sm90.why_not(cfg(block_n=128, num_stages=4))
+    assert stages.startswith("duplicate: at L=4") and "shared memory" in stages and "num_stages 4 -> 3" in stages
+    g16 = space_for("sm_90", "qwen3_5_gqa256", 16)
+    regs = g16.why_not(cfg(block_h=16, block_n=32, num_warps=2, num_stages=1))
+    assert "BLOCK_H 16 -> 8" in regs and "registers" in regs
     assert "next_pow2" in sm90.why_not(cfg(block_h=16))
     assert sm90.why_not(cfg()) is None
     gfx942 = space_for("gfx942", "qwen3_5_gqa256", 8)
     fits_h100 = cfg(block_n=64, num_stages=3)
-    assert sm90.why_not(fits_h100) is None and "65536" in gfx942.why_not(fits_h100)
+    assert sm90.why_not(fits_h100) is None and "65536 B of shared memory" in gfx942.why_not(fits_h100)
     gfx950 = space_for("gfx950", "qwen3_5_gqa256", 8)
     assert "matrix_instr_nonkdim" in gfx950.why_not(cfg(block_n=16, num_stages=1, matrix_instr_nonkdim=32))
     assert gfx950.why_not(cfg(block_n=64, num_stages=1, matrix_instr_nonkdim=32, block_h=8)) is None
 
 
+def test_a_config_with_no_program_that_fits_is_refused(tmp_path: Path) -> None:
+    tiny = arch_profile("sm_90", SPACES, targets_file(tmp_path, sm_90={"shared_bytes": 4096}))
+    space = SearchSpace.build(tiny, ProblemShape.of(LAYOUTS["gqa128"], "bfloat16", "bfloat16", 8, (4,)))
+    assert space.why_not(cfg()).startswith("no program fits sm_90 at L=4")
+    assert space.feasible_configs() == []
+
+
 def test_duplicates_the_launcher_would_halve_are_pruned() -> None:
     space = space_for("sm_90", "mla_absorbed_512_64", 128, drafts=(16,))
     assert "duplicate" in space.why_not(cfg(block_h=16, block_n=16, num_warps=8, num_stages=1))
+    # 64 heads x 4 rows: the row rule halves BLOCK_H to 32 at every draft (<= 128 rows).
+    l4 = space_for("sm_90", "gqa128", 64, drafts=(4,))
+    halved = l4.why_not(cfg(block_h=64, block_n=16, num_warps=8, num_stages=1))
+    assert halved.startswith("duplicate: the launcher halves")
 
 
 def test_suggest_prunes_before_anything_runs() -> None:
@@ -289,10 +332,12 @@ def test_rocm_default_gets_baseline_knobs_when_enqueued() -> None:
     assert (params["waves_per_eu"], params["matrix_instr_nonkdim"], params["kpack"]) == (0, 16, 1)
 
 
-def test_space_digest_changes_with_the_choices() -> None:
+def test_space_digest_changes_with_the_choices_and_the_target(tmp_path: Path) -> None:
     a = space_for("sm_90", "gqa128", 8)
     b = space_for("sm_90", "gqa128", 16)
     assert a.digest() == space_for("sm_90", "gqa128", 8).digest() != b.digest()
+    smaller = arch_profile("sm_90", SPACES, targets_file(tmp_path, sm_90={"shared_bytes": 101376}))
+    assert SearchSpace.build(smaller, a.shape).digest() != a.digest()
 
 
 def test_counts_and_description() -> None:
@@ -308,11 +353,15 @@ def test_counts_and_description() -> None:
 def test_bad_spaces_file_names_file_and_field(tmp_path: Path) -> None:
     text = (Path(__file__).parents[1] / "kgen" / "tuner" / "spaces.toml").read_text()
     bad = tmp_path / "spaces.toml"
-    bad.write_text(text.replace("smem_per_block = 232448", 'smem_per_block = "lots"'))
-    with pytest.raises(TuneError, match=r"spaces\.toml: field 'arch\.sm_90\.limits\.smem_per_block'"):
+    bad.write_text(text.replace('gpus = "H100, H200, GH200"', 'gpus = "H100, H200, GH200"\nkv_dtypes = "bf16"'))
+    with pytest.raises(TuneError, match=r"spaces\.toml: field 'arch\.sm_90\.kv_dtypes'"):
         load_spaces(bad)
-    bad.write_text(text.replace("warp_size = 32", "warp_size = 32\nwarp_sise = 32"))
+    bad.write_text(text.replace("dot_multiple_of_nonkdim = false", "dot_multiple_of_nonkdim = false\nwarp_sise = 32"))
     with pytest.raises(TuneError, match=r"field 'family\.cuda\.warp_sise': unknown key"):
+        load_spaces(bad)
+    # Limits live in kgen/tables/targets.json and the launch rules in kgen/rules.py only.
+    bad.write_text(text + "\n[kernel]\nmax_rows = 128\n")
+    with pytest.raises(TuneError, match=r"field 'kernel': unknown key"):
         load_spaces(bad)
     bad.write_text(text + "\n[[[")
     with pytest.raises(TuneError, match="not valid TOML"):

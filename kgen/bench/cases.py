@@ -119,7 +119,7 @@ class Case:
         return (self.batch, self.prefix, self.draft) in HEADLINE_SHAPES
 
 
-def make_case(
+def case_for(
     spec: LayoutSpec,
     group: int,
     kv_dtype: str,
@@ -130,21 +130,11 @@ def make_case(
     index_dtype: str = DEFAULT_INDEX_DTYPE,
     index_dtype_ab: str | None = None,
 ) -> Case:
+    """The benchmark case of one layout at one size (its head widths copied from ``spec``)."""
     shape = spec.attention
-    return Case(
-        layout=spec.name,
-        group=group,
-        kv_dtype=kv_dtype,
-        batch=batch,
-        prefix=prefix,
-        draft=draft,
-        qk_dim=shape.qk_dim,
-        v_dim=shape.v_head_dim,
-        separate_v=shape.v_source == "v_buffer",
-        kv_heads=kv_heads,
-        index_dtype=index_dtype,
-        index_dtype_ab=index_dtype_ab,
-    )
+    widths = {"qk_dim": shape.qk_dim, "v_dim": shape.v_head_dim, "separate_v": shape.v_source == "v_buffer"}
+    return Case(spec.name, group, kv_dtype, batch, prefix, draft, **widths, kv_heads=kv_heads,
+                index_dtype=index_dtype, index_dtype_ab=index_dtype_ab)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -295,7 +285,7 @@ def build_matrix(
             for batch in batches:
                 for prefix in prefixes:
                     for draft in drafts:
-                        cases.append(make_case(spec, group, kv_dtype, batch, prefix, draft, kv_heads,
+                        cases.append(case_for(spec, group, kv_dtype, batch, prefix, draft, kv_heads,
                                                *index_dtypes))  # fmt: skip
     return cases
 

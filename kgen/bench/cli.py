@@ -41,6 +41,8 @@ from kgen.bench.report import (
     BenchMeta,
     BenchReportError,
     BenchRun,
+    build_ab_line,
+    build_ab_summary,
     compare_runs,
     format_comparison,
     index_ab_summary,
@@ -66,6 +68,9 @@ EPILOG = """examples:
   kgen bench --from-json bench-out/bench.json --compare benchmarks/baselines/h200.json
   kgen bench --index-dtype int64,int32 --layout qwen3_5_gqa256:16 --batch 64 --prefix 4K,16K --draft 4
                                                       int64 vs int32 kv_indices, alternated graph replays
+  cp -r generated /tmp/before; (change kgen, kgen build)
+  kgen bench --quick --kernels grouped --baseline-modules /tmp/before
+                                                      this build vs the earlier one, alternated graph replays
   kgen bench --list                                   the cases, no GPU needed
   kgen bench --time-limit 500 --out a; kgen bench --resume a/bench.json --out a
                                                       a matrix longer than one sitting"""
@@ -105,6 +110,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="kv_indices dtype of the kgen kernels (default int64, what SGLang sends); two, e.g. int64,int32: "
         "the first's figures, and both timed in alternation in one process (CUDA-graph replays, the median "
         "of at least 5 alternations) with their ratio per case",
+    )
+    sel.add_argument(
+        "--baseline-modules",
+        metavar="DIR",
+        help="a copy of an earlier build's generated/: for every case, its same-named grouped module and the "
+        "current one are timed in alternation in one process (CUDA-graph replays, the median of at least 5 "
+        "alternations); the JSON holds both times and their ratio, the summary their geometric mean and the worst",
     )
     sel.add_argument(
         "--quick", action="store_true", help="the fast subset: batch 16,64 x prefix 1K,16K x L 4 (32 cases)"
@@ -213,6 +225,25 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
     )
 
 
+def baseline_modules_dir(args: argparse.Namespace) -> Path | None:
+    """``--baseline-modules DIR``: a directory holding generated modules (verify*.py), for
+    a run that times the grouped kernel, with one kv_indices dtype (one A/B at a time)."""
+    text = getattr(args, "baseline_modules", None)
+    if not text:
+        return None
+    path = Path(text)
+    if not path.is_dir() or not any(path.glob("verify*.py")):
+        raise BenchUsageError(f"--baseline-modules {text}: not a directory of generated modules (verify*.py); "
+                              "copy an earlier build's generated/ there")  # fmt: skip
+    if "grouped" not in select_kernels(args):
+        raise BenchUsageError("--baseline-modules times the grouped kernel: keep it in --kernels")
+    if parse_index_dtypes(args.index_dtype)[1] is not None:
+        raise BenchUsageError("--baseline-modules and two --index-dtype values are two A/Bs: run one at a time")
+    if args.from_json:
+        raise BenchUsageError("--baseline-modules measures: it does not go with --from-json")
+    return path
+
+
 def select_kernels(args: argparse.Namespace) -> list[str]:
     names = split_list(args.kernels) or list(KERNELS)
     unknown = [n for n in names if n not in KERNELS]
@@ -234,6 +265,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.replays < 1:
         raise BenchUsageError("--replays must be at least 1")
     baseline = read_run(args.compare) if args.compare else None  # a bad path fails before measuring
+    baseline_modules_dir(args)  # a bad --baseline-modules fails before measuring too
     if args.from_json:
         run = read_run(args.from_json)
         out_dir = Path(args.out) if args.out else None
@@ -268,6 +300,8 @@ def case_line(res: CaseResult) -> str:
     pct = f" {g.pct_copy:5.1f}% copy" if g.pct_copy is not None else ""
     if g.index_ab is not None and g.index_ab.ratio is not None:
         pct += f" {res.case.indices}/{g.index_ab.dtype}={g.index_ab.ratio:.3f}"
+    if g.build_ab is not None:
+        pct += f" now/then={g.build_ab.ratio:.3f}" if g.build_ab.ratio is not None else f" then {g.build_ab.status}"
     ups = " ".join(f"x{k}={v:.2f}" for k, v in res.speedup.items())
     bad = " ".join(
         f"{k} {r.status} ({(r.note or str(r.max_rel_err))[:60]})" for k, r in res.kernels.items() if r.status != "ok"
@@ -283,6 +317,9 @@ def summary_text(run: BenchRun) -> str:
         lines.append(f"  grouped vs {name}: {g:.2f}x geometric mean over {n} cases")
     for kernel, (title, mid, worst, key, n) in index_ab_summary(run.cases).items():
         lines.append(f"  {kernel} kv_indices {title}: median {mid:.3f} over {n} cases, largest {worst:.3f} at {key}")
+    build = build_ab_summary(run.cases)
+    if build is not None:
+        lines.append(f"  {build_ab_line(build, run.meta.baseline_modules)}")
     lines += [f"  FAILED: {key}" for key in failed]
     return "\n".join(lines)
 
@@ -355,8 +392,10 @@ def collect_meta(args: argparse.Namespace, copy_gbps: float, copy_bytes: int) ->
             "min_graph_us": args.min_graph_us,
             "l2_rotate_factor": 2.0,
             "index_ab_alternations": CudaGraphTimer(replays=args.replays).alternations,
+            "build_ab_alternations": CudaGraphTimer(replays=args.replays).alternations,
         },  # fmt: skip
         flex_sweep=flex_sweep_mode(args),
+        baseline_modules=str(baseline_modules_dir(args) or "") or None,
     )
 
 
@@ -436,7 +475,8 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path,
     copy_gbps = copy_ceiling_gbps(EagerTimer(iters=20, warmup=3), copy_bytes)
     meta = collect_meta(args, copy_gbps, copy_bytes)
     print(f"{meta.gpu_name} ({meta.arch}): copy ceiling {copy_gbps:.0f} GB/s; {len(cases)} cases", flush=True)
-    provider = DeviceProvider(l2_bytes=meta.l2_bytes or (50 << 20), seed=args.seed, compile_flex=not args.flex_eager)
+    provider = DeviceProvider(l2_bytes=meta.l2_bytes or (50 << 20), seed=args.seed, compile_flex=not args.flex_eager,
+                              baseline_modules=baseline_modules_dir(args))
     if finish is not None:
         finish(BenchRun(meta=meta))  # a resume from another GPU fails here, before any timing
     warm_up(args, cases, meta, started)

@@ -1,4 +1,5 @@
-"""The tensors of one case: a paged KV pool, a shuffled page table and rotated input sets.
+"""The tensors of one case: a paged KV pool, a shuffled page table and rotated input sets,
+all built by ``kgen.testing.make_case`` (the tests' and the tuner's builder too).
 
 The generated kernels read SGLang's token-slot pool: ``k_buffer [slots, H_kv, D_qk]``,
 ``v_buffer [slots, H_kv, D_v]`` (absorbed MLA: a view of K's first D_v columns),
@@ -13,9 +14,10 @@ The peers read the same values gathered into dense ``[bs, H, S, D]`` bf16 tensor
 pool values dequantized with the case's scales), built outside any timed region.
 
 Inputs are made to be *checkable*: each request's draft queries and keys share a random
-direction whose score stands ~ln(prefix) above the prefix keys', so the draft block
-carries a visible share of the softmax mass and a wrong causal mask on the draft tail
-shows in the output instead of drowning in a 32K-token average.
+direction whose score stands ~ln(prefix) above the prefix keys' (``make_case``'s
+``draft_affinity``), so the draft block carries a visible share of the softmax mass and a
+wrong causal mask on the draft tail shows in the output instead of drowning in a 32K-token
+average.
 """
 
 from __future__ import annotations
@@ -29,17 +31,12 @@ import torch
 
 from kgen.bench.cases import Case
 from kgen.reference import reference_verify
+from kgen.spec import LayoutSpec, load_layouts
+from kgen.testing import draft_affinity_for, make_case
 
 FP8_K_SCALE = 0.75
 FP8_V_SCALE = 1.25
 CHECK_REQUESTS = 2  # requests compared with the reference (the reference is slow)
-_POOL_CHUNK_ELEMS = 64 << 20  # random fill in chunks: bounded fp32 temporaries
-
-
-def draft_affinity(case: Case) -> float:
-    """Scale of the shared query/key direction: a draft score of about ln(P) + 2 over
-    prefix scores of about N(0, 1 + beta^2)."""
-    return math.sqrt((math.log(max(case.prefix, 2)) + 2.0) / math.sqrt(case.qk_dim))
 
 
 @dataclass
@@ -87,75 +84,47 @@ class CaseInputs:
         return self._reference
 
 
-def _case_generator(case: Case, device: torch.device, seed: int) -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(case.key.encode()))
+@functools.cache
+def _layout(name: str) -> LayoutSpec:
+    return load_layouts()[name]
 
 
-def _random_pool(
-    slots: int, heads: int, dim: int, dtype: torch.dtype, scale: float, gen: torch.Generator, device: torch.device
-) -> torch.Tensor:
-    """N(0, 1) values stored as ``x / scale`` (what an engine's FP8 quantizer stores)."""
-    out = torch.empty(slots, heads, dim, dtype=dtype, device=device)
-    rows = max(1, _POOL_CHUNK_ELEMS // (heads * dim))
-    for start in range(0, slots, rows):
-        n = min(rows, slots - start)
-        x = torch.randn(n, heads, dim, generator=gen, device=device)
-        if scale != 1.0:
-            x.div_(scale)
-        out[start : start + n] = x.to(dtype)
-    return out
-
-
-def _draft_set(
-    case: Case, kv_indices: torch.Tensor, gen: torch.Generator, device: torch.device,
-    kv_indices_ab: torch.Tensor | None = None,
-) -> InputSet:  # fmt: skip
-    bs, L, hq, hkv = case.batch, case.draft, case.num_q_heads, case.kv_heads
-    bf16 = torch.bfloat16
-    shared = torch.randn(bs, 1, 1, case.qk_dim, generator=gen, device=device) * draft_affinity(case)
-    q = torch.randn(bs, L, hq, case.qk_dim, generator=gen, device=device) + shared
-    k_ext = torch.randn(bs, L, hkv, case.qk_dim, generator=gen, device=device) + shared
-    q = q.reshape(bs * L, hq, case.qk_dim).to(bf16)
-    k_ext = k_ext.reshape(bs * L, hkv, case.qk_dim).to(bf16)
-    if case.separate_v:
-        v_ext = torch.randn(bs * L, hkv, case.v_dim, generator=gen, device=device).to(bf16)
-    else:
-        v_ext = k_ext[..., : case.v_dim]
-    o = torch.full((bs * L, hq, case.v_dim), float("nan"), dtype=bf16, device=device)
-    return InputSet(q=q, k_extend=k_ext, v_extend=v_ext, o=o, kv_indices=kv_indices, kv_indices_ab=kv_indices_ab)
+def case_seed(case: Case, seed: int) -> int:
+    """The seed of one case's inputs: the run's seed and the case's key."""
+    return seed * 1_000_003 + zlib.crc32(case.key.encode())
 
 
 def build_inputs(case: Case, device: str | torch.device, n_sets: int = 1, seed: int = 0) -> CaseInputs:
-    """One pool holding ``n_sets`` x batch x prefix slots, each set's slots a disjoint slice
-    of one random permutation (the same permutation whatever the index dtype, so two
-    dtypes time the same reads)."""
-    dev = torch.device(device)
-    gen = _case_generator(case, dev, seed)
-    kv_dtype = getattr(torch, case.kv_dtype)
+    """``n_sets`` x batch requests of one ``make_case`` problem, set ``s`` being requests
+    ``s * batch`` onwards: one pool, each set's slots a disjoint slice of one random
+    permutation (the same permutation whatever the index dtype, so two dtypes time the
+    same reads), and each set its own queries, draft K/V and NaN-filled outputs."""
     k_scale, v_scale = (FP8_K_SCALE, FP8_V_SCALE) if case.is_fp8 else (1.0, 1.0)
-    per_set = case.batch * case.prefix
-    slots = n_sets * per_set
-    k_buffer = _random_pool(slots, case.kv_heads, case.qk_dim, kv_dtype, k_scale, gen, dev)
-    if case.separate_v:
-        v_buffer = _random_pool(slots, case.kv_heads, case.v_dim, kv_dtype, v_scale, gen, dev)
-    else:
-        v_buffer = k_buffer[..., : case.v_dim]
-    order = torch.randperm(slots, generator=gen, device=dev)
-    perm = order.to(getattr(torch, case.indices))
-    perm_ab = order.to(getattr(torch, case.index_dtype_ab)) if case.index_dtype_ab else None
-    del order
-    steps = torch.arange(case.batch + 1, dtype=torch.int32, device=dev)
+    requests = n_sets * case.batch
+    full = make_case(
+        _layout(case.layout), [case.prefix] * requests, [case.draft] * requests, case.group,
+        num_kv_heads=case.kv_heads, kv_dtype=case.kv_dtype, k_scale=k_scale, v_scale=v_scale, device=device,
+        spare_slots=0, index_dtype=getattr(torch, case.indices), seed=case_seed(case, seed),
+        draft_affinity=draft_affinity_for(case.prefix, case.qk_dim),
+    )  # fmt: skip
+    ab = full.kv_indices.to(getattr(torch, case.index_dtype_ab)) if case.index_dtype_ab else None
+    per_set, rows = case.batch * case.prefix, case.batch * case.draft
 
-    def part(table: torch.Tensor | None, s: int) -> torch.Tensor | None:
-        return None if table is None else table[s * per_set : (s + 1) * per_set]
+    def part(t: torch.Tensor | None, s: int, n: int) -> torch.Tensor | None:
+        return None if t is None else t[s * n : (s + 1) * n]
 
-    sets = [_draft_set(case, part(perm, s), gen, dev, part(perm_ab, s)) for s in range(n_sets)]
+    sets = [
+        InputSet(q=part(full.q, s, rows), k_extend=part(full.k_extend, s, rows),
+                 v_extend=part(full.v_extend, s, rows), o=part(full.o, s, rows),
+                 kv_indices=part(full.kv_indices, s, per_set), kv_indices_ab=part(ab, s, per_set))
+        for s in range(n_sets)
+    ]  # fmt: skip
     return CaseInputs(
         case=case,
-        k_buffer=k_buffer,
-        v_buffer=v_buffer,
-        qo_indptr=steps * case.draft,
-        kv_indptr=steps * case.prefix,
+        k_buffer=full.k_buffer,
+        v_buffer=full.v_buffer,
+        qo_indptr=full.qo_indptr[: case.batch + 1],
+        kv_indptr=full.kv_indptr[: case.batch + 1],
         sets=sets,
         k_scale=k_scale,
         v_scale=v_scale,
@@ -193,16 +162,6 @@ def reference_subset(inputs: CaseInputs) -> torch.Tensor:
         inputs.v_scale,
         inputs.sm_scale,
     )
-
-
-def max_rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |out - ref| / max |ref| over the compared rows; NaN or inf anywhere gives inf
-    (an unwritten output is NaN-filled, so a kernel that skips rows cannot pass)."""
-    out32 = out.float()
-    if not bool(torch.isfinite(out32).all()):
-        return math.inf
-    scale = ref.abs().max().clamp_min(1e-12)
-    return float((out32 - ref).abs().max() / scale)
 
 
 @dataclass

@@ -10,6 +10,7 @@ limit) without a GPU and without a clock.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -57,49 +58,61 @@ class KernelRun:
     error: str | None = None
     index_dtype: str | None = None  # the kv_indices dtype fn launches with (kgen kernels)
     alt: KernelRun | None = None  # the same kernel on the other kv_indices dtype, timed in alternation
+    baseline: KernelRun | None = None  # the same kernel of an earlier build, timed in alternation
+    baseline_modules: str = ""  # where ``baseline``'s module came from
 
 
-class IndexAB(BaseModel):
-    """A kgen kernel on the case's other kv_indices dtype, timed in alternation with the
-    case's own (``--index-dtype a,b``): its time, and the median over the alternations
-    of (case's dtype time / this dtype's time)."""
+class Measured(BaseModel):
+    """What every timed figure of one kernel holds."""
 
     model_config = ConfigDict(extra="forbid")
 
-    dtype: str
     status: KernelStatus
     median_us: float | None = None
     p10_us: float | None = None
     p90_us: float | None = None
-    ratio: float | None = None
-    ratio_p10: float | None = None
-    ratio_p90: float | None = None
-    alternations: int | None = None
     max_rel_err: float | None = None
     note: str = ""
 
 
-class KernelResult(BaseModel):
+class Alternated(Measured):
+    """The other side of an A/B timed in alternation with a kernel (``CudaGraphTimer.pair``):
+    its time, and the median, 10th and 90th percentiles over the alternations of
+    (the kernel's time / this side's time)."""
+
+    ratio: float | None = None
+    ratio_p10: float | None = None
+    ratio_p90: float | None = None
+    alternations: int | None = None
+
+
+class IndexAB(Alternated):
+    """A kgen kernel on the case's other kv_indices dtype (``--index-dtype a,b``)."""
+
+    dtype: str
+
+
+class BuildAB(Alternated):
+    """The same-named grouped module of an earlier build (``--baseline-modules DIR``): ratio
+    > 1 means the current build is slower there."""
+
+    modules: str
+
+
+class KernelResult(Measured):
     """One kernel on one case, as written to JSON."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    status: KernelStatus
-    median_us: float | None = None
-    p10_us: float | None = None
-    p90_us: float | None = None
     launches: int | None = None
     replays: int | None = None
     timing_mode: str | None = None
     gbps: float | None = None
     pct_copy: float | None = None
-    max_rel_err: float | None = None
     tolerance: float | None = None
     choice: str = ""
     scratch_bytes: int | None = None
-    note: str = ""
     shared_from: str | None = None
     index_ab: IndexAB | None = None
+    build_ab: BuildAB | None = None
 
     @property
     def timed(self) -> bool:
@@ -146,17 +159,9 @@ def _bandwidth(nbytes: int, median_us: float, copy_gbps: float | None) -> tuple[
 
 def _timed_result(base: dict[str, Any], timing: Timing, nbytes: int, copy_gbps: float | None) -> KernelResult:
     gbps, pct = _bandwidth(nbytes, timing.median_us, copy_gbps)
-    return KernelResult(
-        **base,
-        median_us=timing.median_us,
-        p10_us=timing.p10_us,
-        p90_us=timing.p90_us,
-        launches=timing.launches,
-        replays=timing.replays,
-        timing_mode=timing.mode,
-        gbps=gbps,
-        pct_copy=pct,
-    )
+    figures = dataclasses.asdict(timing)  # median_us, p10_us, p90_us, launches, replays, mode
+    figures["timing_mode"] = figures.pop("mode")
+    return KernelResult(**base, **figures, gbps=gbps, pct_copy=pct)
 
 
 def _checked(run: KernelRun, tolerance: float) -> tuple[KernelStatus, float | None, str]:
@@ -193,7 +198,11 @@ def measure_kernel(
     if run.check is not None:
         base["max_rel_err"] = err
     if run.alt is not None and run.alt.fn is not None:
-        return _measure_pair(run, run.alt, timer, {**base, "status": status}, nbytes, copy_gbps)
+        label = {"dtype": run.alt.index_dtype or "?"}
+        return _measure_pair(run, run.alt, timer, {**base, "status": status}, nbytes, copy_gbps, "index_ab", label)
+    if run.baseline is not None:
+        label = {"modules": run.baseline_modules}
+        return _measure_pair(run, run.baseline, timer, {**base, "status": status}, nbytes, copy_gbps, "build_ab", label)
     try:
         timing = timer(run.fn, run.n_sets)
     except Exception as exc:  # noqa: BLE001
@@ -201,30 +210,40 @@ def measure_kernel(
     return _timed_result({**base, "status": status}, timing, nbytes, copy_gbps)
 
 
+AB_MODELS: dict[str, type[Alternated]] = {"index_ab": IndexAB, "build_ab": BuildAB}
+AB_WHAT = {"index_ab": "two index dtypes", "build_ab": "two builds"}
+
+
 def _measure_pair(
-    run: KernelRun, alt: KernelRun, timer: Timer, base: dict[str, Any], nbytes: int, copy_gbps: float | None
-) -> KernelResult:
-    """``run`` and ``alt`` timed in alternation; ``run``'s figures plus ``index_ab``."""
-    dtype = alt.index_dtype or "?"
+    run: KernelRun, other: KernelRun, timer: Timer, base: dict[str, Any], nbytes: int, copy_gbps: float | None,
+    field: str, label: dict[str, str],
+) -> KernelResult:  # fmt: skip
+    """``run`` and ``other`` timed in alternation (``timer.pair``): ``run``'s figures, plus
+    ``other``'s as ``field`` (an ``AB_MODELS`` entry labelled by ``label``). When ``other``
+    does not run, ``run`` is timed alone and ``field`` says why."""
+    model = AB_MODELS[field]
     pair = getattr(timer, "pair", None)
     if pair is None:
-        note = f"timing: {type(timer).__name__} cannot time two index dtypes in alternation"
+        note = f"timing: {type(timer).__name__} cannot time {AB_WHAT[field]} in alternation"
         return KernelResult(**{**base, "status": "error", "note": note})
-    ab_status, ab_err, ab_note = _checked(alt, base["tolerance"])
-    if ab_status == "error":  # the other dtype does not run: time this one alone
-        ab = IndexAB(dtype=dtype, status="error", note=ab_note)
+    if other.fn is None:
+        ab_status, ab_err, ab_note = "error", None, other.error or other.unsupported or "no kernel"
+    else:
+        ab_status, ab_err, ab_note = _checked(other, base["tolerance"])
+    if ab_status == "error":
+        ab = model(**label, status="error", note=ab_note)
         try:
             timing = timer(run.fn, run.n_sets)  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001
-            return KernelResult(**{**base, "status": "error", "note": f"timing: {_short(exc)}", "index_ab": ab})
-        return _timed_result(base, timing, nbytes, copy_gbps).model_copy(update={"index_ab": ab})
+            return KernelResult(**{**base, "status": "error", "note": f"timing: {_short(exc)}", field: ab})
+        return _timed_result(base, timing, nbytes, copy_gbps).model_copy(update={field: ab})
     try:
-        paired: PairedTiming = pair(run.fn, alt.fn, run.n_sets)
+        paired: PairedTiming = pair(run.fn, other.fn, run.n_sets)
     except Exception as exc:  # noqa: BLE001
         return KernelResult(**{**base, "status": "error", "note": f"timing: {_short(exc)}"})
     ordered = sorted(paired.ratios)
-    ab = IndexAB(
-        dtype=dtype,
+    ab = model(
+        **label,
         status=ab_status,
         median_us=paired.b.median_us,
         p10_us=paired.b.p10_us,
@@ -235,7 +254,7 @@ def _measure_pair(
         alternations=len(paired.ratios),
         max_rel_err=ab_err,
     )
-    return _timed_result(base, paired.a, nbytes, copy_gbps).model_copy(update={"index_ab": ab})
+    return _timed_result(base, paired.a, nbytes, copy_gbps).model_copy(update={field: ab})
 
 
 def speedups(kernels: Mapping[str, KernelResult]) -> dict[str, float]:

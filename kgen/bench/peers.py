@@ -16,31 +16,36 @@ The peers run on dense gathered bf16 KV (``inputs.PeerInputs``); the gather is n
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import hashlib
+import importlib.util
 import inspect
 import itertools
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from kgen.bench.cases import KGEN_KERNELS, Case, input_sets
+from kgen.bench.cases import HEADLINE_KERNEL, KGEN_KERNELS, Case, input_sets
 from kgen.bench.inputs import (
     CaseInputs,
     PeerInputs,
     build_inputs,
     build_peer_inputs,
     draft_mask,
-    max_rel_error,
     rows_from_folded,
     rows_from_heads,
 )
 from kgen.bench.measure import VARIANT_SEP, KernelRun, _short
 from kgen.bench.timing import EagerTimer, Timer
+from kgen.testing import relative_error
 
 Loader = Callable[[str, str, str], ModuleType]  # (layout, kv_dtype, variant) -> module
 
@@ -111,10 +116,37 @@ def config_label(module: ModuleType, case: Case, arch: str) -> str:
     )
 
 
-def kgen_run(case: Case, inputs: CaseInputs, variant: str, loader: Loader | None = None) -> KernelRun:
+@functools.cache
+def module_from_file(path: Path) -> ModuleType:
+    """A generated module imported from its file (an earlier build's copy), under a name of
+    its own so it never replaces the current build's module of the same name."""
+    name = f"kgen_baseline_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and triton.jit look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def baseline_run(case: Case, inputs: CaseInputs, variant: str, current: ModuleType, modules: Path) -> KernelRun:
+    """The module named like ``current`` in ``modules`` (a copy of an earlier build's
+    generated/), as a ``KernelRun`` on the same inputs with the case's kv_indices dtype."""
+    path = Path(modules) / Path(str(getattr(current, "__file__", ""))).name
+    if not path.is_file():
+        return KernelRun(error=f"baseline: {modules} has no {path.name} (copy an earlier build's generated/ there)")
+    return kgen_run(replace(case, index_dtype_ab=None), inputs, variant, loader=lambda *a: module_from_file(path))
+
+
+def kgen_run(
+    case: Case, inputs: CaseInputs, variant: str, loader: Loader | None = None, baseline_modules: Path | None = None
+) -> KernelRun:
     """The generated module's ``launch`` on set ``i`` with the case's kv_indices dtype; the
     check NaN-fills o first. A case with ``index_dtype_ab`` also gets ``alt``: the same
-    launch on the other dtype's page table, timed in alternation with this one."""
+    launch on the other dtype's page table, timed in alternation with this one. With
+    ``baseline_modules`` the grouped kernel also gets ``baseline``: the same-named module of
+    that directory (an earlier build), timed in alternation with this one."""
     try:
         module = (loader or _default_loader)(case.layout, case.kv_dtype, variant)
     except Exception as exc:  # noqa: BLE001
@@ -134,8 +166,7 @@ def kgen_run(case: Case, inputs: CaseInputs, variant: str, loader: Loader | None
             s0 = inputs.sets[0]
             s0.o.fill_(float("nan"))
             fn(0)
-            rows = inputs.check_requests * case.draft
-            return max_rel_error(s0.o[:rows], inputs.reference())
+            return _check_rows(s0.o, inputs)
 
         return fn, check
 
@@ -148,7 +179,7 @@ def kgen_run(case: Case, inputs: CaseInputs, variant: str, loader: Loader | None
     if case.index_dtype_ab:
         fn_ab, check_ab = launcher(case.index_dtype_ab)
         alt = KernelRun(fn=fn_ab, n_sets=inputs.n_sets, check=check_ab, index_dtype=case.index_dtype_ab)
-    return KernelRun(
+    run = KernelRun(
         fn=fn,
         n_sets=inputs.n_sets,
         check=check,
@@ -157,11 +188,16 @@ def kgen_run(case: Case, inputs: CaseInputs, variant: str, loader: Loader | None
         index_dtype=case.indices,
         alt=alt,
     )
+    if baseline_modules is not None and variant == HEADLINE_KERNEL:
+        run.baseline = baseline_run(case, inputs, variant, module, baseline_modules)
+        run.baseline_modules = str(baseline_modules)
+    return run
 
 
 def _check_rows(out_rows: torch.Tensor, inputs: CaseInputs) -> float:
+    """The max-norm relative error of the first checked rows against the reference."""
     rows = inputs.check_requests * inputs.case.draft
-    return max_rel_error(out_rows[:rows], inputs.reference())
+    return relative_error(out_rows[:rows], inputs.reference(), "max")
 
 
 # ---------------------------------------------------------------------------- FlexAttention
@@ -430,6 +466,9 @@ class DeviceProvider:
     compile_flex: bool = True
     select_timer: Timer = field(default_factory=EagerTimer)
     loader: Loader | None = None
+    # A copy of an earlier build's generated/: its grouped modules are timed in alternation
+    # with the current ones (``--baseline-modules``).
+    baseline_modules: Path | None = None
     # (layout, group, L == 1, options) -> why FlexAttention refused it: a refusal of a head
     # width holds for every batch and prefix, and each attempt costs a compile.
     flex_refused: dict[tuple[str, int, bool, str], str] = field(default_factory=dict)
@@ -442,7 +481,7 @@ class DeviceProvider:
         try:
             for name in sorted(names):
                 if name in KGEN_KERNELS:
-                    runs[name] = kgen_run(case, inputs, name, self.loader)
+                    runs[name] = kgen_run(case, inputs, name, self.loader, self.baseline_modules)
             peer_names = sorted(n for n in names if n not in KGEN_KERNELS)
             if peer_names:
                 runs.update(self._peers(case, inputs, peer_names))

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from kgen.bench import SCHEMA
 from kgen.bench.cases import HEADLINE_KERNEL, KERNELS, KGEN_KERNELS, LEGACY_INDEX_DTYPE, Case
 from kgen.bench.measure import CaseResult, KernelResult, SweepEntry
-from kgen.errors import KgenError
+from kgen.errors import KgenError, read_validated
 from kgen.spec import KV_DTYPES
 
 JSON_NAME = "bench.json"
@@ -70,6 +70,8 @@ class BenchMeta(BaseModel):
     argv: list[str] = Field(default_factory=list)
     timer: dict[str, Any] = Field(default_factory=dict)
     flex_sweep: str = "none"
+    # --baseline-modules: the earlier build whose grouped modules were timed against these.
+    baseline_modules: str | None = None
     duration_s: float | None = None
     notes: list[str] = Field(default_factory=list)
 
@@ -122,22 +124,7 @@ def write_json(run: BenchRun, path: Path) -> Path:
 
 def read_run(path: Path | str) -> BenchRun:
     """Read a bench.json (a result or a baseline); errors name the file and the field."""
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BenchReportError(f"{path}: no such file") from None
-    except json.JSONDecodeError as exc:
-        raise BenchReportError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    try:
-        return BenchRun.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "<top level>"
-        raise BenchReportError(
-            f"{path}: not a kgen bench result ({SCHEMA}): field '{where}': {first['msg']}"
-            + (f" (and {len(exc.errors()) - 1} more problems)" if len(exc.errors()) > 1 else "")
-        ) from None
+    return read_validated(path, BenchRun, BenchReportError, invalid=f"not a kgen bench result ({SCHEMA})")
 
 
 # ---------------------------------------------------------------------------- summary figures
@@ -227,6 +214,9 @@ def _header(run: BenchRun) -> list[str]:
     for kernel, (title, mid, worst, key, n) in index_ab_summary(run.cases).items():
         lines.append(f"- {KERNEL_TITLES[kernel]} kv_indices {title}: median **{mid:.3f}** over {n} cases "
                      f"(largest {worst:.3f} at {key}), each the median of alternated graph replays")  # fmt: skip
+    build = build_ab_summary(run.cases)
+    if build is not None:
+        lines.append(f"- {build_ab_line(build, m.baseline_modules)}, each the median of alternated graph replays")
     for note in m.notes:
         lines.append(f"- {note}")
     return lines
@@ -414,6 +404,20 @@ def _log2_axis(ax, values: Iterable[int], label: str) -> None:  # noqa: ANN001 -
     ax.grid(True, alpha=0.3)
 
 
+def _slices(cases: list[CaseResult], x: str, fixed: str, preferred: int) -> tuple[int, int, list[CaseResult]]:
+    """One plot line's cases: ``fixed`` (batch or prefix) at ``preferred`` (else its largest)
+    and the longest draft (4 when there), ordered by ``x``: (fixed value, draft, cases)."""
+    value = _pick((getattr(c.case, fixed) for c in cases), preferred)
+    draft = _pick((c.case.draft for c in cases), 4)
+    chosen = [c for c in cases if getattr(c.case, fixed) == value and c.case.draft == draft]
+    return value, draft, sorted(chosen, key=lambda c: getattr(c.case, x))
+
+
+def _plot(ax, pts: list[tuple[int, float]], name: str, label: str) -> None:  # noqa: ANN001 - matplotlib Axes
+    if pts:
+        ax.plot(*zip(*pts, strict=True), marker="o", label=label, color=KERNEL_COLORS.get(name))
+
+
 def plot_bandwidth(run: BenchRun, path: Path) -> Path:
     """% of the copy ceiling (GB/s when there is none) vs prefix length, one line per
     kernel, at batch 64 (else the largest) and the longest draft."""
@@ -422,16 +426,10 @@ def plot_bandwidth(run: BenchRun, path: Path) -> Path:
     use_pct = run.meta.copy_ceiling_gbps is not None
     for row, kv, cases in panels:
         ax = axes[(row, kv)]
-        batch = _pick((c.case.batch for c in cases), 64)
-        draft = _pick((c.case.draft for c in cases), 4)
-        sel = sorted((c for c in cases if c.case.batch == batch and c.case.draft == draft),
-                     key=lambda c: c.case.prefix)  # fmt: skip
+        batch, draft, sel = _slices(cases, "prefix", "batch", 64)
         for name in KERNELS:
-            pts = [(c.case.prefix, c.kernels[name]) for c in sel if name in c.kernels]
-            pts = [(x, r.pct_copy if use_pct else r.gbps) for x, r in pts if r.timed]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=KERNEL_TITLES.get(name, name),
-                        color=KERNEL_COLORS.get(name))  # fmt: skip
+            timed = [(c.case.prefix, c.kernels[name]) for c in sel if name in c.kernels and c.kernels[name].timed]
+            _plot(ax, [(x, r.pct_copy if use_pct else r.gbps) for x, r in timed], name, KERNEL_TITLES.get(name, name))
         _log2_axis(ax, (c.case.prefix for c in sel), "prefix length (tokens)")
         ax.set_ylim(bottom=0)
         ax.set_title(f"{row} {kv}, batch {batch}, L {draft}", fontsize=9)
@@ -449,17 +447,11 @@ def plot_speedup(run: BenchRun, path: Path) -> Path:
     fig, axes = _grid(panels)
     for row, kv, cases in panels:
         ax = axes[(row, kv)]
-        prefix = _pick((c.case.prefix for c in cases), 16384)
-        draft = _pick((c.case.draft for c in cases), 4)
-        sel = sorted((c for c in cases if c.case.prefix == prefix and c.case.draft == draft),
-                     key=lambda c: c.case.batch)  # fmt: skip
-        plotted = False
+        prefix, draft, sel = _slices(cases, "batch", "prefix", 16384)
         for name in KERNELS:
             pts = [(c.case.batch, c.speedup[name]) for c in sel if name in c.speedup]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=f"vs {KERNEL_TITLES.get(name, name)}",
-                        color=KERNEL_COLORS.get(name))  # fmt: skip
-                plotted = True
+            _plot(ax, pts, name, f"vs {KERNEL_TITLES.get(name, name)}")
+        plotted = bool(ax.lines)
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
         _log2_axis(ax, (c.case.batch for c in sel), "batch")
         ax.set_title(f"{row} {kv}, prefix {_size_label(prefix)}, L {draft}", fontsize=9)
@@ -645,3 +637,37 @@ def index_ab_summary(cases: Sequence[CaseResult]) -> dict[str, tuple[str, float,
             worst = max(pts)
             out[kernel] = (pts[0][2], statistics.median(p[0] for p in pts), worst[0], worst[1], len(pts))
     return out
+
+
+@dataclass(frozen=True)
+class BuildABSummary:
+    """The grouped kernel against an earlier build over a run: the geometric mean of the
+    cases' current/baseline ratios, and the worst (largest) one."""
+
+    geomean: float
+    worst: float
+    worst_key: str
+    cases: int
+
+
+def build_ab_summary(cases: Sequence[CaseResult]) -> BuildABSummary | None:
+    """None when no case timed the grouped kernel against a baseline build."""
+    pts = [
+        (ab.ratio, c.key)
+        for c in cases
+        if HEADLINE_KERNEL in c.kernels
+        and (ab := c.kernels[HEADLINE_KERNEL].build_ab) is not None
+        and ab.ratio is not None
+    ]
+    if not pts:
+        return None
+    worst = max(pts)
+    return BuildABSummary(geomean(p[0] for p in pts) or math.nan, worst[0], worst[1], len(pts))
+
+
+def build_ab_line(summary: BuildABSummary, modules: str | None) -> str:
+    return (
+        f"grouped kernel vs the build in {modules or 'the baseline modules'} (time now / time then): "
+        f"geometric mean {summary.geomean:.3f} over {summary.cases} cases, worst {summary.worst:.3f} at "
+        f"{summary.worst_key}"
+    )

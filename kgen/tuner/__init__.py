@@ -2,13 +2,14 @@
 
 Modules, from data to decisions:
 
-- ``space``: the search space per arch family and the per-arch resource limits, read from
-  ``spaces.toml``; prunes configs that cannot fit before anything is compiled;
+- ``space``: the search space per arch family, read from ``spaces.toml``; before anything
+  is compiled, prunes every config the launch rules (``kgen/rules.py``, against the arch's
+  row of ``kgen/tables/targets.json``) would change or cannot fit;
 - ``workloads``: batch buckets and their timed workloads, read from ``workloads.toml``;
 - ``objective``: the Optuna objective around an injectable backend (``check`` + ``measure``)
   and ``SyntheticBowl``, a deterministic backend with a known optimum for tests;
 - ``gpu``: the real backend: the generated module's kernels, checked against the reference,
-  timed as CUDA-graph replays over inputs rotated beyond L2;
+  timed by ``kgen.bench.timing.CudaGraphTimer`` over inputs rotated beyond L2;
 - ``study``: study names, storage (SQLite in the cache dir or any RDB URL), resuming,
   budgets and worker processes;
 - ``results``: re-measurement, the tuned-vs-default decision, and merging into the table;

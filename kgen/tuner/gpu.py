@@ -6,13 +6,14 @@ both stages with an explicit block config, with no checks (graph safe).
 
 Timing: for each workload of the bucket, several input sets are built so that together
 they exceed ``l2_rotate_factor`` x the L2 size (each launch then reads K/V from HBM, as
-serving does); one CUDA graph captures one launch per input set; the graph is replayed
-``replays`` times, timed with CUDA events, and the median per launch is kept. The
-bucket's cost is the geometric mean over its workloads.
+serving does); the benchmark's timer (``kgen.bench.timing.CudaGraphTimer``) captures
+launches rotating over them in one CUDA graph, replays it ``replays`` times between CUDA
+events and keeps the median per launch. The bucket's cost is the geometric mean over its
+workloads.
 
 Correctness: before any timing, the config runs a small case (one request per prefix in
 ``[check].prefixes``) and its output is compared with ``kgen.reference.reference_verify``.
-Problems come from ``kgen.testing.make_case``, the generator the tests and the benchmark use.
+Problems come from ``kgen.testing.make_case``, the builder the tests and the benchmark use.
 
 Everything that touches torch is imported lazily: the rest of the tuner runs without it.
 """
@@ -21,11 +22,10 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kgen.bench.timing import Timer
 from kgen.blockconfig import BlockConfig
 from kgen.spec import FP8_DTYPES
 from kgen.tuner.errors import TuneError
@@ -33,10 +33,9 @@ from kgen.tuner.objective import FatalDeviceError
 
 if TYPE_CHECKING:
     from kgen.spec import LayoutSpec
-    from kgen.tuner.workloads import Check, Timing, Workload
+    from kgen.tuner.study import TuneJob
+    from kgen.tuner.workloads import Check, Timing, Workload, WorkloadsFile
 
-Launch = Callable[[], None]
-Timer = Callable[[list[Launch], int], list[float]]
 
 
 @dataclass(frozen=True)
@@ -125,55 +124,6 @@ def rotation_count(set_bytes: int, l2_bytes: int, free_bytes: int, timing: Timin
 # --------------------------------------------------------------------------- timing
 
 
-def cuda_graph_timer(launches: list[Launch], replays: int) -> list[float]:
-    """Microseconds per launch of each replay of one CUDA graph holding every launch.
-
-    The launches run once outside the graph first (compile, allocations), on a side
-    stream as graph capture requires; the graph's launches use different input sets so a
-    replay does not find the previous launch's K/V in L2.
-    """
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for launch in launches:
-            launch()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for launch in launches:
-            launch()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / len(launches))
-    del graph
-    return times
-
-
-def wall_timer(launches: list[Launch], replays: int) -> list[float]:
-    """A host-clock timer (CPU tests; never for real numbers)."""
-    import time
-
-    for launch in launches:
-        launch()
-    out = []
-    for _ in range(replays):
-        t0 = time.perf_counter()
-        for launch in launches:
-            launch()
-        out.append((time.perf_counter() - t0) * 1e6 / len(launches))
-    return out
-
-
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
@@ -200,6 +150,8 @@ class GpuBackend:
         l2_bytes: int = 50 << 20,
         timer: Timer | None = None,
     ) -> None:
+        from kgen.bench.timing import CudaGraphTimer
+
         self.module = module
         self.arch = arch
         self.layout = layout
@@ -208,9 +160,16 @@ class GpuBackend:
         self.workloads = workloads
         self.check_spec, self.timing = check, timing
         self.device, self.l2_bytes = device, l2_bytes
-        self.timer = timer or cuda_graph_timer
+        self.timer = timer or CudaGraphTimer(replays=timing.replays)
         self._check_case: tuple[Any, Any] | None = None
         self._sets: dict[Workload, list[Any]] = {}
+
+    @classmethod
+    def for_job(cls, module: Any, job: TuneJob, workloads: WorkloadsFile, l2_bytes: int) -> GpuBackend:
+        """The backend of one study: the job's arch, layout, dtypes, group and workloads, and
+        the workloads file's KV heads, check and timing."""
+        return cls(module, job.arch, job.layout, job.kv_dtype, job.q_dtype, job.group_size, workloads.num_kv_heads,
+                   list(job.workloads), workloads.check, workloads.timing, l2_bytes=l2_bytes)  # fmt: skip
 
     def _cfg(self, config: BlockConfig) -> dict[str, Any]:
         return config.for_arch(self.arch).model_dump(exclude_none=True)
@@ -264,8 +223,11 @@ class GpuBackend:
 
     def check(self, config: BlockConfig) -> str | None:
         """None when the config's output on the small case matches the reference
-        (elementwise ``|out - ref| <= atol + rtol * |ref|``; NaN fills catch unwritten rows)."""
+        elementwise (``torch.allclose``: ``|out - ref| <= atol + rtol * |ref|``; NaN fills
+        catch unwritten rows)."""
         import torch
+
+        from kgen.testing import relative_error
 
         case, expected = self._reference_case()
         case.o.fill_(float("nan"))
@@ -273,14 +235,13 @@ class GpuBackend:
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
         got = case.o.float()
-        if not torch.isfinite(got).all():
+        err = relative_error(got, expected, "max")
+        if math.isinf(err):
             return "output has NaN or Inf (rows left unwritten or overflow)"
-        err = (got - expected).abs()
-        bound = self.check_spec.atol + self.check_spec.rtol * expected.abs()
-        if bool((err > bound).any()):
+        if not torch.allclose(got, expected, rtol=self.check_spec.rtol, atol=self.check_spec.atol):
             return (
-                f"max abs error {err.max().item():.3g} vs reference_verify exceeds "
-                f"atol {self.check_spec.atol} + rtol {self.check_spec.rtol} x |ref|"
+                f"error vs reference_verify exceeds atol {self.check_spec.atol} + rtol {self.check_spec.rtol} "
+                f"x |ref| (max |out - ref| / max |ref| = {err:.3g})"
             )
         return None
 
@@ -304,23 +265,12 @@ class GpuBackend:
 
     def time_workload(self, w: Workload, config: BlockConfig) -> float:
         """Median microseconds per launch of ``config`` on workload ``w``."""
-        launches = [(lambda c=case: self._launch(c, config)) for case in self._input_sets(w)]
-        return statistics.median(self.timer(launches, self.timing.replays))
+        sets = self._input_sets(w)
+        return self.timer(lambda i: self._launch(sets[i], config), len(sets)).median_us
 
     def measure(self, config: BlockConfig) -> float:
         """The bucket's cost: geometric mean of the workloads' medians (microseconds)."""
         return geomean([self.time_workload(w, config) for w in self.workloads])
-
-
-def check_kernel_rules(module: Any, min_dot: int, max_rows: int) -> None:
-    """The space's launcher rules (spaces.toml [kernel]) must be the module's, or the
-    estimates prune by rows the kernel never launches."""
-    got = (getattr(module, "MIN_DOT", min_dot), getattr(module, "MAX_ROWS", max_rows))
-    if got != (min_dot, max_rows):
-        raise TuneError(
-            f"{getattr(module, 'URI', module)} has MIN_DOT, MAX_ROWS = {got} but "
-            f"kgen/tuner/spaces.toml [kernel] says {(min_dot, max_rows)}: update spaces.toml"
-        )
 
 
 def load_module(layout: str, kv_dtype: str, q_dtype: str) -> Any:

@@ -22,6 +22,7 @@ from kgen.blockconfig import (
     TableEntry,
     TableFile,
     TableMetadata,
+    installed_triton_version,
     read_table,
     write_table,
 )
@@ -227,21 +228,19 @@ def merge_entries(old: list[TableEntry], new: list[TableEntry]) -> list[TableEnt
     return sorted(kept + list(new), key=lambda e: (e.layout, e.kv_dtype, e.group_size, e.batch_min))
 
 
-def _version(*dists: str) -> str | None:
-    for name in dists:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+def _torch_version() -> str | None:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def tune_metadata(arch: str, gpu_name: str, trials: int, previous: TableMetadata | None, note: str) -> TableMetadata:
     return TableMetadata(
         gpu_name=gpu_name,
         arch=arch,
-        torch_version=_version("torch"),
-        triton_version=_version("triton", "pytorch-triton-rocm", "pytorch-triton"),
+        torch_version=_torch_version(),
+        triton_version=installed_triton_version(),
         date=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         trials=(previous.trials if previous else 0) + trials,
         tuned=True,

@@ -1,11 +1,12 @@
-"""The search space of ``kgen tune``: axes and resource limits per arch, read from data.
+"""The search space of ``kgen tune``: axes per arch, read from data; pruning by the launch rules.
 
-``spaces.toml`` holds the choices of every axis per arch family (CUDA, ROCm), the
-per-arch shared-memory / LDS and register budgets, and per-arch overrides. This module
-turns it into a ``SearchSpace`` for one study (arch, layout, dtypes, group size, draft
-lengths), which suggests configs to Optuna and rejects, before anything is compiled, the
-ones that cannot fit: compiling and launching a config that spills or exceeds shared
-memory costs seconds, estimating costs microseconds.
+``spaces.toml`` holds the choices of every axis per arch family (CUDA, ROCm) and per-arch
+overrides. This module turns it into a ``SearchSpace`` for one study (arch, layout, dtypes,
+group size, draft lengths), which suggests configs to Optuna and turns away, before anything
+is compiled, every config whose program the launcher would change: it runs the launch rules
+the generated modules carry (``kgen/rules.py``, ``fit``) against the arch's row of
+``kgen/tables/targets.json`` (shared memory per block, warp size, matrix instruction), so the
+tuner and the launcher cannot disagree about what fits.
 """
 
 from __future__ import annotations
@@ -20,13 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kgen.blockconfig import BlockConfig, SplitPolicy, read_defaults
-from kgen.passes.specialize import GQA_DRAFT_FIRST_ROWS, draft_tile_either
+from kgen import rules
+from kgen.blockconfig import TARGETS_FILE, BlockConfig, SplitPolicy, read_defaults
+from kgen.errors import TableError, read_validated
+from kgen.passes.fit import plan_kernel_shape
+from kgen.passes.legalize import legalize
+from kgen.passes.specialize import GQA_DRAFT_FIRST_ROWS, draft_tile_either, specialize
+from kgen.plan import new_plan
 from kgen.rules import next_pow2, row_blocking
 from kgen.spec import FP8_DTYPES, LayoutSpec
-from kgen.tuner.errors import TuneError, describe_validation
+from kgen.targets import read_targets, target_dicts
+from kgen.tuner.errors import TuneError
 
 if TYPE_CHECKING:
     import optuna
@@ -42,11 +49,8 @@ KERNEL_AXES = ("lazy_rescale",)
 # searched only for layouts whose module emits both placements (grouped GQA, not MLA).
 PLACEMENT_AXES = ("draft_tile",)
 Placement = Literal["first", "after"]
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of a canonical dtype name (``bfloat16``, ``float8_e4m3fn`` ...)."""
-    return 1 if dtype in FP8_DTYPES else 2
+# The launch rules' constants: they change what fits, so the study name hashes them.
+RULE_CONSTANTS = ("MIN_DOT", "MAX_ROWS", "ACC_REGISTERS_PER_THREAD", "SHARED_MARGIN_BYTES", "WGMMA_MIN_ROWS")
 
 
 # --------------------------------------------------------------------------- the data file
@@ -99,23 +103,14 @@ class AxesOverride(BaseModel):
     draft_tile: tuple[Placement, ...] | None = None
 
 
-class Limits(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    smem_per_block: int = Field(gt=0)
-    smem_per_sm: int = Field(gt=0)
-    max_fp32_regs_per_thread: int = Field(gt=0)
-
-
 class Family(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    warp_size: Literal[32, 64]
     kv_dtypes: tuple[str, ...] = Field(min_length=1)
+    # An MFMA constraint, not a resource: block_n and the rows must be multiples of the
+    # instruction's non-K size (matrix_instr_nonkdim).
     dot_multiple_of_nonkdim: bool = False
-    stage_buffers_offset: int = Field(default=0, ge=-1, le=0)
     axes: Axes
-    limits: Limits
     baseline_knobs: dict[str, int] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -132,24 +127,12 @@ class ArchEntry(BaseModel):
     gpus: str = ""
     kv_dtypes: tuple[str, ...] | None = None
     axes: AxesOverride | None = None
-    limits: Limits | None = None
-
-
-class KernelRules(BaseModel):
-    """Launcher rules of the generated kernels that change what a config means; they must
-    match the module's MIN_DOT_ROWS and MAX_ROWS (the GPU backend checks)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    min_dot: int = Field(default=16, ge=1)
-    max_rows: int = Field(default=128, ge=1)
 
 
 class SpacesFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     schema_: Literal["kgen.tune-space/1"] = Field(alias="schema")
-    kernel: KernelRules = KernelRules()
     arch_families: dict[str, str] = Field(min_length=1)
     family: dict[str, Family] = Field(min_length=1)
     arch: dict[str, ArchEntry] = Field(default_factory=dict)
@@ -164,17 +147,7 @@ class SpacesFile(BaseModel):
 
 def load_spaces(path: Path | None = None) -> SpacesFile:
     """Read and validate the spaces file; errors name the file and the field."""
-    path = Path(path or SPACES_FILE)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TuneError(f"{path}: no such search-space file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise TuneError(f"{path}: not valid TOML: {exc}") from None
-    try:
-        return SpacesFile.model_validate(raw)
-    except ValidationError as exc:
-        raise TuneError(describe_validation(path, exc)) from None
+    return read_validated(path or SPACES_FILE, SpacesFile, TuneError, "search-space file", tomllib.loads, "TOML")
 
 
 # --------------------------------------------------------------------------- one arch
@@ -182,19 +155,23 @@ def load_spaces(path: Path | None = None) -> SpacesFile:
 
 @dataclass(frozen=True)
 class ArchProfile:
-    """Everything the space needs about one arch, after family defaults and overrides."""
+    """Everything the space needs about one arch: the family's axes with the arch's
+    overrides, and the arch's target (its row of kgen/tables/targets.json, a plain dict as
+    the launch rules take it)."""
 
     arch: str
     family: str
-    warp_size: int
+    target_name: str
+    target: dict
     kv_dtypes: tuple[str, ...]
     dot_multiple_of_nonkdim: bool
-    stage_buffers_offset: int
     axes: Axes
-    limits: Limits
-    limits_from: str
     baseline_knobs: dict[str, int] = field(default_factory=dict)
     gpus: str = ""
+
+    @property
+    def warp_size(self) -> int:
+        return int(self.target["warp_size"])
 
     @property
     def is_rocm(self) -> bool:
@@ -210,59 +187,65 @@ def arch_family(arch: str, spaces: SpacesFile) -> str:
     return spaces.arch_families[max(matches, key=len)]
 
 
-def _arch_entry(arch: str, spaces: SpacesFile) -> tuple[str, ArchEntry | None]:
-    if arch in spaces.arch:
-        return arch, spaces.arch[arch]
-    base = re.sub(r"^(sm_\d+)[a-z]$", r"\1", arch)  # sm_90a -> sm_90
-    return base, spaces.arch.get(base)
+def _base_arch(arch: str) -> str:
+    return re.sub(r"^(sm_\d+)[a-z]$", r"\1", arch)  # sm_90a -> sm_90
 
 
-def arch_profile(arch: str, spaces: SpacesFile) -> ArchProfile:
-    """The family's space and limits for ``arch``, with the arch's overrides applied."""
+def arch_target(arch: str, targets_file: Path = TARGETS_FILE) -> tuple[str, dict]:
+    """(row name, row) of ``arch`` in kgen/tables/targets.json; an arch with no row is an
+    error: the generated modules refuse it, so there is nothing to tune."""
+    try:
+        targets = target_dicts(read_targets(targets_file))
+    except TableError as exc:
+        raise TuneError(str(exc)) from None
+    for name in (arch, _base_arch(arch)):
+        if name in targets:
+            return name, targets[name]
+    raise TuneError(
+        f"{arch} has no row in {targets_file} (it lists {', '.join(targets)}): the generated modules "
+        f"refuse it and the tuner reads its shared memory, warp size and matrix instruction there; "
+        f"add a row for it (and run `kgen build`) to tune it"
+    )
+
+
+def arch_profile(arch: str, spaces: SpacesFile, targets_file: Path = TARGETS_FILE) -> ArchProfile:
+    """The family's space for ``arch``, with the arch's overrides applied, and its target.
+    KV dtypes the target has no tensor-core format for are left out (its module refuses them)."""
     fam_name = arch_family(arch, spaces)
     fam = spaces.family[fam_name]
-    key, entry = _arch_entry(arch, spaces)
-    axes, limits, kv = fam.axes, fam.limits, fam.kv_dtypes
-    limits_from = f"family {fam_name} fallback (no [arch.{arch}] in spaces.toml)"
+    target_name, target = arch_target(arch, targets_file)
+    entry = spaces.arch.get(arch) or spaces.arch.get(_base_arch(arch))
+    axes, kv = fam.axes, fam.kv_dtypes
     if entry is not None:
         if entry.axes is not None:
             update = entry.axes.model_dump(exclude_none=True)
             axes = Axes.model_validate({**axes.model_dump(), **update})
-        if entry.limits is not None:
-            limits, limits_from = entry.limits, f"arch {key}"
         kv = entry.kv_dtypes or kv
     return ArchProfile(
         arch=arch,
         family=fam_name,
-        warp_size=fam.warp_size,
-        kv_dtypes=kv,
+        target_name=target_name,
+        target=target,
+        kv_dtypes=tuple(d for d in kv if d not in FP8_DTYPES or d in target["fp8"]),
         dot_multiple_of_nonkdim=fam.dot_multiple_of_nonkdim,
-        stage_buffers_offset=fam.stage_buffers_offset,
         axes=axes,
-        limits=limits,
-        limits_from=limits_from,
         baseline_knobs=dict(fam.baseline_knobs),
         gpus=entry.gpus if entry else "",
     )
 
 
-# --------------------------------------------------------------------------- estimates
+# --------------------------------------------------------------------------- the launch rules
 
 
 @dataclass(frozen=True)
 class ProblemShape:
-    """What the resource estimates need to know about the problem of one study. Widths are
-    the kernel's padded tile widths (a power of two, at least ``min_dot``)."""
+    """What the launch rules need to know about the problem of one study: the kernel shape
+    the generated module carries (``rules.kernel_shape``: bytes a program stages per prefix
+    token and per row, the accumulator's width), the group and the draft lengths."""
 
-    qk_width: int
-    v_width: int
-    v_shares_k: bool
-    kv_bytes: int
-    q_bytes: int
+    kernel: dict
     group_size: int
     drafts: tuple[int, ...]
-    min_dot: int = 16
-    max_rows: int = 128
     # The module emits both draft-tile placements; unset, it drafts first at these rows.
     draft_tile_either: bool = False
     draft_first_rows: tuple[int, ...] = ()
@@ -275,31 +258,22 @@ class ProblemShape:
         q_dtype: str,
         group: int,
         drafts: tuple[int, ...],
-        kernel: KernelRules | None = None,
     ) -> ProblemShape:
-        att, rules = layout.attention, kernel or KernelRules()
-
-        def width(x: int) -> int:
-            return max(rules.min_dot, next_pow2(x))
-
+        """The grouped module's shape, from the same passes that generate it."""
+        plan = legalize(specialize(new_plan(layout, kv_dtype, q_dtype, "grouped")))
+        either = draft_tile_either(layout.attention)
         return cls(
-            qk_width=width(att.nope_dim) + (width(att.pe_dim) if att.pe_dim else 0),
-            v_width=width(att.v_head_dim),
-            v_shares_k=att.v_source == "k_latent",
-            kv_bytes=dtype_bytes(kv_dtype),
-            q_bytes=dtype_bytes(q_dtype),
+            kernel=plan_kernel_shape(plan),
             group_size=group,
             drafts=tuple(sorted(set(drafts))),
-            min_dot=rules.min_dot,
-            max_rows=rules.max_rows,
-            draft_tile_either=draft_tile_either(att),
-            draft_first_rows=GQA_DRAFT_FIRST_ROWS if draft_tile_either(att) else (),
+            draft_tile_either=either,
+            draft_first_rows=GQA_DRAFT_FIRST_ROWS if either else (),
         )
 
 
 def launch_rows(block_h: int, shape: ProblemShape, draft: int) -> tuple[int, int]:
     """(BLOCK_H, L_PAD) of the launcher's row rule (kgen/rules.py, ``row_blocking``)."""
-    return row_blocking(block_h, shape.group_size, draft, shape.max_rows)
+    return row_blocking(block_h, shape.group_size, draft)
 
 
 def row_rule_placement(cfg: BlockConfig, shape: ProblemShape, draft: int) -> str:
@@ -313,59 +287,46 @@ def row_rule_placements(cfg: BlockConfig, shape: ProblemShape) -> set[str]:
     return {row_rule_placement(cfg, shape, d) for d in shape.drafts}
 
 
-def smem_bytes(cfg: BlockConfig, shape: ProblemShape, rows: int, stage_buffers_offset: int = 0) -> int:
-    """Shared memory / LDS of one program: the K and V tiles of every pipeline buffer
-    (``max(1, num_stages + stage_buffers_offset)`` of them) plus the Q tile of ``rows``
-    rows. Absorbed MLA reuses the K tile as V."""
-    v_width = 0 if shape.v_shares_k else shape.v_width
-    buffers = max(1, cfg.num_stages + stage_buffers_offset)
-    kv_tiles = cfg.block_n * (shape.qk_width + v_width) * shape.kv_bytes * buffers
-    return kv_tiles + rows * shape.qk_width * shape.q_bytes
-
-
-def fp32_regs_per_thread(cfg: BlockConfig, shape: ProblemShape, rows: int, warp_size: int) -> float:
-    """fp32 registers per thread held by the accumulator (rows x D_v) and the score tile
-    (rows x block_n), both live across the prefix loop, spread over num_warps x warp_size."""
-    return rows * (shape.v_width + cfg.block_n) / (cfg.num_warps * warp_size)
-
-
-def _resources(cfg: BlockConfig, shape: ProblemShape, profile: ArchProfile, rows: int, draft: int) -> str | None:
-    lim = profile.limits
-    smem = smem_bytes(cfg, shape, rows, profile.stage_buffers_offset)
-    if smem > lim.smem_per_block:
-        return (
-            f"shared memory ~{smem} B > {lim.smem_per_block} B per block on {profile.arch} "
-            f"(L={draft}, {rows} rows); fewer stages or a smaller block_n fit"
-        )
-    regs = fp32_regs_per_thread(cfg, shape, rows, profile.warp_size)
-    if regs > lim.max_fp32_regs_per_thread:
-        return (
-            f"~{regs:.0f} fp32 registers per thread > {lim.max_fp32_regs_per_thread} "
-            f"(L={draft}, {rows} rows); more warps or a smaller block_h fit"
-        )
-    nonk = cfg.matrix_instr_nonkdim
-    if profile.dot_multiple_of_nonkdim and nonk is not None and (cfg.block_n % nonk or rows % nonk):
-        return f"block_n {cfg.block_n} and rows {rows} must be multiples of matrix_instr_nonkdim {nonk}"
-    return None
-
-
 def why_not(cfg: BlockConfig, shape: ProblemShape, profile: ArchProfile) -> str | None:
-    """Why ``cfg`` cannot run well on this arch for this problem, or None when it fits.
+    """Why ``cfg`` is not a config of its own on this arch for this problem, or None.
 
-    Also refuses configs the launcher would silently run as another block_h (a duplicate
-    trial would only re-time a kernel already timed).
+    The launcher runs ``rules.fit`` on every call: a config it would change (a smaller head
+    block for the accumulator's registers, fewer stages, narrower tiles or fewer heads for
+    shared memory) at some draft length of the study runs there as another config's
+    program, so timing it would time a duplicate and a table row holding it would name a
+    program that never runs; one with no program that fits is refused outright.
     """
     cap = next_pow2(shape.group_size)
     if cfg.block_h > cap:
         return f"block_h {cfg.block_h} > next_pow2(group size {shape.group_size}) = {cap}"
+    launch = cfg.model_dump(exclude_none=True)
+    programs = {}
+    for draft in shape.drafts:
+        fitted = rules.fit(profile.target, shape.kernel, launch, shape.group_size, draft)
+        if fitted is None:
+            return (
+                f"no program fits {profile.target_name} at L={draft}: even one head, {rules.MIN_DOT}-token "
+                f"tiles and 1 stage exceed {profile.target['shared_bytes']} B of shared memory"
+            )
+        programs[draft] = fitted
+    for draft, (block_h, l_pad, block_n, stages, reasons) in programs.items():
+        if reasons:
+            return (
+                f"duplicate: at L={draft} the launcher runs it on {profile.target_name} as BLOCK_H {block_h} x "
+                f"L_PAD {l_pad}, BLOCK_N {block_n}, {stages} stages ({'; '.join(reasons)})"
+            )
     rows_per_draft = {d: launch_rows(cfg.block_h, shape, d) for d in shape.drafts}
     if all(bh != cfg.block_h for bh, _ in rows_per_draft.values()):
         ran = sorted({bh for bh, _ in rows_per_draft.values()})
-        return f"duplicate: the launcher halves block_h {cfg.block_h} to {ran} (rows <= {shape.max_rows})"
-    for draft, (bh, l_pad) in rows_per_draft.items():
-        reason = _resources(cfg, shape, profile, bh * l_pad, draft)
-        if reason:
-            return reason
+        return f"duplicate: the launcher halves block_h {cfg.block_h} to {ran} (rows <= {rules.MAX_ROWS})"
+    nonk = cfg.matrix_instr_nonkdim
+    if profile.dot_multiple_of_nonkdim and nonk is not None:
+        for draft, (block_h, l_pad, block_n, _, _) in programs.items():
+            if block_n % nonk or (block_h * l_pad) % nonk:
+                return (
+                    f"block_n {block_n} and rows {block_h * l_pad} (L={draft}) must be multiples of "
+                    f"matrix_instr_nonkdim {nonk}"
+                )
     return None
 
 
@@ -481,26 +442,29 @@ class SearchSpace:
         return len(self.feasible_configs()) * splits
 
     def digest(self, extra: object = None) -> str:
-        """A short hash of the choices, limits and ``extra`` (the workloads): the study
-        name carries it, so a changed space never resumes an old, mismatched study."""
+        """A short hash of the choices, the target, the launch rules' constants, the kernel
+        shape and ``extra`` (the workloads): the study name carries it, so a changed space
+        never resumes an old, mismatched study."""
+        constants = {n: getattr(rules, n) for n in RULE_CONSTANTS}
         blob = json.dumps(
-            {"axes": self.axes, "limits": self.profile.limits.model_dump(), "extra": extra},
+            {"axes": self.axes, "target": self.profile.target, "rules": constants, "kernel": self.shape.kernel,
+             "extra": extra},
             sort_keys=True,
             default=str,
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
     def describe(self) -> str:
-        p, s = self.profile, self.shape
-        v_note = " (V = K latent)" if s.v_shares_k else ""
+        p, s, k = self.profile, self.shape, self.shape.kernel
+        t = p.target
         lines = [
-            f"arch {p.arch} (family {p.family}{', ' + p.gpus if p.gpus else ''}); "
-            f"limits from {p.limits_from}: smem/block {p.limits.smem_per_block} B, "
-            f"smem/SM {p.limits.smem_per_sm} B, fp32 regs/thread {p.limits.max_fp32_regs_per_thread}, "
-            f"warp size {p.warp_size}",
-            f"problem: K tile width {s.qk_width}, V tile width {s.v_width}{v_note}, KV {s.kv_bytes} B/elt, "
-            f"Q {s.q_bytes} B/elt, group {s.group_size}, draft lengths {list(s.drafts)}",
+            f"arch {p.arch} (family {p.family}{', ' + p.gpus if p.gpus else ''}); target {p.target_name} "
+            f"(kgen/tables/targets.json): shared memory {t['shared_bytes']} B per block, warp size {t['warp_size']}, "
+            f"{t['mma']}",
+            f"problem: {k['kv_row_bytes']} B of K/V per prefix token, {k['q_row_bytes']} B of q per row, "
+            f"accumulator width {k['acc_width']}{', K tiles converted to 16 bits' if k['converts_k'] else ''}, "
+            f"group {s.group_size}, draft lengths {list(s.drafts)}",
         ]
         lines += [f"  {n:<22} {list(v)}" for n, v in self.axes.items()]
-        lines.append(f"  {self.size()} configs, {self.feasible_count()} fit")
+        lines.append(f"  {self.size()} configs, {self.feasible_count()} run as written (kgen/rules.py fit)")
         return "\n".join(lines)

@@ -61,7 +61,7 @@ class TuneJob:
 
 def build_space(job: TuneJob, spaces: SpacesFile) -> SearchSpace:
     drafts = tuple(sorted({w.draft for w in job.workloads}))
-    shape = ProblemShape.of(job.layout, job.kv_dtype, job.q_dtype, job.group_size, drafts, spaces.kernel)
+    shape = ProblemShape.of(job.layout, job.kv_dtype, job.q_dtype, job.group_size, drafts)
     return SearchSpace.build(arch_profile(job.arch, spaces), shape)
 
 
@@ -463,24 +463,10 @@ def make_backend(spec: BackendSpec, job: TuneJob, space: SearchSpace, workloads:
             jitter_pct=spec.synthetic_jitter_pct,
             seed=spec.seed,
         )
-    from kgen.tuner.gpu import GpuBackend, check_kernel_rules, detect_device, load_module
+    from kgen.tuner.gpu import GpuBackend, detect_device, load_module
 
-    device = detect_device()
     module = load_module(job.layout.name, job.kv_dtype, job.q_dtype)
-    check_kernel_rules(module, space.shape.min_dot, space.shape.max_rows)
-    return GpuBackend(
-        module,
-        arch=job.arch,
-        layout=job.layout,
-        kv_dtype=job.kv_dtype,
-        q_dtype=job.q_dtype,
-        group_size=job.group_size,
-        num_kv_heads=workloads.num_kv_heads,
-        workloads=list(job.workloads),
-        check=workloads.check,
-        timing=workloads.timing,
-        l2_bytes=device.l2_bytes,
-    )
+    return GpuBackend.for_job(module, job, workloads, detect_device().l2_bytes)
 
 
 @dataclass(frozen=True)

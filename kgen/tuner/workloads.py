@@ -11,9 +11,10 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kgen.tuner.errors import TuneError, describe_validation
+from kgen.errors import read_validated
+from kgen.tuner.errors import TuneError
 
 WORKLOADS_FILE = Path(__file__).parent / "workloads.toml"
 
@@ -123,14 +124,4 @@ class WorkloadsFile(BaseModel):
 
 def load_workloads(path: Path | None = None) -> WorkloadsFile:
     """Read and validate the workloads file; errors name the file and the field."""
-    path = Path(path or WORKLOADS_FILE)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TuneError(f"{path}: no such workloads file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise TuneError(f"{path}: not valid TOML: {exc}") from None
-    try:
-        return WorkloadsFile.model_validate(raw)
-    except ValidationError as exc:
-        raise TuneError(describe_validation(path, exc)) from None
+    return read_validated(path or WORKLOADS_FILE, WorkloadsFile, TuneError, "workloads file", tomllib.loads, "TOML")
