@@ -33,7 +33,7 @@ class BuildResult:
 
     @property
     def changed(self) -> list[Plan]:
-        return [p for p in self.plans if p.written]
+        return [p for p in self.plans if p.output.written]
 
 
 def build_all(out_dir: Path | None = None, check_only: bool = False, layout_dir: Path | None = None,

@@ -49,7 +49,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
                        layout_dir=Path(args.layouts) if args.layouts else None,
                        progress=lambda plan: bar.update(1))
     bar.close()
-    for warning in sorted({d.why for p in result.plans for d in p.decisions if d.what.endswith(" warning")}):
+    for warning in sorted({d.why for p in result.plans for d in p.warnings}):
         print(f"warning: {warning}", file=sys.stderr)
     stale = [p.output_path for p in result.changed]
     if args.check:

@@ -8,47 +8,53 @@ from kgen.errors import SpecError, UsageError
 from kgen.loader import check_variant
 from kgen.passes.context import load_context
 from kgen.passes.pipeline import run_pipeline
-from kgen.plan import Plan, new_plan
+from kgen.plan import SECTION_OF_PASS, Plan, new_plan
 from kgen.spec import KV_DTYPES, Q_DTYPES, canonical_dtype, load_layouts
 
-# Plan fields each pass fills, shown after that pass.
-_FIELDS_BY_PASS = {
-    "specialize": ("has_pe", "fp8_kv", "v_from_k_tile", "draft_tile_first", "draft_tile_either",
-                   "draft_first_rows", "unmasked_full_tiles", "prefix_dot_dtype"),
-    "legalize": ("block_d", "block_dpe", "block_dv", "merge_block_dv", "merge_rows", "merge_split_chunk",
-                 "mask_d", "mask_dv"),
-    "select_config": ("default_config",),
-    "fit": ("kernel_shape",),
-    "check": ("checked",),
-    "emit": ("output_path", "written"),
-}
+
+def _show(value: object) -> str:
+    """A section field as one readable line: configs by their short form, big structures summarized."""
+    if hasattr(value, "short"):
+        return value.short()
+    if isinstance(value, dict) and value and all(isinstance(v, tuple) for v in value.values()):
+        return ", ".join(f"{k}: {len(v)} rows" for k, v in sorted(value.items()))
+    if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+        return ", ".join(value)  # targets: their names (the rows are in kgen/tables/targets.json)
+    if isinstance(value, str) and "\n" in value:
+        return f"<{value.count(chr(10))} lines>"
+    return str(value)
 
 
-def _format_pass(name: str, plan: Plan) -> list[str]:
+def _format_pass(name: str, before: Plan | None, plan: Plan) -> list[str]:
+    """The decisions a pass made, then each field of its section that it filled or changed."""
     lines = [f"── after {name} " + "─" * max(0, 60 - len(name))]
     for d in plan.decisions_of(name):
-        lines.append(f"  {d.what:18s} = {d.value}")
+        lines.append(f"  {d.what:18s} = {d.value}" + ("   [warning]" if d.warning else ""))
         lines.append(f"  {'':18s}   why: {d.why}")
-    for field in _FIELDS_BY_PASS.get(name, ()):
-        value = getattr(plan, field)
-        if dataclasses.is_dataclass(value) or hasattr(value, "short"):
-            value = value.short()
-        lines.append(f"  plan.{field} = {value}")
+    section_name = SECTION_OF_PASS.get(name)
+    section = getattr(plan, section_name) if section_name else None
+    if section is not None:
+        old = getattr(before, section_name) if before is not None else None
+        for field in dataclasses.fields(section):
+            value = getattr(section, field.name)
+            if old is None or getattr(old, field.name) != value:
+                lines.append(f"  plan.{section_name}.{field.name} = {_show(value)}")
     return lines
 
 
 def _table_lines(plan: Plan, arch: str | None, group: int) -> list[str]:
     lines = ["── block config at run time " + "─" * 34]
-    arches = [arch] if arch else sorted(plan.arch_configs) or ["<any arch without a table>"]
+    configs = plan.config
+    arches = [arch] if arch else sorted(configs.by_arch) or ["<any arch without a table>"]
     for a in arches:
-        rows = [r for r in plan.arch_configs.get(a, ()) if r.group_size == group]
-        source = plan.table_sources.get(a, "no table for this arch")
+        rows = [r for r in configs.by_arch.get(a, ()) if r.group_size == group]
+        source = configs.table_sources.get(a, "no table for this arch")
         if rows:
             for r in rows:
                 lines.append(f"  {a} group {group} batch {r.batch_min}..{r.batch_max}: {r.config.short()}")
             lines.append(f"  {'':6s}from {source}")
         else:
-            lines.append(f"  {a} group {group}: default {plan.default_config.short()} ({source})")
+            lines.append(f"  {a} group {group}: default {configs.default.short()} ({source})")
     return lines
 
 
@@ -92,14 +98,19 @@ def explain(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16", 
             f"the runtime gate sends it to the per-head kernel"
         )
     collected: list[str] = []
+    previous: list[Plan] = [new_plan(spec, kv, q, variant)]
+
+    def show_pass(name: str, after: Plan) -> None:
+        collected.extend(_format_pass(name, previous[-1], after))
+        previous.append(after)
+
     # Explaining writes nothing: emit runs in check mode against the real output directory.
     ctx = load_context(check_only=True)
-    plan = run_pipeline(new_plan(spec, kv, q, variant), ctx,
-                        on_pass=lambda name, p: collected.extend(_format_pass(name, p)))
+    plan = run_pipeline(previous[0], ctx, on_pass=show_pass)
     lines.append(f"uri: {plan.uri}")
     lines.extend(collected)
     lines.extend(_table_lines(plan, arch, group))
     lines.extend(_gate_lines(layout, arch, model, topk, group, kv, q))
     if show_source:
-        lines.extend(["── source " + "─" * 52, plan.source or ""])
+        lines.extend(["── source " + "─" * 52, plan.output.source])
     return "\n".join(lines)

@@ -1,8 +1,20 @@
 """The Plan: the generator's IR. Every choice the passes make lives here with its reason.
 
-A plan starts from one layout spec plus the dtypes and variant to generate for. Each pass
-is a pure function ``Plan -> Plan`` that fills in fields and appends ``Decision`` records;
-``kgen explain`` prints the plan after each pass.
+A plan starts from one layout spec plus the dtypes and variant to generate for. It grows in
+sections that follow the passes, each a frozen dataclass one pass fills:
+
+    spec, kv_dtype, q_dtype, variant    the request (validate checks it)
+    specialization                      specialize: what the source contains at all
+    tiles                               legalize: tile widths and masks Triton's rules need
+    config                              select_config: the block configs baked in per arch
+    fit                                 fit: the targets and what one program stages
+    lowering                            select_lowering: which kernel language renders it
+    output                              render, check, emit: the source and where it went
+
+Every pass is ``(plan, ctx) -> plan``: it adds its section and appends ``Decision`` records
+(what was chosen, and why). The plan is also the templates' context: they read
+``plan.specialization.has_pe``, ``plan.tiles.block_d`` and so on. ``kgen explain`` prints
+the decisions and the section after each pass.
 """
 
 from __future__ import annotations
@@ -11,7 +23,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kgen import rules
 from kgen.blockconfig import BlockConfig
+from kgen.errors import BuildError
 from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec
 
 Variant = Literal["grouped", "per_head"]
@@ -24,14 +38,54 @@ def module_uri(layout: str, kv_dtype: str, q_dtype: str, variant: Variant = "gro
     return f"{prefix}_{layout}__kv_{KV_DTYPES[kv_dtype]}__q_{Q_DTYPES[q_dtype]}"
 
 
+def config_literal(config: BlockConfig) -> str:
+    """A config as a Python dict literal with stable key order (as a module holds it)."""
+    return repr(config.model_dump(exclude_none=True))
+
+
 @dataclass(frozen=True)
 class Decision:
-    """One choice: which pass made it, what was decided, the value, and why."""
+    """One choice: which pass made it, what was decided, the value, and why. A ``warning``
+    is one the user should see at build time (``kgen build`` prints it)."""
 
     pass_name: str
     what: str
     value: Any
     why: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """specialize: what the emitted source contains at all (not just skips at run time)."""
+
+    has_pe: bool  # q_pe/k_pe loads and their dot
+    fp8_kv: bool  # k_scale/v_scale arguments and the descale
+    v_from_k_tile: bool  # absorbed MLA: V is the K tile's latent columns, no V pointer
+    draft_tile_first: bool  # the draft tile runs before the prefix loop, always
+    draft_tile_either: bool  # both placements are emitted; the launcher's DRAFT_FIRST picks
+    draft_first_rows: tuple[int, ...]  # rows (BLOCK_H x L_PAD) that run it first by default
+    draft_first_why: str  # why those rows ("" where both placements are not emitted)
+    unmasked_full_tiles: bool  # whole tiles without the -inf select, then the partial one
+    prefix_dot_dtype: str  # dot operand dtype of the prefix stage on the GPU
+    prefix_dot_why: str
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """legalize: tile widths (powers of two, >= MIN_DOT) and the limits of a program."""
+
+    block_d: int
+    block_dpe: int | None  # None without a PE part: next_power_of_2(0) is never asked
+    block_dv: int
+    mask_d: bool  # nope_dim is not a power of two: its padded columns are masked
+    mask_dv: bool
+    merge_block_dv: int
+    merge_rows: int
+    merge_split_chunk: int
+    min_dot_rows: int
+    max_draft_tokens: int
+    page_sizes: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -43,6 +97,77 @@ class ConfigEntry:
     batch_max: int
     config: BlockConfig
 
+    @property
+    def literal(self) -> str:
+        return config_literal(self.config)
+
+
+@dataclass(frozen=True)
+class BlockConfigs:
+    """select_config: the default block config and each arch's table rows for this layout."""
+
+    default: BlockConfig
+    default_why: str
+    by_arch: dict[str, tuple[ConfigEntry, ...]] = field(default_factory=dict)
+    table_sources: dict[str, str] = field(default_factory=dict)  # arch -> "origin: path"
+    split_defaults: dict[str, int] = field(default_factory=dict)  # SplitPolicy's defaults
+
+    @property
+    def default_literal(self) -> str:
+        return config_literal(self.default)
+
+    @property
+    def tables_summary(self) -> str:
+        return ", ".join(f"{arch} ({src})" for arch, src in sorted(self.table_sources.items())) or "none"
+
+
+@dataclass(frozen=True)
+class Fit:
+    """fit: the targets a module is checked for and what one program stages (rules.kernel_shape)."""
+
+    targets: dict[str, dict]
+    k_width: int  # K's padded width (nope + pe)
+    acc_width: int  # the accumulator's width (V's padded width)
+    kv_bytes: int  # bytes per KV element in the pool
+    v_separate: bool  # V is its own buffer (staged beside K)
+    refusals: tuple[str, ...] = ()  # (target, config, group, draft length) where no program fits
+
+    @property
+    def kernel_shape(self) -> dict[str, Any]:
+        return rules.kernel_shape(self.k_width, self.acc_width, self.kv_bytes, self.v_separate)
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """select_lowering: the kernel language the plan is rendered into (a templates/ folder)."""
+
+    name: str
+
+    @property
+    def kernel_template(self) -> str:
+        return f"{self.name}/kernel.py.j2"
+
+
+@dataclass(frozen=True)
+class Output:
+    """render, check, emit: the module's source, whether it passed check, and its file."""
+
+    source: str
+    checked: bool = False
+    path: str | None = None
+    written: bool | None = None  # written (or, in check mode, stale)
+
+    @property
+    def lines(self) -> int:
+        return self.source.count("\n")
+
+
+# Which pass fills which section (``kgen explain`` prints a section after its pass).
+SECTION_OF_PASS = {
+    "specialize": "specialization", "legalize": "tiles", "select_config": "config", "fit": "fit",
+    "select_lowering": "lowering", "render": "output", "check": "output", "emit": "output",
+}
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -51,47 +176,53 @@ class Plan:
     q_dtype: str
     variant: Variant = "grouped"
     decisions: tuple[Decision, ...] = ()
-    # specialize
-    has_pe: bool | None = None
-    fp8_kv: bool | None = None
-    v_from_k_tile: bool | None = None
-    draft_tile_first: bool | None = None
-    draft_tile_either: bool = False
-    draft_first_rows: tuple[int, ...] = ()
-    unmasked_full_tiles: bool | None = None
-    prefix_dot_dtype: str | None = None
-    # legalize
-    block_d: int | None = None
-    block_dpe: int | None = None
-    block_dv: int | None = None
-    merge_block_dv: int | None = None
-    merge_rows: int | None = None
-    merge_split_chunk: int | None = None
-    min_dot_rows: int | None = None
-    max_draft_tokens: int | None = None
-    mask_d: bool | None = None
-    mask_dv: bool | None = None
-    page_sizes: tuple[int, ...] = ()
-    # select_config
-    default_config: BlockConfig | None = None
-    arch_configs: dict[str, tuple[ConfigEntry, ...]] = field(default_factory=dict)
-    table_sources: dict[str, str] = field(default_factory=dict)
-    # fit
-    targets: dict[str, dict] = field(default_factory=dict)
-    kernel_shape: dict[str, Any] = field(default_factory=dict)
-    # render / check / emit
-    source: str | None = None
-    checked: bool = False
-    output_path: str | None = None
-    written: bool | None = None
+    specialization: Specialization | None = None
+    tiles: Tiles | None = None
+    config: BlockConfigs | None = None
+    fit: Fit | None = None
+    lowering: Lowering | None = None
+    output: Output | None = None
 
     @property
     def uri(self) -> str:
         return module_uri(self.spec.name, self.kv_dtype, self.q_dtype, self.variant)
 
-    def with_(self, decisions: list[Decision] | tuple[Decision, ...] = (), **changes: Any) -> Plan:
-        """A copy with ``changes`` applied and ``decisions`` appended (plans are immutable)."""
-        return dataclasses.replace(self, decisions=self.decisions + tuple(decisions), **changes)
+    @property
+    def grouped(self) -> bool:
+        return self.variant == "grouped"
+
+    @property
+    def variant_summary(self) -> str:
+        return ("grouped-head shared-KV" if self.grouped
+                else "per-head split-KV baseline (one query head per program)")
+
+    @property
+    def layout_summary(self) -> str:
+        shape = self.spec.attention
+        return (f"Layout {self.spec.name}: {shape.kind.upper()}, K width {shape.qk_dim} "
+                f"(nope {shape.nope_dim} + pe {shape.pe_dim}), V width {shape.v_head_dim}, "
+                f"KV {self.kv_dtype}, queries {self.q_dtype}.")
+
+    @property
+    def output_path(self) -> str | None:
+        """Where emit wrote (or would write) the module; None before emit."""
+        return self.output.path if self.output is not None else None
+
+    @property
+    def warnings(self) -> list[Decision]:
+        return [d for d in self.decisions if d.warning]
+
+    def with_(self, decisions: list[Decision] | tuple[Decision, ...] = (), **sections: Any) -> Plan:
+        """A copy with ``sections`` set and ``decisions`` appended (plans are immutable)."""
+        return dataclasses.replace(self, decisions=self.decisions + tuple(decisions), **sections)
+
+    def need(self, section: str, pass_name: str) -> Any:
+        """The section ``pass_name`` reads; a BuildError naming the pass that fills it if it is missing."""
+        value = getattr(self, section)
+        if value is None:
+            filler = next(p for p, s in SECTION_OF_PASS.items() if s == section)
+            raise BuildError(f"{self.uri}: {pass_name} needs plan.{section}, which {filler} fills: run it first")
+        return value
 
     def decisions_of(self, pass_name: str) -> list[Decision]:
         return [d for d in self.decisions if d.pass_name == pass_name]

@@ -1,9 +1,12 @@
 """Each pass alone on a hand-made plan, then the pipeline end to end on every shipped layout."""
 
 import dataclasses
+import fnmatch
+import inspect
 import re
 from pathlib import Path
 
+import jinja2
 import pytest
 from pydantic import ValidationError
 
@@ -13,13 +16,13 @@ from kgen.errors import BuildError, SpecError, TableError
 from kgen.passes.check import check
 from kgen.passes.context import load_context
 from kgen.passes.fit import fit
-from kgen.passes.legalize import legalize, next_pow2
+from kgen.passes.legalize import next_pow2
 from kgen.passes.pipeline import PASSES, run_pipeline
-from kgen.passes.render import config_literal, render
+from kgen.passes.render import render
 from kgen.passes.select_config import select_config
 from kgen.passes.specialize import specialize
 from kgen.passes.validate import validate
-from kgen.plan import new_plan
+from kgen.plan import SECTION_OF_PASS, Lowering, Output, config_literal, new_plan
 from kgen.spec import load_layouts, parse_layout
 
 SPECS = load_layouts()
@@ -50,26 +53,50 @@ def test_next_pow2_never_returns_zero():
     assert [next_pow2(x) for x in (0, 1, 2, 3, 16, 17)] == [1, 1, 2, 4, 16, 32]
 
 
-def test_validate_refuses_dtypes_the_spec_does_not_list():
+def _through(plan, ctx, last: str):
+    """The plan after the passes up to and including ``last``, run one by one."""
+    for fn in PASSES:
+        plan = fn(plan, ctx)
+        if fn.__name__ == last:
+            return plan
+    raise AssertionError(f"no pass {last}")
+
+
+def test_passes_are_plain_functions_of_plan_and_context():
+    for fn in PASSES:
+        assert inspect.isfunction(fn) and fn.__name__ != "<lambda>", fn
+        assert list(inspect.signature(fn).parameters) == ["plan", "ctx"], fn.__name__
+
+
+def test_a_pass_names_the_section_it_needs_and_who_fills_it(ctx):
+    with pytest.raises(BuildError, match="fit needs plan.specialization, which specialize fills"):
+        fit(validate(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx), ctx)
+    with pytest.raises(BuildError, match="render needs plan.lowering, which select_lowering fills"):
+        render(_through(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx, "fit"), ctx)
+
+
+def test_validate_refuses_dtypes_the_spec_does_not_list(ctx):
     spec = SPECS["gqa64"]
     with pytest.raises(SpecError, match="dtypes.kv"):
         validate(new_plan(spec.model_copy(update={"dtypes": spec.dtypes.model_copy(update={"kv": ("bfloat16",)})}),
-                          "float8_e4m3fn", "bfloat16"))
+                          "float8_e4m3fn", "bfloat16"), ctx)
 
 
-def test_specialize_records_why():
-    plan = specialize(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"))
-    assert (plan.has_pe, plan.fp8_kv, plan.v_from_k_tile) == (False, False, False)
+def test_specialize_records_why(ctx):
+    plan = specialize(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"), ctx)
+    s = plan.specialization
+    assert (s.has_pe, s.fp8_kv, s.v_from_k_tile) == (False, False, False)
     assert all(d.why for d in plan.decisions)
-    mla = specialize(new_plan(SPECS["mla_absorbed_512_64"], "float8_e4m3fn", "bfloat16"))
-    assert (mla.has_pe, mla.fp8_kv, mla.v_from_k_tile, mla.prefix_dot_dtype) == (True, True, True, "float16")
+    m = specialize(new_plan(SPECS["mla_absorbed_512_64"], "float8_e4m3fn", "bfloat16"), ctx).specialization
+    assert (m.has_pe, m.fp8_kv, m.v_from_k_tile, m.prefix_dot_dtype) == (True, True, True, "float16")
+    assert "native conversion" in m.prefix_dot_why and m.draft_first_why == ""
 
 
-def test_legalize_pads_odd_widths_and_never_asks_pow2_of_zero():
-    plan = legalize(specialize(new_plan(ODD, "bfloat16", "bfloat16")))
-    assert (plan.block_d, plan.block_dpe, plan.block_dv) == (128, 32, 128)
-    assert plan.mask_d and plan.mask_dv
-    gqa = legalize(specialize(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16")))
+def test_legalize_pads_odd_widths_and_never_asks_pow2_of_zero(ctx):
+    tiles = _through(new_plan(ODD, "bfloat16", "bfloat16"), ctx, "legalize").tiles
+    assert (tiles.block_d, tiles.block_dpe, tiles.block_dv) == (128, 32, 128)
+    assert tiles.mask_d and tiles.mask_dv
+    gqa = _through(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx, "legalize").tiles
     assert gqa.block_dpe is None and not gqa.mask_d
     assert gqa.min_dot_rows == 16
 
@@ -78,38 +105,62 @@ def test_select_config_reads_tables_and_drops_amd_knobs_on_cuda(ctx):
     amd = BlockConfig(block_h=4, block_n=64, num_warps=8, num_stages=1, waves_per_eu=2, kpack=2)
     assert amd.for_arch("sm_90").has_rocm_knobs is False
     assert amd.for_arch("gfx950").waves_per_eu == 2
-    plan = select_config(legalize(specialize(validate(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16")))),
-                         ctx)
-    rows = plan.arch_configs["gfx950"]
+    plan = _through(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"), ctx, "select_config")
+    rows = plan.config.by_arch["gfx950"]
     assert {r.group_size for r in rows} == {4, 8, 16}
     assert all(r.config.block_h == 4 and r.config.block_n == 64 and r.config.num_warps == 8 for r in rows)
     per_head = select_config(dataclasses.replace(plan, variant="per_head", decisions=()), ctx)
-    assert per_head.default_config.block_h == 1
+    assert per_head.config.default.block_h == 1
     # The tables are tuned for the grouped kernel: the per-head baseline runs the default.
-    assert per_head.arch_configs == {}
+    assert per_head.config.by_arch == {}
     assert any(d.what == "tables" and d.value == "not used" for d in per_head.decisions)
 
 
-def test_render_fails_on_a_missing_variable(ctx, monkeypatch):
+def _templates(monkeypatch, templates: dict[str, str]) -> None:
+    """Render from these templates (name -> text) instead of kgen/templates."""
     import kgen.passes.render as render_pass
 
-    plan = fit(select_config(legalize(specialize(validate(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16")))), ctx),
-               ctx)
-    full = render_pass.template_context
-    monkeypatch.setattr(render_pass, "template_context",
-                        lambda p, c: {k: v for k, v in full(p, c).items() if k != "block_d"})
-    with pytest.raises(BuildError, match="undefined variable.*block_d"):
+    env = render_pass.environment.__wrapped__()
+    env.loader = jinja2.DictLoader(templates)
+    monkeypatch.setattr(render_pass, "environment", lambda: env)
+
+
+def test_render_fails_on_a_name_the_plan_lacks(ctx, monkeypatch):
+    plan = _through(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx, "select_lowering")
+    _templates(monkeypatch, {"triton/kernel.py.j2": "BLOCK_D = {{ plan.tiles.block_dd }}\n"})
+    with pytest.raises(BuildError, match="triton/kernel.py.j2 uses something the plan lacks.*block_dd"):
         render(plan, ctx)
 
 
-def test_check_rejects_bad_source():
-    plan = dataclasses.replace(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), has_pe=False, fp8_kv=False)
+def test_the_lowering_picks_the_template_folder(ctx, monkeypatch):
+    """A second lowering is a folder of templates and a choice in the plan, not a rewrite."""
+    plan = _through(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx, "select_lowering")
+    assert plan.lowering.name == "triton"
+    assert [d.value for d in plan.decisions_of("select_lowering")] == ["triton"]
+    _templates(monkeypatch, {"triton/kernel.py.j2": "triton\n",
+                             "other/kernel.py.j2": "{{ plan.lowering.name }}: {{ plan.tiles.block_d }}\n"})
+    other = render(plan.with_(lowering=Lowering("other")), ctx)
+    assert other.output.source == "other: 64\n"
+    assert other.decisions_of("render")[0].why == "rendered other/kernel.py.j2"
+
+
+def test_package_data_ships_every_template():
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kgen"]
+    templates = [p.relative_to(root / "kgen") for p in (root / "kgen" / "templates").rglob("*.j2")]
+    assert templates and all(any(fnmatch.fnmatch(str(t), g) for g in globs) for t in templates), templates
+
+
+def test_check_rejects_bad_source(ctx):
+    plan = specialize(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx)
     with pytest.raises(BuildError, match="does not compile"):
-        check(dataclasses.replace(plan, source="def broken(:\n"))
+        check(plan.with_(output=Output("def broken(:\n")), ctx)
     with pytest.raises(BuildError, match="imports"):
-        check(dataclasses.replace(plan, source="import numpy\n"))
+        check(plan.with_(output=Output("import numpy\n")), ctx)
     with pytest.raises(BuildError, match="mentions a PE part"):
-        check(dataclasses.replace(plan, source="q_pe = 1\n"))
+        check(plan.with_(output=Output("q_pe = 1\n")), ctx)
 
 
 def _code(source: str) -> str:
@@ -119,7 +170,7 @@ def _code(source: str) -> str:
 
 def test_pe_free_and_descale_free_text(ctx):
     plan = run_pipeline(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"), ctx)
-    code = _code(plan.source)
+    code = _code(plan.output.source)
     # No PE pointer, load, dot or argument: no identifier of the PE part at all.
     assert not re.search(r"(?i)_pe\b|\bpe_dim\b|dpe", code)
     # q.k and p.v in the prefix stage; q.k and p.v of the draft tile, once before the loop and
@@ -129,14 +180,14 @@ def test_pe_free_and_descale_free_text(ctx):
     assert "V_Buffer" in code  # GQA reads V from its own buffer
 
     mla = run_pipeline(new_plan(SPECS["mla_absorbed_512_64"], "float8_e4m3fn", "bfloat16"), ctx)
-    mcode = _code(mla.source)
+    mcode = _code(mla.output.source)
     assert "q_pe" in mcode and "k_pe" in mcode and "kd_pe" in mcode
     # q.k, q_pe.k_pe and p.v in the one prefix loop (FP8 MLA has no whole-tile loop), and the
     # same three for the draft tile.
     assert mcode.count("tl.dot(") == 6
     assert "SCALES_ON_DEVICE" in mcode and "tl.load(k_scale)" in mcode
     assert "V_Buffer" not in mcode  # V comes from the K tile already loaded
-    assert "GENERATED BY kgen" in mla.source and "DO NOT EDIT" in mla.source
+    assert "GENERATED BY kgen" in mla.output.source and "DO NOT EDIT" in mla.output.source
 
 
 @pytest.mark.parametrize(("layout", "kv", "split"), [
@@ -146,9 +197,9 @@ def test_pe_free_and_descale_free_text(ctx):
 def test_unmasked_full_tiles_is_a_generation_time_decision(ctx, layout, kv, split):
     """MLA BF16 loops over whole tiles without the -inf select, then selects only in the partial tile."""
     plan = run_pipeline(new_plan(SPECS[layout], kv, "bfloat16"), ctx)
-    assert plan.unmasked_full_tiles is split
+    assert plan.specialization.unmasked_full_tiles is split
     assert any(d.what == "full tiles" for d in plan.decisions)
-    code = _code(plan.source)
+    code = _code(plan.output.source)
     stage = code[code.index("def _verify_prefix_stage"):code.index("def _verify_merge_stage")]
     loops = stage.split("for start_n in range(")[1:]
     assert len(loops) == (2 if split else 1)
@@ -171,9 +222,10 @@ def test_draft_tile_position_is_a_generation_time_decision(ctx):
                                          ("qwen3_5_gqa256", "per_head", False, False),
                                          ("qwen3_5_gqa256", "grouped", False, True)):
         plan = run_pipeline(new_plan(SPECS[layout], "float8_e4m3fn", "bfloat16", variant), ctx)
-        assert plan.draft_tile_first is first and plan.draft_tile_either is both
-        assert bool(plan.draft_first_rows) is both
-        code = _code(plan.source)
+        s = plan.specialization
+        assert s.draft_tile_first is first and s.draft_tile_either is both
+        assert bool(s.draft_first_rows) is both
+        code = _code(plan.output.source)
         prefix_stage = code[code.index("def _verify_prefix_stage"):code.index("def _verify_merge_stage")]
         loop = prefix_stage.index("for start_n in range(")
         drafts = [i for i in range(len(prefix_stage)) if prefix_stage.startswith("K_Extend + ", i)]
@@ -188,7 +240,7 @@ def test_draft_tile_position_is_a_generation_time_decision(ctx):
 def test_every_pass_leaves_reasons(ctx):
     seen = []
     run_pipeline(new_plan(SPECS["gqa128"], "bfloat16", "float16"), ctx, on_pass=lambda n, p: seen.append((n, p)))
-    assert [n for n, _ in seen] == [n for n, _ in PASSES]
+    assert [n for n, _ in seen] == [fn.__name__ for fn in PASSES]
     for name, plan in seen:
         decisions = plan.decisions_of(name)
         assert decisions, f"{name} recorded no decision"
@@ -197,7 +249,7 @@ def test_every_pass_leaves_reasons(ctx):
 
 def test_pipeline_stop_after(ctx):
     plan = run_pipeline(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx, stop_after="legalize")
-    assert plan.block_d == 64 and plan.source is None
+    assert plan.tiles.block_d == 64 and plan.output is None
     with pytest.raises(ValueError, match="unknown pass"):
         run_pipeline(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx, stop_after="nope")
 
@@ -205,7 +257,7 @@ def test_pipeline_stop_after(ctx):
 def test_every_specialization_builds_and_compiles(tmp_path: Path):
     result = build_all(out_dir=tmp_path)
     assert len(result.plans) == len(list(specializations(SPECS)))
-    assert all(p.checked and p.written for p in result.plans)
+    assert all(p.output.checked and p.output.written for p in result.plans)
     again = build_all(out_dir=tmp_path)
     assert not again.changed  # written only when the text changed
     first = tmp_path / Path(result.plans[0].output_path).name
@@ -247,13 +299,14 @@ def _tuned_sm90_table() -> TableSource:
 def test_table_from_another_triton_is_used_with_a_warning(ctx):
     ctx = dataclasses.replace(ctx, tables={**ctx.tables, "sm_90": _tuned_sm90_table()})
     newer = dataclasses.replace(ctx, triton_version="9.9.0")
-    base = legalize(specialize(validate(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"))))
+    base = _through(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"), ctx, "legalize")
     plan = select_config(base, newer)
-    warnings = [d for d in plan.decisions if d.what == "table sm_90 warning"]
-    assert warnings and "tuned with Triton 3.6" in warnings[0].why and "kgen tune" in warnings[0].why
-    assert plan.arch_configs["sm_90"], "the table is still used"
+    warnings = plan.warnings
+    assert [d.what for d in warnings] == ["table sm_90"]
+    assert "tuned with Triton 3.6" in warnings[0].why and "kgen tune" in warnings[0].why
+    assert plan.config.by_arch["sm_90"], "the table is still used"
     same = select_config(base, dataclasses.replace(ctx, triton_version="3.6.1"))
-    assert not [d for d in same.decisions if d.what.endswith("warning")]
+    assert not same.warnings
 
 
 def _table_with_draft_tile(layout: str, placement: str) -> TableSource:
@@ -268,12 +321,12 @@ def _table_with_draft_tile(layout: str, placement: str) -> TableSource:
 
 
 def test_a_table_row_chooses_the_draft_tile_only_where_both_are_emitted(ctx):
-    gqa = legalize(specialize(validate(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"))))
+    gqa = _through(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"), ctx, "legalize")
     good = dataclasses.replace(ctx, tables={"sm_90": _table_with_draft_tile(gqa.spec.name, "after")})
     plan = select_config(gqa, good)
-    assert plan.arch_configs["sm_90"][0].config.draft_tile == "after"
-    assert config_literal(plan.arch_configs["sm_90"][0].config).endswith("'draft_tile': 'after'}")
-    mla = legalize(specialize(validate(new_plan(SPECS["mla_absorbed_512_64"], "bfloat16", "bfloat16"))))
+    assert plan.config.by_arch["sm_90"][0].config.draft_tile == "after"
+    assert config_literal(plan.config.by_arch["sm_90"][0].config).endswith("'draft_tile': 'after'}")
+    mla = _through(new_plan(SPECS["mla_absorbed_512_64"], "bfloat16", "bfloat16"), ctx, "legalize")
     bad = dataclasses.replace(ctx, tables={"sm_90": _table_with_draft_tile(mla.spec.name, "after")})
     with pytest.raises(TableError, match=r"sets draft_tile 'after'.*always runs the draft tile before"):
         select_config(mla, bad)
@@ -293,23 +346,27 @@ def test_default_rules_pick_by_k_width_then_kv_storage():
 
 
 def test_fp8_layout_bakes_the_fp8_default(ctx):
-    plan = select_config(legalize(specialize(validate(new_plan(SPECS["qwen3_5_gqa256"], "float8_e4m3fn",
-                                                                  "bfloat16")))), ctx)
-    assert plan.default_config == read_defaults().rule_for(256, "float8_e4m3fn").config
+    plan = _through(new_plan(SPECS["qwen3_5_gqa256"], "float8_e4m3fn", "bfloat16"), ctx, "select_config")
+    assert plan.config.default == read_defaults().rule_for(256, "float8_e4m3fn").config
     assert any("fp8 KV" in d.why for d in plan.decisions if d.what == "default config")
 
 
-def test_explain_shows_every_field_specialize_and_legalize_fill():
-    """A plan field a pass fills and `kgen explain` does not print is a decision nobody sees."""
-    from kgen.explain import _FIELDS_BY_PASS
+def test_explain_shows_every_field_each_pass_fills(ctx):
+    """A section field a pass fills and `kgen explain` does not print is a decision nobody sees."""
+    from kgen.explain import explain
 
     for layout, kv in (("qwen3_5_gqa256", "float8_e4m3fn"), ("mla_absorbed_512_64", "bfloat16")):
-        before = validate(new_plan(SPECS[layout], kv, "bfloat16"))
-        after_specialize = specialize(before)
-        after_legalize = legalize(after_specialize)
-        steps = (("specialize", before, after_specialize), ("legalize", after_specialize, after_legalize))
-        for name, old, new in steps:
-            filled = {f.name for f in dataclasses.fields(new) if f.name != "decisions"
-                      and getattr(new, f.name) != getattr(old, f.name)}
-            # page sizes, MIN_DOT_ROWS and MAX_DRAFT_TOKENS are printed as their decisions.
-            assert filled <= set(_FIELDS_BY_PASS[name]) | {"page_sizes", "min_dot_rows", "max_draft_tokens"}, name
+        text = explain(layout, kv)
+        blocks = dict(re.findall(r"── after (\w+) ─+\n(.*?)(?=\n── |\Z)", text, re.S))
+        plan = new_plan(SPECS[layout], kv, "bfloat16")
+        for fn in PASSES:
+            after = fn(plan, ctx)
+            section = SECTION_OF_PASS.get(fn.__name__)
+            filled = [] if section is None else [
+                f.name for f in dataclasses.fields(getattr(after, section))
+                if getattr(plan, section) is None or getattr(getattr(plan, section), f.name) != getattr(
+                    getattr(after, section), f.name)]
+            missing = [f for f in filled if f"plan.{section}.{f} = " not in blocks[fn.__name__]]
+            assert not missing, f"{layout}: explain does not show {missing} after {fn.__name__}"
+            plan = after
+        assert blocks.keys() == {fn.__name__ for fn in PASSES}

@@ -4,9 +4,11 @@ the specialization promises (no PE text without a PE part, no descale for bf16 K
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 
 from kgen.errors import BuildError
+from kgen.passes.context import BuildContext
 from kgen.plan import Decision, Plan
 
 NAME = "check"
@@ -26,10 +28,10 @@ def _imports(tree: ast.Module) -> set[str]:
     return names
 
 
-def check(plan: Plan) -> Plan:
-    source = plan.source
-    if source is None:
-        raise BuildError(f"{plan.uri}: check needs render to have run")
+def check(plan: Plan, ctx: BuildContext) -> Plan:
+    output = plan.need("output", NAME)
+    specialization = plan.need("specialization", NAME)
+    source = output.source
     try:
         tree = ast.parse(source, filename=f"{plan.uri}.py")
         compile(tree, f"{plan.uri}.py", "exec")
@@ -39,11 +41,12 @@ def check(plan: Plan) -> Plan:
     if extra:
         raise BuildError(f"{plan.uri}: emitted source imports {sorted(extra)}; only torch, triton and the stdlib")
     code = "\n".join(line.split("#", 1)[0] for line in source.splitlines())
-    if not plan.has_pe and PE_TEXT.search(code):
+    if not specialization.has_pe and PE_TEXT.search(code):
         raise BuildError(f"{plan.uri}: PE_DIM is 0 but the source mentions a PE part: "
                          f"{PE_TEXT.search(code).group(0)!r}")
-    if not plan.fp8_kv and DESCALE_TEXT.search(code):
+    if not specialization.fp8_kv and DESCALE_TEXT.search(code):
         raise BuildError(f"{plan.uri}: KV is {plan.kv_dtype} but the source has a descale")
     return plan.with_([Decision(NAME, "source", "ok",
                                 "parses, compiles, imports only torch/triton/stdlib, "
-                                "specialization promises hold")], checked=True)
+                                "specialization promises hold")],
+                      output=dataclasses.replace(output, checked=True))

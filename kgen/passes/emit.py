@@ -5,6 +5,7 @@ In check mode nothing is written; the plan records whether the file on disk is s
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from kgen.blockconfig import write_text_atomic
@@ -20,15 +21,17 @@ def output_path(plan: Plan, ctx: BuildContext) -> Path:
 
 
 def emit(plan: Plan, ctx: BuildContext) -> Plan:
-    if not plan.checked or plan.source is None:
-        raise BuildError(f"{plan.uri}: emit needs a checked source")
+    output = plan.need("output", NAME)
+    if not output.checked:
+        raise BuildError(f"{plan.uri}: emit needs a checked source: run check first")
     path = output_path(plan, ctx)
     if ctx.check_only:
         current = path.read_text(encoding="utf-8") if path.exists() else None
-        stale = current != plan.source
+        stale = current != output.source
         why = "missing" if current is None else ("differs from a fresh render" if stale else "up to date")
         return plan.with_([Decision(NAME, "file", str(path), f"check only: {why}")],
-                          output_path=str(path), written=stale)
-    changed = write_text_atomic(path, plan.source)
+                          output=dataclasses.replace(output, path=str(path), written=stale))
+    changed = write_text_atomic(path, output.source)
     why = "written (text changed)" if changed else "unchanged: not rewritten"
-    return plan.with_([Decision(NAME, "file", str(path), why)], output_path=str(path), written=changed)
+    return plan.with_([Decision(NAME, "file", str(path), why)],
+                      output=dataclasses.replace(output, path=str(path), written=changed))

@@ -10,12 +10,12 @@ why, and so that a module that would refuse an input on a target says so at buil
 
 from __future__ import annotations
 
+import dataclasses
+
 from kgen.blockconfig import BlockConfig
-from kgen.errors import BuildError
 from kgen.passes.context import BuildContext
-from kgen.plan import Decision, Plan
+from kgen.plan import BlockConfigs, Decision, Fit, Plan
 from kgen.rules import fit as fit_program
-from kgen.rules import kernel_shape
 from kgen.targets import read_targets, target_dicts
 
 NAME = "fit"
@@ -23,19 +23,11 @@ FP8_BYTES = 1
 HALF_BYTES = 2
 
 
-def plan_kernel_shape(plan: Plan) -> dict:
-    """What one program of this plan stages per prefix token and per row (rules.kernel_shape)."""
-    k_width = plan.block_d + (plan.block_dpe or 0)
-    acc_width = plan.block_d if plan.v_from_k_tile else plan.block_dv
-    kv_bytes = FP8_BYTES if plan.fp8_kv else HALF_BYTES
-    return kernel_shape(k_width, acc_width, kv_bytes, not plan.v_from_k_tile)
-
-
-def _configs_for(plan: Plan, arch: str) -> list[tuple[str, BlockConfig, tuple[int, ...]]]:
+def _configs_for(configs: BlockConfigs, groups: tuple[int, ...],
+                 arch: str) -> list[tuple[str, BlockConfig, tuple[int, ...]]]:
     """(label, config, groups it serves) for the default and each table row of an arch."""
-    groups = tuple(plan.spec.attention.group_sizes)
-    labelled = [("default", plan.default_config, groups)]
-    for row in plan.arch_configs.get(arch, ()):
+    labelled = [("default", configs.default, groups)]
+    for row in configs.by_arch.get(arch, ()):
         labelled.append((f"row group {row.group_size} batch {row.batch_min}-{row.batch_max}", row.config,
                          (row.group_size,)))
     return labelled
@@ -54,13 +46,13 @@ def _ranges(lengths: list[int]) -> str:
 
 def _fit_decisions(plan: Plan, arch: str, target: dict, shape: dict) -> tuple[list[Decision], list[str]]:
     decisions, refusals = [], []
-    grouped = plan.variant == "grouped"
-    for label, config, groups in _configs_for(plan, arch):
+    max_draft_tokens = plan.tiles.max_draft_tokens
+    for label, config, groups in _configs_for(plan.config, tuple(plan.spec.attention.group_sizes), arch):
         launch = config.model_dump(exclude_none=True)
         for group in groups:
             changes: dict[str, list[int]] = {}
-            for length in range(1, plan.max_draft_tokens + 1):
-                fitted = fit_program(target, shape, launch, group, length, grouped)
+            for length in range(1, max_draft_tokens + 1):
+                fitted = fit_program(target, shape, launch, group, length, plan.grouped)
                 if fitted is None:
                     refusals.append(f"{arch} {label}, group {group}, draft length {length}")
                     continue
@@ -76,10 +68,18 @@ def _fit_decisions(plan: Plan, arch: str, target: dict, shape: dict) -> tuple[li
 
 
 def fit(plan: Plan, ctx: BuildContext) -> Plan:
-    if plan.default_config is None:
-        raise BuildError(f"{plan.uri}: fit needs select_config to have run")
+    specialization, tiles = plan.need("specialization", NAME), plan.need("tiles", NAME)
+    plan.need("config", NAME)  # _fit_decisions walks its configs
     targets = target_dicts(ctx.targets if ctx.targets is not None else read_targets())
-    shape = plan_kernel_shape(plan)
+    # What one program stages per prefix token and per row (rules.kernel_shape).
+    section = Fit(
+        targets=targets,
+        k_width=tiles.block_d + (tiles.block_dpe or 0),
+        acc_width=tiles.block_d if specialization.v_from_k_tile else tiles.block_dv,
+        kv_bytes=FP8_BYTES if specialization.fp8_kv else HALF_BYTES,
+        v_separate=not specialization.v_from_k_tile,
+    )
+    shape = section.kernel_shape
     decisions = [Decision(NAME, "targets", ", ".join(targets),
                           "kgen/tables/targets.json: the module refuses other archs; `kgen check` compiles "
                           "every program below for each")]
@@ -95,4 +95,4 @@ def fit(plan: Plan, ctx: BuildContext) -> Plan:
     else:
         decisions.append(Decision(NAME, "refused", 0,
                                   "every listed group at every draft length has a program that fits every target"))
-    return plan.with_(decisions, targets=targets, kernel_shape=shape)
+    return plan.with_(decisions, fit=dataclasses.replace(section, refusals=tuple(all_refusals)))

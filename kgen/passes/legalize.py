@@ -3,7 +3,8 @@ never next_power_of_2(0), and the limits that keep a program's registers bounded
 
 from __future__ import annotations
 
-from kgen.plan import Decision, Plan
+from kgen.passes.context import BuildContext
+from kgen.plan import Decision, Plan, Tiles
 from kgen.rules import MAX_ROWS, MIN_DOT, next_pow2
 
 NAME = "legalize"
@@ -18,11 +19,12 @@ def dot_width(x: int) -> int:
     return max(MIN_DOT, next_pow2(x))
 
 
-def legalize(plan: Plan) -> Plan:
+def legalize(plan: Plan, ctx: BuildContext) -> Plan:
     shape = plan.spec.attention
+    has_pe = plan.need("specialization", NAME).has_pe
     block_d = dot_width(shape.nope_dim)
     block_dv = dot_width(shape.v_head_dim)
-    block_dpe = dot_width(shape.pe_dim) if plan.has_pe else None
+    block_dpe = dot_width(shape.pe_dim) if has_pe else None
     merge_block_dv = min(block_dv, MERGE_BLOCK_DV_CAP)
     decisions = [
         Decision(NAME, "BLOCK_D", block_d,
@@ -32,7 +34,7 @@ def legalize(plan: Plan) -> Plan:
                  f"v_head_dim {shape.v_head_dim} padded to a power of two >= {MIN_DOT}"
                  + (" (masked)" if block_dv != shape.v_head_dim else " (exact: no mask emitted)")),
         Decision(NAME, "BLOCK_DPE", block_dpe,
-                 f"pe_dim {shape.pe_dim} padded to a power of two >= {MIN_DOT}" if plan.has_pe
+                 f"pe_dim {shape.pe_dim} padded to a power of two >= {MIN_DOT}" if has_pe
                  else "no PE part: never computed, so next_power_of_2(0) is never asked"),
         Decision(NAME, "L_PAD rule", "max(next_pow2(cdiv(16, BLOCK_H)), next_pow2(L))",
                  "tl.dot needs >= 16 rows: R = BLOCK_H x L_PAD; computed by the launcher from "
@@ -58,11 +60,9 @@ def legalize(plan: Plan) -> Plan:
         Decision(NAME, "page sizes", PAGE_SIZES,
                  "PAGE_SIZE is a constexpr of the kernel: page index and offset fold at compile time"),
     ]
-    return plan.with_(
-        decisions,
-        block_d=block_d, block_dv=block_dv, block_dpe=block_dpe, merge_block_dv=merge_block_dv, merge_rows=MERGE_ROWS,
-        merge_split_chunk=MERGE_SPLIT_CHUNK,
-        min_dot_rows=MIN_DOT, max_draft_tokens=MAX_DRAFT_TOKENS,
+    return plan.with_(decisions, tiles=Tiles(
+        block_d=block_d, block_dpe=block_dpe, block_dv=block_dv,
         mask_d=block_d != shape.nope_dim, mask_dv=block_dv != shape.v_head_dim,
-        page_sizes=PAGE_SIZES,
-    )
+        merge_block_dv=merge_block_dv, merge_rows=MERGE_ROWS, merge_split_chunk=MERGE_SPLIT_CHUNK,
+        min_dot_rows=MIN_DOT, max_draft_tokens=MAX_DRAFT_TOKENS, page_sizes=PAGE_SIZES,
+    ))

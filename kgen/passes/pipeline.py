@@ -1,4 +1,5 @@
-"""The pass pipeline: validate -> specialize -> legalize -> select_config -> fit -> render -> check -> emit."""
+"""The pass pipeline: validate -> specialize -> legalize -> select_config -> fit -> select_lowering
+-> render -> check -> emit. Every pass is ``(plan, ctx) -> plan``; its name is its function's."""
 
 from __future__ import annotations
 
@@ -11,34 +12,27 @@ from kgen.passes.fit import fit
 from kgen.passes.legalize import legalize
 from kgen.passes.render import render
 from kgen.passes.select_config import select_config
+from kgen.passes.select_lowering import select_lowering
 from kgen.passes.specialize import specialize
 from kgen.passes.validate import validate
 from kgen.plan import Plan
 
 PassFn = Callable[[Plan, BuildContext], Plan]
 
-PASSES: tuple[tuple[str, PassFn], ...] = (
-    ("validate", lambda plan, ctx: validate(plan)),
-    ("specialize", lambda plan, ctx: specialize(plan)),
-    ("legalize", lambda plan, ctx: legalize(plan)),
-    ("select_config", select_config),
-    ("fit", fit),
-    ("render", render),
-    ("check", lambda plan, ctx: check(plan)),
-    ("emit", emit),
-)
+PASSES: tuple[PassFn, ...] = (validate, specialize, legalize, select_config, fit, select_lowering, render, check,
+                              emit)
 
 
 def run_pipeline(plan: Plan, ctx: BuildContext, stop_after: str | None = None,
                  on_pass: Callable[[str, Plan], None] | None = None) -> Plan:
     """Run the passes in order; ``on_pass(name, plan)`` sees the plan after each one."""
-    names = [name for name, _ in PASSES]
+    names = [fn.__name__ for fn in PASSES]
     if stop_after is not None and stop_after not in names:
         raise ValueError(f"unknown pass {stop_after!r}; passes are {', '.join(names)}")
-    for name, fn in PASSES:
+    for fn in PASSES:
         plan = fn(plan, ctx)
         if on_pass is not None:
-            on_pass(name, plan)
-        if name == stop_after:
+            on_pass(fn.__name__, plan)
+        if fn.__name__ == stop_after:
             break
     return plan

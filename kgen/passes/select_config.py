@@ -7,23 +7,24 @@ time by arch, group size and batch; rows whose arch is not ROCm lose their AMD k
 
 from __future__ import annotations
 
-from kgen.blockconfig import DEFAULTS_FILE, BlockConfig, TableEntry, check_triton_version
+from kgen.blockconfig import DEFAULTS_FILE, BlockConfig, SplitPolicy, TableEntry, check_triton_version
 from kgen.errors import TableError
 from kgen.passes.context import BuildContext
-from kgen.plan import ConfigEntry, Decision, Plan
+from kgen.plan import BlockConfigs, ConfigEntry, Decision, Plan, Specialization
 
 NAME = "select_config"
+DEFAULT_WHY = "the built-in default for this K width (kgen/tables/defaults.json)"
 
 
 def _per_head(config: BlockConfig) -> BlockConfig:
     return config.model_copy(update={"block_h": 1})
 
 
-def _check_draft_tile(plan: Plan, entries: list[TableEntry], path: object) -> None:
+def _check_draft_tile(specialization: Specialization, entries: list[TableEntry], path: object) -> None:
     """A row may choose the draft tile's placement only where the module emits both."""
-    if plan.draft_tile_either:
+    if specialization.draft_tile_either:
         return
-    fixed = "before" if plan.draft_tile_first else "after"
+    fixed = "before" if specialization.draft_tile_first else "after"
     for e in entries:
         if e.config.draft_tile is not None:
             raise TableError(
@@ -33,11 +34,18 @@ def _check_draft_tile(plan: Plan, entries: list[TableEntry], path: object) -> No
             )
 
 
+def _configs(default: BlockConfig, by_arch: dict[str, tuple[ConfigEntry, ...]],
+             sources: dict[str, str]) -> BlockConfigs:
+    return BlockConfigs(default=default, default_why=DEFAULT_WHY, by_arch=by_arch, table_sources=sources,
+                        split_defaults=SplitPolicy().model_dump())
+
+
 def select_config(plan: Plan, ctx: BuildContext) -> Plan:
+    specialization = plan.need("specialization", NAME)
     qk_dim = plan.spec.attention.qk_dim
     rule = ctx.defaults.rule_for(qk_dim, plan.kv_dtype)
     default = rule.config if plan.variant == "grouped" else _per_head(rule.config)
-    if default.draft_tile is not None and not plan.draft_tile_either:
+    if default.draft_tile is not None and not specialization.draft_tile_either:
         # A rule covers every layout of its K width: placements are a per-row (tuned) choice.
         raise TableError(f"{DEFAULTS_FILE}: the rule for K width <= {rule.max_qk_dim} sets draft_tile, which "
                          f"layout {plan.spec.name} ({plan.variant}) cannot take; set it in a table row instead")
@@ -53,17 +61,17 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
         decisions.append(Decision(NAME, "tables", "not used",
                                   "per-head variant: the block-config tables are tuned for the grouped kernel"))
         decisions.append(Decision(NAME, "BLOCK_H", 1, "per-head variant: one query head per program"))
-        return plan.with_(decisions, default_config=default, arch_configs=arch_configs, table_sources=sources)
+        return plan.with_(decisions, config=_configs(default, arch_configs, sources))
     for arch, source in sorted(ctx.tables.items()):
         entries = source.table.entries_for(plan.spec.name, plan.kv_dtype) if source.table else []
-        _check_draft_tile(plan, entries, source.path)
+        _check_draft_tile(specialization, entries, source.path)
         rows = tuple(ConfigEntry(e.group_size, e.batch_min, e.batch_max, e.config.for_arch(arch)) for e in entries)
         sources[arch] = f"{source.origin}: {source.path}"
         meta = source.table.metadata if source.table else None
         tuned = "tuned" if meta and meta.tuned else "UNTUNED"
         warning = check_triton_version(source.table, ctx.triton_version, source.path) if source.table else None
         if rows and warning:
-            decisions.append(Decision(NAME, f"table {arch} warning", "other Triton version", warning))
+            decisions.append(Decision(NAME, f"table {arch}", "other Triton version", warning, warning=True))
         if rows:
             arch_configs[arch] = rows
             decisions.append(Decision(
@@ -72,4 +80,4 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
         else:
             decisions.append(Decision(NAME, f"table {arch}", "no rows",
                                       f"{source.path} has no entry for this layout and KV dtype: default"))
-    return plan.with_(decisions, default_config=default, arch_configs=arch_configs, table_sources=sources)
+    return plan.with_(decisions, config=_configs(default, arch_configs, sources))

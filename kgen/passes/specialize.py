@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kgen.plan import Decision, Plan
+from kgen.passes.context import BuildContext
+from kgen.plan import Decision, Plan, Specialization
 from kgen.spec import FP8_DTYPES, AttentionShape
 
 NAME = "specialize"
@@ -30,7 +31,7 @@ def draft_tile_either(attention: AttentionShape, variant: str = "grouped") -> bo
     return variant == "grouped" and not reads_v_from_k_tile(attention)
 
 
-def specialize(plan: Plan) -> Plan:
+def specialize(plan: Plan, ctx: BuildContext) -> Plan:
     shape = plan.spec.attention
     has_pe = shape.pe_dim > 0
     fp8_kv = plan.kv_dtype in FP8_DTYPES
@@ -38,6 +39,8 @@ def specialize(plan: Plan) -> Plan:
     # e4m3 -> fp16 is one native conversion (sm_89+, gfx942+) while e4m3 -> bf16 is emulated,
     # and fp16 holds every e4m3 value exactly; queries are far inside fp16's range.
     prefix_dot = "float16" if fp8_kv else plan.q_dtype
+    prefix_dot_why = ("fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated"
+                      if fp8_kv else "the pool is already in the query dtype")
     # Where the last split runs the draft tile. After the prefix loop, the draft's q·k keeps
     # a register copy of q alive through the whole loop; with a 64x576 q (MLA) that spills.
     draft_tile_first = v_from_k_tile
@@ -82,13 +85,14 @@ def specialize(plan: Plan) -> Plan:
                      "a merge kernel after the prefix stage, fp32 partials; merging inside the prefix stage "
                      "(the last split to finish merges) measured slower on the H200 at every size tried: batch "
                      "16, prefix 1K 26.7 against 14.8 us, since one program merges a request's splits serially"),
-            Decision(NAME, "prefix dot dtype", prefix_dot,
-                     "fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated"
-                     if fp8_kv else "the pool is already in the query dtype"),
+            Decision(NAME, "prefix dot dtype", prefix_dot, prefix_dot_why),
         ],
-        has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, draft_tile_first=draft_tile_first,
-        draft_tile_either=either, draft_first_rows=draft_first_rows,
-        unmasked_full_tiles=unmasked_full_tiles, prefix_dot_dtype=prefix_dot,
+        specialization=Specialization(
+            has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, draft_tile_first=draft_tile_first,
+            draft_tile_either=either, draft_first_rows=draft_first_rows,
+            draft_first_why=GQA_DRAFT_FIRST_WHY if either else "", unmasked_full_tiles=unmasked_full_tiles,
+            prefix_dot_dtype=prefix_dot, prefix_dot_why=prefix_dot_why,
+        ),
     )
 
 

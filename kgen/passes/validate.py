@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from kgen.errors import SpecError
+from kgen.passes.context import BuildContext
 from kgen.plan import VARIANTS, Decision, Plan
 
 NAME = "validate"
 
 
-def validate(plan: Plan) -> Plan:
+def validate(plan: Plan, ctx: BuildContext) -> Plan:
     spec = plan.spec
     if plan.kv_dtype not in spec.dtypes.kv:
         raise SpecError(
