@@ -41,19 +41,22 @@ VARIANT = "per_head"
 KV_DTYPE = torch.float8_e4m3fn
 Q_DTYPE = torch.float16
 QK_DIM = 576
-NOPE_DIM = 512
-PE_DIM = 64
-V_HEAD_DIM = 512
 GROUP_SIZES = (8, 16, 32, 64, 128)
 ARCHITECTURES = ('DeepseekV3ForCausalLM', 'DeepseekV32ForCausalLM', 'KimiK3ForCausalLM', 'KimiK3ForConditionalGeneration')
 SUPPORTED_PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 
+# Widths the kernels use, declared once as tl.constexpr objects: @triton.jit functions read
+# them as compile-time constants (Triton refuses plain int globals there), host code reads
+# their .value.
+NOPE_DIM = tl.constexpr(512)
+PE_DIM = tl.constexpr(64)
+V_HEAD_DIM = tl.constexpr(512)
 # Padded tile widths: tl.arange extents must be powers of two and tl.dot needs K >= 16.
-BLOCK_D = 512
-BLOCK_DPE = 64
-BLOCK_DV = 512
+BLOCK_D = tl.constexpr(512)
+BLOCK_DPE = tl.constexpr(64)
+BLOCK_DV = tl.constexpr(512)
 # The merge stage is a log-sum-exp combine: narrow programs keep its grid wide.
-MERGE_BLOCK_DV = 64
+MERGE_BLOCK_DV = tl.constexpr(64)
 MERGE_ROWS = 16
 # Splits a merge program has in flight at once (one unrolled chunk).
 MERGE_SPLIT_CHUNK = 8
@@ -124,6 +127,44 @@ def _split_plan(prefix_len, max_splits, min_tokens_per_split, block_n):
     num_splits = tl.minimum(tl.maximum(tl.cdiv(prefix_len, min_tokens_per_split), 1), max_splits)
     split_len = tl.maximum(tl.cdiv(tl.cdiv(prefix_len, num_splits), block_n) * block_n, block_n)
     return split_len, tl.maximum(tl.cdiv(prefix_len, split_len), 1)
+
+
+@triton.jit
+def _draft_tile(
+    m_i, l_i, acc, q, q_pe, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, offs_d,
+    offs_dpe, dpe_ok, offs_dv, qk_scale, v_descale, stride_ke_tok, stride_ke_head, stride_ve_tok,
+    stride_ve_head,
+    DRAFT_N: tl.constexpr, DOT_DTYPE: tl.constexpr, RAW_V_FOLLOWS: tl.constexpr,
+):
+    """The draft tile, run by the request's last split: every row against the request's
+    draft tokens, causal (draft token i sees 0..i), as one more DRAFT_N-wide tile of the same
+    online softmax. Returns the updated (m_i, l_i, acc). Draft K/V are in the query dtype,
+    never quantized.
+
+    RAW_V_FOLLOWS: the prefix tiles run after this one and accumulate raw e4m3 V (descaled
+    once, at the end), so this tile's P.V is divided by v_descale first.
+    """
+    offs_j = tl.arange(0, DRAFT_N)
+    j_ok = offs_j < q_len
+    kd_row_ptr = K_Extend + (q_start + offs_j)[:, None] * stride_ke_tok + kv_head * stride_ke_head
+    kd = tl.load(kd_row_ptr + offs_d[None, :], mask=j_ok[:, None], other=0.0)
+    s = tl.dot(q, tl.trans(kd.to(DOT_DTYPE)))
+    kd_pe = tl.load(kd_row_ptr + NOPE_DIM + offs_dpe[None, :], mask=j_ok[:, None] & dpe_ok[None, :], other=0.0)
+    s += tl.dot(q_pe, tl.trans(kd_pe.to(DOT_DTYPE)))
+    visible = (offs_j[None, :] <= draft_pos[:, None]) & j_ok[None, :]
+    s = tl.where(visible, s * qk_scale, float("-inf"))
+    # Padding rows (draft_pos >= q_len) can see nothing: keep their max finite.
+    m_new = tl.maximum(m_i, tl.where(row_ok, tl.max(s, 1), 0.0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    vd_ptr = V_Extend + (q_start + offs_j)[:, None] * stride_ve_tok + kv_head * stride_ve_head + offs_dv[None, :]
+    vd = tl.load(vd_ptr, mask=j_ok[:, None], other=0.0)
+    if RAW_V_FOLLOWS:
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE)) / v_descale
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE))
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -205,11 +246,6 @@ def _verify_prefix_stage(
     USE_PDL: tl.constexpr,
 ):
     ROWS: tl.constexpr = BLOCK_H * L_PAD
-    NOPE_DIM: tl.constexpr = 512
-    BLOCK_D: tl.constexpr = 512
-    PE_DIM: tl.constexpr = 64
-    BLOCK_DPE: tl.constexpr = 64
-    V_HEAD_DIM: tl.constexpr = 512
 
     # Programs of one KV head sit next to each other on axis 0 so that their reads of the
     # same prefix tiles (several head blocks, or per-head programs) meet in L2.
@@ -265,28 +301,12 @@ def _verify_prefix_stage(
         l_i = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
         if split == num_written - 1:
-            # Draft tile: every row against the request's draft tokens, causal (draft token
-            # i sees 0..i), as one more DRAFT_N-wide tile of the same online softmax. Draft
-            # K/V are in the query dtype, never quantized.
-            offs_j = tl.arange(0, DRAFT_N)
-            j_ok = offs_j < q_len
-            kd_row_ptr = K_Extend + (q_start + offs_j)[:, None] * stride_ke_tok + kv_head * stride_ke_head
-            kd = tl.load(kd_row_ptr + offs_d[None, :], mask=j_ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(kd.to(DOT_DTYPE)))
-            kd_pe = tl.load(kd_row_ptr + NOPE_DIM + offs_dpe[None, :], mask=j_ok[:, None] & dpe_ok[None, :], other=0.0)
-            s += tl.dot(q_pe, tl.trans(kd_pe.to(DOT_DTYPE)))
-            visible = (offs_j[None, :] <= draft_pos[:, None]) & j_ok[None, :]
-            s = tl.where(visible, s * qk_scale, float("-inf"))
-            # Padding rows (draft_pos >= q_len) can see nothing: keep their max finite.
-            m_new = tl.maximum(m_i, tl.where(row_ok, tl.max(s, 1), 0.0))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            vd_ptr = V_Extend + (q_start + offs_j)[:, None] * stride_ve_tok + kv_head * stride_ve_head + offs_dv[None, :]
-            vd = tl.load(vd_ptr, mask=j_ok[:, None], other=0.0)
-            # The prefix tiles that follow accumulate raw e4m3 V (descaled once, at the end).
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE)) / v_descale
-            m_i = m_new
+            m_i, l_i, acc = _draft_tile(
+                m_i, l_i, acc, q, q_pe, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, offs_d,
+                offs_dpe, dpe_ok, offs_dv, qk_scale, v_descale, stride_ke_tok, stride_ke_head, stride_ve_tok,
+                stride_ve_head,
+                DRAFT_N, DOT_DTYPE, RAW_V_FOLLOWS=True,
+            )
 
         # The page indices of tile i+1 are loaded while tile i computes: the K/V loads of a
         # tile depend on its indices, and an index load on the critical path stalls the
@@ -386,8 +406,6 @@ def _verify_merge_stage(
     and MERGE_BLOCK_DV columns, and the grid is wide enough to stream the partials.
     """
     ROWS: tl.constexpr = MERGE_HEADS * L_PAD
-    V_HEAD_DIM: tl.constexpr = 512
-    MERGE_BLOCK_DV: tl.constexpr = 64
 
     head_block = tl.program_id(0)
     batch = tl.program_id(1)
@@ -467,12 +485,18 @@ def kernel_shape(k_width, acc_width, kv_bytes, v_separate):
     }
 
 
+def draft_rows(block_h, max_len):
+    """L_PAD, the rows a program gives each of its BLOCK_H heads: a power of two that holds
+    the draft and, with the other heads, makes at least MIN_DOT rows for tl.dot."""
+    return max(next_pow2(cdiv(MIN_DOT, block_h)), next_pow2(max_len))
+
+
 def row_blocking(block_h, group, max_len, max_rows=MAX_ROWS, grouped=True):
     """BLOCK_H (query heads a program owns) and L_PAD (draft rows per head, a power of two):
     at least MIN_DOT rows, at most max_rows, halving the head block until it fits."""
     block_h = min(block_h, next_pow2(group)) if grouped else 1
     while True:
-        l_pad = max(next_pow2(cdiv(MIN_DOT, block_h)), next_pow2(max_len))
+        l_pad = draft_rows(block_h, max_len)
         if block_h * l_pad <= max_rows or block_h == 1:
             return block_h, l_pad
         block_h //= 2
@@ -530,7 +554,7 @@ def fit(target, shape, config, group, max_len, grouped=True):
             change, block_n = f"BLOCK_N {block_n} -> {block_n // 2}", block_n // 2
         elif block_h > 1:
             change, block_h = f"BLOCK_H {block_h} -> {block_h // 2}", block_h // 2
-            l_pad = max(next_pow2(cdiv(MIN_DOT, block_h)), next_pow2(max_len))
+            l_pad = draft_rows(block_h, max_len)
         else:
             reasons.append(f"nothing fits: {need} B of shared memory at the smallest program")
             return None
@@ -668,7 +692,7 @@ def _scratch(device, num_tokens, num_q_heads, max_splits):
     key = (str(device), num_tokens, num_q_heads, max_splits)
     buffers = _SCRATCH.get(key)
     if buffers is None:
-        partial_o = torch.empty((num_tokens, num_q_heads, max_splits, V_HEAD_DIM), dtype=torch.float32, device=device)
+        partial_o = torch.empty((num_tokens, num_q_heads, max_splits, V_HEAD_DIM.value), dtype=torch.float32, device=device)
         partial_lse = torch.empty((num_tokens, num_q_heads, max_splits), dtype=torch.float32, device=device)
         buffers = _SCRATCH[key] = (partial_o, partial_lse)
     return buffers
@@ -677,7 +701,7 @@ def _scratch(device, num_tokens, num_q_heads, max_splits):
 def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, num_sms, config=None):
     """Bytes of scratch (fp32 partials + log2-sum-exp) the launcher allocates for these shapes."""
     plan = _plan_launch(arch, num_sms, num_q_heads // num_kv_heads, batch, max_len, None, config)
-    return 4 * num_tokens * num_q_heads * plan["max_splits"] * (V_HEAD_DIM + 1)
+    return 4 * num_tokens * num_q_heads * plan["max_splits"] * (V_HEAD_DIM.value + 1)
 
 
 def _device_scale(value, device):
@@ -763,7 +787,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         return  # every request had one split and wrote o itself
     merge_constexprs, merge_options = plan["merge"]
     merge_heads = merge_constexprs["MERGE_HEADS"]
-    _verify_merge_stage[(cdiv(num_q_heads, merge_heads), batch, cdiv(V_HEAD_DIM, MERGE_BLOCK_DV))](
+    _verify_merge_stage[(cdiv(num_q_heads, merge_heads), batch, cdiv(V_HEAD_DIM.value, MERGE_BLOCK_DV.value))](
         o,
         qo_indptr,
         kv_bounds,
@@ -825,8 +849,8 @@ def _why_not_common(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, max_len
     num_kv_heads = k_extend.shape[1]
     if qk_dim != QK_DIM or k_extend.shape[2] != QK_DIM or k_pool.shape[-1] != QK_DIM:
         return f"q/k head dim must be {QK_DIM}"
-    if v_extend.shape[2] != V_HEAD_DIM or v_pool.shape[-1] != V_HEAD_DIM or o.shape[2] != V_HEAD_DIM:
-        return f"v/o head dim must be {V_HEAD_DIM}"
+    if (v_extend.shape[2], v_pool.shape[-1], o.shape[2]) != (V_HEAD_DIM.value,) * 3:
+        return f"v/o head dim must be {V_HEAD_DIM.value}"
     if num_kv_heads == 0 or num_q_heads % num_kv_heads:
         return f"H_q={num_q_heads} is not a multiple of H_kv={num_kv_heads}"
     if k_pool.shape[-2] != num_kv_heads or v_pool.shape[-2] != num_kv_heads or v_extend.shape[1] != num_kv_heads:
@@ -922,10 +946,10 @@ def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indic
             raise ValueError(message(int((~ok).nonzero()[0, 0])))
 
 
-def why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
-            kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
-            sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True, sliding_window_size=-1,
-            sinks=None, window_kv_offsets=None, xai_temperature_len=-1, max_bs=None):
+def why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+            custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale=None, logit_cap=0.0,
+            skip_prefix_custom_mask=True, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
+            xai_temperature_len=-1, max_bs=None):
     """Why this module cannot run these arguments ('' when it can)."""
     if sinks is not None:
         return "attention sinks are not supported"
@@ -956,11 +980,11 @@ def can_handle(*args, **kwargs):
     return why_not(*args, **kwargs) == ""
 
 
-def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr,
-                         kv_indptr, kv_indices, custom_mask, is_causal, mask_indptr,
-                         max_len_extend, k_scale, v_scale, sm_scale=None, logit_cap=0.0,
-                         skip_prefix_custom_mask=True, sliding_window_size=-1, sinks=None,
-                         window_kv_offsets=None, xai_temperature_len=-1, max_bs=None, *, check_indices=False):
+def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                         kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
+                         sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True, sliding_window_size=-1,
+                         sinks=None, window_kv_offsets=None, xai_temperature_len=-1, max_bs=None,
+                         *, check_indices=False):
     """SGLang's target-verify call. Writes o_extend and returns True, or returns False
     (o_extend untouched, nothing raised) when this module does not handle the input.
 
@@ -970,10 +994,10 @@ def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     the request and the value (qo_indptr/kv_indptr start at 0 and never decrease, qo_indptr
     ends at the token count, kv_indices used lie in the pool, drafts <= max_len_extend).
     That check syncs the host, so it is for debugging and not for CUDA-graph capture."""
-    if why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
-               kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
-               sm_scale, logit_cap, skip_prefix_custom_mask, sliding_window_size, sinks,
-               window_kv_offsets, xai_temperature_len, max_bs):
+    if why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+               custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale, logit_cap,
+               skip_prefix_custom_mask, sliding_window_size, sinks, window_kv_offsets, xai_temperature_len,
+               max_bs):
         return False
     if check_indices or _CHECK_INDICES:
         _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, kv_indptr=kv_indptr,
@@ -983,8 +1007,8 @@ def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     return True
 
 
-def why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens,
-                  qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None):
+def why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens, qo_indptr,
+                  max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None):
     """Why verify_paged_fwd cannot run these arguments ('' when it can)."""
     reason = _why_not_common(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, qo_indptr,
                              max_len_extend, k_scale, v_scale, pool_ndim=4)
@@ -1017,8 +1041,8 @@ def verify_paged_fwd(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, b
     values first, as in verify_shared_kv_fwd: prefix_lens in 0..block_table width x page
     size, the block_table entries they use inside the cache, qo_indptr as there. It raises
     ValueError on bad values and syncs the host (debugging only, not under graph capture)."""
-    if why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table,
-                     prefix_lens, qo_indptr, max_len_extend, k_scale, v_scale, sm_scale):
+    if why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens,
+                     qo_indptr, max_len_extend, k_scale, v_scale, sm_scale):
         return False
     if check_indices or _CHECK_INDICES:
         _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, block_table=block_table,

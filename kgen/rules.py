@@ -41,12 +41,18 @@ def kernel_shape(k_width, acc_width, kv_bytes, v_separate):
     }
 
 
+def draft_rows(block_h, max_len):
+    """L_PAD, the rows a program gives each of its BLOCK_H heads: a power of two that holds
+    the draft and, with the other heads, makes at least MIN_DOT rows for tl.dot."""
+    return max(next_pow2(cdiv(MIN_DOT, block_h)), next_pow2(max_len))
+
+
 def row_blocking(block_h, group, max_len, max_rows=MAX_ROWS, grouped=True):
     """BLOCK_H (query heads a program owns) and L_PAD (draft rows per head, a power of two):
     at least MIN_DOT rows, at most max_rows, halving the head block until it fits."""
     block_h = min(block_h, next_pow2(group)) if grouped else 1
     while True:
-        l_pad = max(next_pow2(cdiv(MIN_DOT, block_h)), next_pow2(max_len))
+        l_pad = draft_rows(block_h, max_len)
         if block_h * l_pad <= max_rows or block_h == 1:
             return block_h, l_pad
         block_h //= 2
@@ -104,7 +110,7 @@ def fit(target, shape, config, group, max_len, grouped=True):
             change, block_n = f"BLOCK_N {block_n} -> {block_n // 2}", block_n // 2
         elif block_h > 1:
             change, block_h = f"BLOCK_H {block_h} -> {block_h // 2}", block_h // 2
-            l_pad = max(next_pow2(cdiv(MIN_DOT, block_h)), next_pow2(max_len))
+            l_pad = draft_rows(block_h, max_len)
         else:
             reasons.append(f"nothing fits: {need} B of shared memory at the smallest program")
             return None
