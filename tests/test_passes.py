@@ -69,7 +69,7 @@ def test_passes_are_plain_functions_of_plan_and_context():
 
 
 def test_a_pass_names_the_section_it_needs_and_who_fills_it(ctx):
-    with pytest.raises(BuildError, match="fit needs plan.specialization, which specialize fills"):
+    with pytest.raises(BuildError, match="fit needs plan.config, which select_config fills"):
         fit(validate(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx), ctx)
     with pytest.raises(BuildError, match="render needs plan.lowering, which select_lowering fills"):
         render(_through(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx, "fit"), ctx)

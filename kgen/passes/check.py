@@ -28,7 +28,7 @@ def _imports(tree: ast.Module) -> set[str]:
     return names
 
 
-def check(plan: Plan, ctx: BuildContext) -> Plan:
+def check(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     output = plan.need("output", NAME)
     specialization = plan.need("specialization", NAME)
     source = output.source

@@ -16,6 +16,7 @@ from kgen.blockconfig import BlockConfig
 from kgen.passes.context import BuildContext
 from kgen.plan import BlockConfigs, Decision, Fit, Plan
 from kgen.rules import fit as fit_program
+from kgen.rules import kernel_shape
 from kgen.targets import read_targets, target_dicts
 
 NAME = "fit"
@@ -67,18 +68,25 @@ def _fit_decisions(plan: Plan, arch: str, target: dict, shape: dict) -> tuple[li
     return decisions, refusals
 
 
-def fit(plan: Plan, ctx: BuildContext) -> Plan:
+def _staging(plan: Plan) -> dict:
+    """What one program of this plan stages: the arguments of rules.kernel_shape."""
     specialization, tiles = plan.need("specialization", NAME), plan.need("tiles", NAME)
+    return {"k_width": tiles.block_d + (tiles.block_dpe or 0),
+            "acc_width": tiles.block_d if specialization.v_from_k_tile else tiles.block_dv,
+            "kv_bytes": FP8_BYTES if specialization.fp8_kv else HALF_BYTES,
+            "v_separate": not specialization.v_from_k_tile}
+
+
+def plan_kernel_shape(plan: Plan) -> dict:
+    """What one program of this plan stages per prefix token and per row (rules.kernel_shape),
+    once specialize and legalize have run (the tuner prunes its space with it)."""
+    return kernel_shape(**_staging(plan))
+
+
+def fit(plan: Plan, ctx: BuildContext) -> Plan:
     plan.need("config", NAME)  # _fit_decisions walks its configs
     targets = target_dicts(ctx.targets if ctx.targets is not None else read_targets())
-    # What one program stages per prefix token and per row (rules.kernel_shape).
-    section = Fit(
-        targets=targets,
-        k_width=tiles.block_d + (tiles.block_dpe or 0),
-        acc_width=tiles.block_d if specialization.v_from_k_tile else tiles.block_dv,
-        kv_bytes=FP8_BYTES if specialization.fp8_kv else HALF_BYTES,
-        v_separate=not specialization.v_from_k_tile,
-    )
+    section = Fit(targets=targets, **_staging(plan))
     shape = section.kernel_shape
     decisions = [Decision(NAME, "targets", ", ".join(targets),
                           "kgen/tables/targets.json: the module refuses other archs; `kgen check` compiles "

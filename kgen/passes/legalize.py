@@ -19,7 +19,7 @@ def dot_width(x: int) -> int:
     return max(MIN_DOT, next_pow2(x))
 
 
-def legalize(plan: Plan, ctx: BuildContext) -> Plan:
+def legalize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     shape = plan.spec.attention
     has_pe = plan.need("specialization", NAME).has_pe
     block_d = dot_width(shape.nope_dim)

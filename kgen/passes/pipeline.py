@@ -1,5 +1,7 @@
 """The pass pipeline: validate -> specialize -> legalize -> select_config -> fit -> select_lowering
--> render -> check -> emit. Every pass is ``(plan, ctx) -> plan``; its name is its function's."""
+-> render -> check -> emit. Every pass is ``(plan, ctx) -> plan``; its name is its function's.
+Passes that read nothing from the build context (validate, specialize, legalize, select_lowering,
+check) also take ``ctx=None``, so the tuner can run specialize and legalize alone."""
 
 from __future__ import annotations
 

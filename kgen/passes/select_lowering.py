@@ -14,7 +14,7 @@ NAME = "select_lowering"
 TRITON = "triton"
 
 
-def select_lowering(plan: Plan, ctx: BuildContext) -> Plan:
+def select_lowering(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     plan.need("fit", NAME)
     return plan.with_([Decision(NAME, "lowering", TRITON,
                                 "the only lowering: Triton kernels for every target in kgen/tables/targets.json")],

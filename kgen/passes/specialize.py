@@ -31,7 +31,7 @@ def draft_tile_either(attention: AttentionShape, variant: str = "grouped") -> bo
     return variant == "grouped" and not reads_v_from_k_tile(attention)
 
 
-def specialize(plan: Plan, ctx: BuildContext) -> Plan:
+def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     shape = plan.spec.attention
     has_pe = shape.pe_dim > 0
     fp8_kv = plan.kv_dtype in FP8_DTYPES

@@ -9,7 +9,7 @@ from kgen.plan import VARIANTS, Decision, Plan
 NAME = "validate"
 
 
-def validate(plan: Plan, ctx: BuildContext) -> Plan:
+def validate(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     spec = plan.spec
     if plan.kv_dtype not in spec.dtypes.kv:
         raise SpecError(
