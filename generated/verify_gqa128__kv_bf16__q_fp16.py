@@ -133,11 +133,9 @@ def _draft_tile(
     qk_scale, stride_ke_tok, stride_ke_head, stride_ve_tok, stride_ve_head,
     DRAFT_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """The draft tile, run by the request's last split: every row against the request's
-    draft tokens, causal (draft token i sees 0..i), as one more DRAFT_N-wide tile of the same
-    online softmax. Returns the updated (m_i, l_i, acc). Draft K/V are in the query dtype,
-    never quantized.
-    """
+    """The draft tile, run by the request's last split: every row against its draft tokens,
+    causal (draft token i sees 0..i), as one more DRAFT_N-wide tile of the same online softmax.
+    Returns the updated (m_i, l_i, acc). Draft K/V are in the query dtype, never quantized."""
     offs_j = tl.arange(0, DRAFT_N)
     j_ok = offs_j < q_len
     kd_row_ptr = K_Extend + (q_start + offs_j)[:, None] * stride_ke_tok + kv_head * stride_ke_head

@@ -130,17 +130,12 @@ def _split_plan(prefix_len, max_splits, min_tokens_per_split, block_n):
 @triton.jit
 def _draft_tile(
     m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, offs_d, offs_dv,
-    qk_scale, v_descale, stride_ke_tok, stride_ke_head, stride_ve_tok, stride_ve_head,
-    DRAFT_N: tl.constexpr, DOT_DTYPE: tl.constexpr, RAW_V_FOLLOWS: tl.constexpr,
+    qk_scale, stride_ke_tok, stride_ke_head, stride_ve_tok, stride_ve_head,
+    DRAFT_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """The draft tile, run by the request's last split: every row against the request's
-    draft tokens, causal (draft token i sees 0..i), as one more DRAFT_N-wide tile of the same
-    online softmax. Returns the updated (m_i, l_i, acc). Draft K/V are in the query dtype,
-    never quantized.
-
-    RAW_V_FOLLOWS: the prefix tiles run after this one and accumulate raw e4m3 V (descaled
-    once, at the end), so this tile's P.V is divided by v_descale first.
-    """
+    """The draft tile, run by the request's last split: every row against its draft tokens,
+    causal (draft token i sees 0..i), as one more DRAFT_N-wide tile of the same online softmax.
+    Returns the updated (m_i, l_i, acc). Draft K/V are in the query dtype, never quantized."""
     offs_j = tl.arange(0, DRAFT_N)
     j_ok = offs_j < q_len
     kd_row_ptr = K_Extend + (q_start + offs_j)[:, None] * stride_ke_tok + kv_head * stride_ke_head
@@ -155,10 +150,7 @@ def _draft_tile(
     l_i = l_i * alpha + tl.sum(p, 1)
     vd_ptr = V_Extend + (q_start + offs_j)[:, None] * stride_ve_tok + kv_head * stride_ve_head + offs_dv[None, :]
     vd = tl.load(vd_ptr, mask=j_ok[:, None], other=0.0)
-    if RAW_V_FOLLOWS:
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE)) / v_descale
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE))
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE))
     return m_new, l_i, acc
 
 
@@ -351,8 +343,8 @@ def _verify_prefix_stage(
         if split == num_written - 1:
             m_i, l_i, acc = _draft_tile(
                 m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, offs_d, offs_dv,
-                qk_scale, v_descale, stride_ke_tok, stride_ke_head, stride_ve_tok, stride_ve_head,
-                DRAFT_N, DOT_DTYPE, RAW_V_FOLLOWS=False,
+                qk_scale, stride_ke_tok, stride_ke_head, stride_ve_tok, stride_ve_head,
+                DRAFT_N, DOT_DTYPE,
             )
 
         l_safe = tl.where(row_ok, l_i, 1.0)

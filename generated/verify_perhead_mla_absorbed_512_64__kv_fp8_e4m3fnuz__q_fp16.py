@@ -136,14 +136,9 @@ def _draft_tile(
     stride_ve_head,
     DRAFT_N: tl.constexpr, DOT_DTYPE: tl.constexpr, RAW_V_FOLLOWS: tl.constexpr,
 ):
-    """The draft tile, run by the request's last split: every row against the request's
-    draft tokens, causal (draft token i sees 0..i), as one more DRAFT_N-wide tile of the same
-    online softmax. Returns the updated (m_i, l_i, acc). Draft K/V are in the query dtype,
-    never quantized.
-
-    RAW_V_FOLLOWS: the prefix tiles run after this one and accumulate raw e4m3 V (descaled
-    once, at the end), so this tile's P.V is divided by v_descale first.
-    """
+    """The draft tile, run by the request's last split: every row against its draft tokens,
+    causal (draft token i sees 0..i), as one more DRAFT_N-wide tile of the same online softmax.
+    Returns the updated (m_i, l_i, acc). Draft K/V are in the query dtype, never quantized."""
     offs_j = tl.arange(0, DRAFT_N)
     j_ok = offs_j < q_len
     kd_row_ptr = K_Extend + (q_start + offs_j)[:, None] * stride_ke_tok + kv_head * stride_ke_head
@@ -161,6 +156,7 @@ def _draft_tile(
     vd_ptr = V_Extend + (q_start + offs_j)[:, None] * stride_ve_tok + kv_head * stride_ve_head + offs_dv[None, :]
     vd = tl.load(vd_ptr, mask=j_ok[:, None], other=0.0)
     if RAW_V_FOLLOWS:
+        # The prefix tiles that follow accumulate raw e4m3 V (descaled once, at the end).
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE)) / v_descale
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE))

@@ -70,6 +70,12 @@ class Specialization:
     prefix_dot_dtype: str  # dot operand dtype of the prefix stage on the GPU
     prefix_dot_why: str
 
+    @property
+    def draft_tile_may_run_first(self) -> bool:
+        """Whether the module has a draft tile before the prefix loop (FP8 prefix tiles after it
+        still hold raw e4m3 V, so that draft tile divides its P.V by v_descale)."""
+        return self.draft_tile_first or self.draft_tile_either
+
 
 @dataclass(frozen=True)
 class Tiles:
