@@ -190,7 +190,10 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
     tl.store(o_ptr, (acc / l[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
 
 
-@triton.jit
+# Ints the launcher computes from shapes are not value-specialized: one compiled kernel serves
+# every batch size, split count and page size (the JIT would otherwise compile a variant per
+# value class, and `kgen check` would have to prove each).
+@triton.jit(do_not_specialize=["max_splits", "min_tokens_per_split", "page_shift", "stride_pl_head"])
 def _verify_prefix_stage(
     Q,
     K_Buffer,
@@ -374,7 +377,7 @@ def _verify_prefix_stage(
             tl.store(pl_ptr, m_i + tl.log2(l_safe), mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_q_heads", "max_splits", "min_tokens_per_split", "block_n", "stride_pl_head"])
 def _verify_merge_stage(
     O,
     Qo_Indptr,
