@@ -51,7 +51,7 @@ def _prefix_signature(module, kv: str) -> tuple[dict, list[str]]:
 
 
 def _module_from(path: str):
-    """A module file outside generated/ (a variant written by benchmarks/exp_variants.py)."""
+    """A module file outside generated/ (e.g. a hand-edited variant of a generated module)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)

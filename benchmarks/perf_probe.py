@@ -1,7 +1,12 @@
-"""Quick GPU probe for kernel work: parity on real sizes, then a small config sweep per case.
+"""Quick GPU probe for kernel work: parity at real sizes, then the time of the table's config
+(and, for the cases given to --sweep, of a small grid of block configs) against the copy
+ceiling and the per-head kernel, on nine fixed cases (CASES: GQA 256 groups 16/8/4, FP8, the
+latency case, MLA, GQA 128).
 
-Not the benchmark (that is `kgen bench`): this is the inner loop of docs/perf-notes.md.
-Usage on a GPU machine:  python benchmarks/perf_probe.py [--sweep] [--out DIR]
+Not the benchmark of record (`kgen bench`, benchmarks/device/bench_of_record.sh): one input
+set per case, so small cases run from L2. Usage on a GPU machine, from the repository root:
+  python3 benchmarks/perf_probe.py [--only 0 5] [--sweep 0] [--out DIR]
+--only and --sweep take indices into CASES; DIR (default $OUT, else .) receives perf_probe.log.
 """
 
 from __future__ import annotations

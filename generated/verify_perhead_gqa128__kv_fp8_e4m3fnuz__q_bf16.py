@@ -55,17 +55,13 @@ MERGE_BLOCK_DV = 64
 MERGE_ROWS = 16
 # Splits a merge program has in flight at once (one unrolled chunk).
 MERGE_SPLIT_CHUNK = 8
-# tl.dot needs at least this many rows (and columns): the draft width is padded to reach it.
-MIN_DOT_ROWS = 16
 # Longest draft chain this module handles; longer ones fall back to another path.
 MAX_DRAFT_TOKENS = 16
-# Upper bound on BLOCK_H x L_PAD rows per program (register budget of the accumulator).
-MAX_ROWS = 128
 _LOG2E = 1.4426950408889634
 # CPU runs (tests) go through Triton's interpreter, whose bf16 tl.dot is wrong: there the
 # dot operands are upcast to fp32. The GPU path keeps bfloat16 operands.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-# Engines can turn programmatic dependent launch off (see _launch_options).
+# Engines can turn programmatic dependent launch off (see _use_pdl).
 _NO_PDL = os.environ.get("KGEN_NO_PDL", "0") == "1"
 _INTERPRETER_NUM_SMS = 4
 
@@ -96,14 +92,31 @@ def _request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE: tl.c
 
 
 @triton.jit
-def _split_plan(prefix_len, max_splits, MIN_TOKENS_PER_SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+def _table_entry(tok, page_shift, BLOCK_TABLE: tl.constexpr):
+    """Where in the request's table prefix token `tok` is listed: its page in a vLLM block
+    table (page sizes are powers of two), its own slot in SGLang's kv_indices."""
+    if BLOCK_TABLE:
+        return tok >> page_shift
+    return tok
+
+
+@triton.jit
+def _page_slot(tok, page_shift, BLOCK_TABLE: tl.constexpr):
+    """Position of prefix token `tok` inside its page (always 0 for token slots)."""
+    if BLOCK_TABLE:
+        return tok & ((1 << page_shift) - 1)
+    return 0
+
+
+@triton.jit
+def _split_plan(prefix_len, max_splits, min_tokens_per_split, block_n):
     """(tokens per split, splits written) for this request: short prefixes use fewer splits
     than the grid has, and an empty prefix still has split 0 (it carries the draft tile).
 
     Computed identically by both stages, so the merge reads exactly the splits written.
     """
-    num_splits = tl.minimum(tl.maximum(tl.cdiv(prefix_len, MIN_TOKENS_PER_SPLIT), 1), max_splits)
-    split_len = tl.maximum(tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N, BLOCK_N)
+    num_splits = tl.minimum(tl.maximum(tl.cdiv(prefix_len, min_tokens_per_split), 1), max_splits)
+    split_len = tl.maximum(tl.cdiv(tl.cdiv(prefix_len, num_splits), block_n) * block_n, block_n)
     return split_len, tl.maximum(tl.cdiv(prefix_len, split_len), 1)
 
 
@@ -153,7 +166,11 @@ def _verify_prefix_stage(
     qk_scale,
     k_scale,
     v_scale,
+    group,
+    head_blocks,
     max_splits,
+    min_tokens_per_split,
+    page_shift,
     stride_table,
     stride_q_tok,
     stride_q_head,
@@ -174,20 +191,16 @@ def _verify_prefix_stage(
     stride_po_split,
     stride_pl_tok,
     stride_pl_head,
-    GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     L_PAD: tl.constexpr,
     DRAFT_N: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    MIN_TOKENS_PER_SPLIT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     SCALES_ON_DEVICE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    HEAD_BLOCKS: tl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
     ROWS: tl.constexpr = BLOCK_H * L_PAD
     NOPE_DIM: tl.constexpr = 128
     BLOCK_D: tl.constexpr = 128
@@ -199,8 +212,8 @@ def _verify_prefix_stage(
     pid_heads = tl.program_id(0)
     split = tl.program_id(1)
     batch = tl.program_id(2)
-    kv_head = pid_heads // HEAD_BLOCKS
-    head_block = pid_heads % HEAD_BLOCKS
+    kv_head = pid_heads // head_blocks
+    head_block = pid_heads % head_blocks
     if USE_PDL:
         # Launched early (programmatic dependent launch): wait until the kernels before us
         # (which write q, the draft K/V and the page table) are done. No early
@@ -212,7 +225,7 @@ def _verify_prefix_stage(
     q_start, q_len, table_start, prefix_len = _request_bounds(
         Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE
     )
-    split_len, num_written = _split_plan(prefix_len, max_splits, MIN_TOKENS_PER_SPLIT, BLOCK_N)
+    split_len, num_written = _split_plan(prefix_len, max_splits, min_tokens_per_split, BLOCK_N)
     split_start = split * split_len
     split_end = tl.minimum(split_start + split_len, prefix_len)
     # Splits past this request's prefix write nothing and the merge never reads them. The
@@ -222,8 +235,8 @@ def _verify_prefix_stage(
         rows = tl.arange(0, ROWS)
         head_in_group = head_block * BLOCK_H + rows // L_PAD
         draft_pos = rows % L_PAD
-        row_ok = (head_in_group < GROUP) & (draft_pos < q_len)
-        q_head = (kv_head * GROUP + head_in_group).to(tl.int64)
+        row_ok = (head_in_group < group) & (draft_pos < q_len)
+        q_head = (kv_head * group + head_in_group).to(tl.int64)
         q_tok = q_start + draft_pos
         offs_d = tl.arange(0, BLOCK_D)
         q_row_ptr = Q + q_tok[:, None] * stride_q_tok + q_head[:, None] * stride_q_head
@@ -249,16 +262,23 @@ def _verify_prefix_stage(
         # 16 at 64-token tiles: 156 B of spills a thread with masks, 16 B clamped). Only an
         # empty split (an empty prefix) has no last token, and its loop never runs.
         offs_first = tl.minimum(split_start + tl.arange(0, BLOCK_N), split_end - 1)
-        page_next = tl.load(Kv_Table + table_start + offs_first // PAGE_SIZE, mask=offs_first >= 0, other=0)
+        page_next = tl.load(Kv_Table + table_start + _table_entry(offs_first, page_shift, BLOCK_TABLE),
+                            mask=offs_first >= 0, other=0).to(tl.int32)
         for start_n in range(split_start, split_end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_ok = offs_n < split_end
             # Rows past the split read its last token again: finite data, scored -inf below.
             tok = tl.minimum(offs_n, split_end - 1)
             page = page_next.to(tl.int64)
-            page_next = tl.load(Kv_Table + table_start + tl.minimum(offs_n + BLOCK_N, split_end - 1) // PAGE_SIZE)
+            # Table entries are read as int32 whatever the table's dtype: an int64 tile of them
+            # (SGLang sends int64) holds registers the K/V tiles need. A pool has fewer than
+            # 2**31 pages or slots; addresses are formed in int64 below.
+            page_next = tl.load(Kv_Table + table_start
+                                + _table_entry(tl.minimum(offs_n + BLOCK_N, split_end - 1), page_shift, BLOCK_TABLE))
+            page_next = page_next.to(tl.int32)
+            slot = _page_slot(tok, page_shift, BLOCK_TABLE)
             # int64 addresses: a pool can hold more than 2**31 elements.
-            k_row_ptr = K_Buffer + page * stride_k_page + (tok % PAGE_SIZE) * stride_k_slot + kv_head * stride_k_head
+            k_row_ptr = K_Buffer + page * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
             k = tl.load(k_row_ptr[:, None] + offs_d[None, :])
             qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
             # Scores live in the log2 domain: exp2 is cheaper than exp.
@@ -275,7 +295,7 @@ def _verify_prefix_stage(
             if LAZY_RESCALE:
                 if tl.max(grow.to(tl.int32), 0) > 0:
                     acc = acc * alpha[:, None]
-            v_row_ptr = V_Buffer + page * stride_v_page + (tok % PAGE_SIZE) * stride_v_slot + kv_head * stride_v_head
+            v_row_ptr = V_Buffer + page * stride_v_page + slot * stride_v_slot + kv_head * stride_v_head
             v = tl.load(v_row_ptr[:, None] + offs_dv[None, :])
             pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE))
             if LAZY_RESCALE:
@@ -329,6 +349,8 @@ def _verify_merge_stage(
     Partial_Lse,
     num_q_heads,
     max_splits,
+    min_tokens_per_split,
+    block_n,
     stride_table,
     stride_o_tok,
     stride_o_head,
@@ -340,8 +362,6 @@ def _verify_merge_stage(
     MERGE_HEADS: tl.constexpr,
     L_PAD: tl.constexpr,
     SPLIT_CHUNK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MIN_TOKENS_PER_SPLIT: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -362,7 +382,7 @@ def _verify_merge_stage(
     q_start, q_len, table_start, prefix_len = _request_bounds(
         Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE
     )
-    _, num_written = _split_plan(prefix_len, max_splits, MIN_TOKENS_PER_SPLIT, BLOCK_N)
+    _, num_written = _split_plan(prefix_len, max_splits, min_tokens_per_split, block_n)
     if num_written > 1:
         rows = tl.arange(0, ROWS)
         q_head = (head_block * MERGE_HEADS + rows // L_PAD).to(tl.int64)
@@ -392,14 +412,119 @@ _SPLIT_DEFAULTS = {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split
 _SCRATCH = {}
 _DEVICE_SCALES = {}
 
+# Targets this module was compiled and checked for (`kgen check`, kgen/tables/targets.json):
+# shared memory per block, threads per warp, the matrix instruction, FP8 formats. Other
+# archs are refused. The interpreter has no limits; it plays sm_90 so that CPU runs take
+# the row blocking the H200 takes.
+_TARGETS = {'sm_80': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 166912, 'mma': 'mma', 'fp8': []}, 'sm_89': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 101376, 'mma': 'mma', 'fp8': ['float8_e4m3fn']}, 'sm_90': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 232448, 'mma': 'wgmma', 'fp8': ['float8_e4m3fn']}, 'sm_100': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 232448, 'mma': 'tcgen05', 'fp8': ['float8_e4m3fn']}, 'gfx942': {'family': 'hip', 'warp_size': 64, 'shared_bytes': 65536, 'mma': 'mfma', 'fp8': ['float8_e4m3fnuz']}, 'gfx950': {'family': 'hip', 'warp_size': 64, 'shared_bytes': 163840, 'mma': 'mfma', 'fp8': ['float8_e4m3fn', 'float8_e4m3fnuz']}}
+CHECKED_ARCHS = tuple(_TARGETS)
+_INTERPRETER_TARGET = "sm_90"
 
-def _cdiv(a, b):
+# ---- launch rules: kgen/rules.py, verbatim (the tuner and `kgen check` import the same file) ----
+MIN_DOT = 16  # tl.dot needs M, N and K of at least 16
+MAX_ROWS = 128  # BLOCK_H x L_PAD rows: the largest tl.dot M any program uses
+# fp32 accumulator registers a thread may hold: rows x accumulator width / threads. Past
+# this the accumulator spills (ptxas sm_90a, GQA 256 at 128 rows: 256 registers, 4 KB of
+# spills a thread), so the row blocking halves the head block first.
+ACC_REGISTERS_PER_THREAD = 128
+SHARED_MARGIN_BYTES = 1024  # barriers and alignment Triton adds beside the tile buffers
+WGMMA_MIN_ROWS = 64  # one warpgroup's wgmma is 64 rows; smaller programs run mma.sync
+
+
+def cdiv(a, b):
     return -(-a // b)
 
 
-def _next_pow2(x):
-    # Never relies on triton.next_power_of_2(0), which returns 0 on Triton 3.6.
+def next_pow2(x):
+    """Smallest power of two >= x, with next_pow2(0) == 1 (Triton 3.6's returns 0)."""
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+def kernel_shape(k_width, acc_width, kv_bytes, v_separate):
+    """Bytes per prefix token a program stages (K's padded width, plus V when it is its own
+    buffer), bytes per 16-bit row of q, the accumulator's width, and whether K tiles are
+    converted to 16 bits before their dot (FP8 KV)."""
+    return {
+        "kv_row_bytes": (k_width + (acc_width if v_separate else 0)) * kv_bytes,
+        "q_row_bytes": k_width * 2,
+        "acc_width": acc_width,
+        "converts_k": kv_bytes == 1,
+    }
+
+
+def row_blocking(block_h, group, max_len, max_rows=MAX_ROWS, grouped=True):
+    """BLOCK_H (query heads a program owns) and L_PAD (draft rows per head, a power of two):
+    at least MIN_DOT rows, at most max_rows, halving the head block until it fits."""
+    block_h = min(block_h, next_pow2(group)) if grouped else 1
+    while True:
+        l_pad = max(next_pow2(cdiv(MIN_DOT, block_h)), next_pow2(max_len))
+        if block_h * l_pad <= max_rows or block_h == 1:
+            return block_h, l_pad
+        block_h //= 2
+
+
+def max_rows_for(target, shape, num_warps):
+    """The row budget of one program: MAX_ROWS, and no more accumulator than
+    ACC_REGISTERS_PER_THREAD registers a thread (a power of two, at least MIN_DOT)."""
+    threads = num_warps * target["warp_size"]
+    budget = ACC_REGISTERS_PER_THREAD * threads // shape["acc_width"]
+    rows = MIN_DOT
+    while rows * 2 <= min(budget, MAX_ROWS):
+        rows *= 2
+    return rows
+
+
+def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
+    """Shared memory (LDS) Triton gives one prefix-stage program, from its tile buffers.
+
+    Measured offline (Triton 3.6, sm_90 and sm_100, GQA 256 and MLA 576, BF16 and FP8, 16 to
+    128 rows, 32/64-token tiles, 2-3 stages): programs on wgmma (and sm_100's tcgen05) keep
+    num_stages K/V buffers and q; mma.sync programs keep num_stages - 1 buffers, q and one
+    16-bit row of p per row. ``kgen check`` compiles every
+    variant and fails where this estimate is wrong.
+    """
+    kv_tile = block_n * shape["kv_row_bytes"]
+    if target["mma"] in ("wgmma", "tcgen05") and rows >= WGMMA_MIN_ROWS and num_warps % 4 == 0:
+        tiles = num_stages * kv_tile + rows * shape["q_row_bytes"]
+        if target["mma"] == "tcgen05" and shape["converts_k"]:
+            tiles += block_n * shape["q_row_bytes"]  # sm_100 stages the fp16 copy of an e4m3 K tile
+    else:
+        tiles = max(num_stages - 1, 1) * kv_tile + rows * (shape["q_row_bytes"] + 2 * block_n)
+    return tiles + SHARED_MARGIN_BYTES
+
+
+def fit(target, shape, config, group, max_len, grouped=True):
+    """(block_h, l_pad, block_n, num_stages, reasons): the config's program, made to fit the
+    target. In order: the accumulator's row budget halves the head block; then, while the
+    tile buffers overflow shared memory, fewer stages (down to 2, then 1), then narrower
+    tiles (down to MIN_DOT tokens), then fewer heads. ``reasons`` says what changed and why."""
+    num_warps, block_n, stages = config["num_warps"], config["block_n"], config["num_stages"]
+    max_rows = max_rows_for(target, shape, num_warps)
+    block_h, l_pad = row_blocking(config["block_h"], group, max_len, max_rows, grouped)
+    wanted_h, _ = row_blocking(config["block_h"], group, max_len, MAX_ROWS, grouped)
+    reasons = []
+    if block_h < wanted_h:
+        reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_h * l_pad} rows x {shape['acc_width']} fp32 "
+                       f"accumulator exceed {ACC_REGISTERS_PER_THREAD} registers a thread at {num_warps} warps")
+    limit = target["shared_bytes"]
+    while shared_bytes(target, shape, block_h * l_pad, block_n, stages, num_warps) > limit:
+        need = shared_bytes(target, shape, block_h * l_pad, block_n, stages, num_warps)
+        if stages > 1:
+            change, stages = f"num_stages {stages} -> {stages - 1}", stages - 1
+        elif block_n > MIN_DOT:
+            change, block_n = f"BLOCK_N {block_n} -> {block_n // 2}", block_n // 2
+        elif block_h > 1:
+            change, block_h = f"BLOCK_H {block_h} -> {block_h // 2}", block_h // 2
+            l_pad = max(next_pow2(cdiv(MIN_DOT, block_h)), next_pow2(max_len))
+        else:
+            reasons.append(f"nothing fits: {need} B of shared memory at the smallest program")
+            return None
+        reasons.append(f"{change}: {need} B of tile buffers exceed {limit} B of shared memory")
+    return block_h, l_pad, block_n, stages, reasons
+# ---- end of kgen/rules.py ----
+
+# What one program stages per prefix token and per row, for the rules above.
+_KERNEL_SHAPE = kernel_shape(128, 128, 1, True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -421,19 +546,6 @@ def select_config(arch, group_size, batch):
     return _DEFAULT_CONFIG
 
 
-def _rows(block_h, group, max_len, min_rows=None):
-    """BLOCK_H and L_PAD for this launch: at least max(MIN_DOT_ROWS, min_rows) rows (the
-    config's min_rows pads draft positions, e.g. to the 64 rows of a Hopper wgmma), at most
-    MAX_ROWS."""
-    min_rows = max(MIN_DOT_ROWS, min_rows or 0)
-    block_h = 1  # per-head variant: every query head re-reads the prefix (the baseline)
-    while True:
-        l_pad = max(_next_pow2(_cdiv(min_rows, block_h)), _next_pow2(max_len))
-        if block_h * l_pad <= MAX_ROWS or block_h == 1:
-            return block_h, l_pad
-        block_h //= 2
-
-
 def _max_splits(config, programs_per_split, num_sms):
     """Grid size of the split axis: enough programs to fill the GPU, from shapes only."""
     split = {**_SPLIT_DEFAULTS, **config.get("split", {})}
@@ -442,9 +554,10 @@ def _max_splits(config, programs_per_split, num_sms):
     return max(1, min(wanted, split["max_splits"])), split["min_tokens_per_split"]
 
 
-def _merge_heads(num_q_heads, l_pad):
-    """Query heads per merge program: about MERGE_ROWS rows, a power of two (tl.arange)."""
-    return min(_next_pow2(num_q_heads), max(1, MERGE_ROWS // l_pad))
+def _merge_heads(l_pad):
+    """Query heads per merge program: MERGE_ROWS rows (a power of two, for tl.arange); heads
+    past the last one are masked."""
+    return max(1, MERGE_ROWS // l_pad)
 
 
 def _backend_knobs(config, is_rocm):
@@ -458,19 +571,84 @@ def _backend_knobs(config, is_rocm):
     return knobs
 
 
-def _launch_options(arch, is_rocm):
+def _use_pdl(arch, is_rocm):
     """Programmatic dependent launch on NVIDIA sm_90+: each kernel's launch overlaps the end of
     the one before it, and its programs wait in gdc_wait for that kernel's results (H200,
     batch 1, prefix 4K: 21.6 -> 20.1 us). Not under the interpreter, on ROCm, before Hopper,
     or with KGEN_NO_PDL=1 in the environment when the module was imported (an engine's switch)."""
-    use_pdl = (_HAS_GRID_DEPENDENCY_CONTROL and not _INTERPRET and not is_rocm
-               and arch.startswith("sm_") and int(arch[3:].rstrip("a")) >= 90
-               and not _NO_PDL)
-    return {"launch_pdl": True} if use_pdl else {}
+    return (_HAS_GRID_DEPENDENCY_CONTROL and not _INTERPRET and not is_rocm
+            and arch.startswith("sm_") and int(arch[3:].rstrip("a")) >= 90 and not _NO_PDL)
+
+
+def _target_of(arch):
+    return _TARGETS[_INTERPRETER_TARGET if arch == "interpreter" else arch]
+
+
+def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config):
+    """Everything one call launches, from Python scalars alone (None when no program fits)."""
+    is_rocm = _target_of(arch)["family"] == "hip"
+    config = config if config is not None else select_config(arch, group, batch)
+    fitted = fit(_target_of(arch), _KERNEL_SHAPE, config, group, max_len, grouped=False)
+    if fitted is None:
+        return None
+    block_h, l_pad, block_n, num_stages, _ = fitted
+    head_blocks = cdiv(group, block_h)
+    max_splits, min_tokens = _max_splits(config, head_blocks * batch, num_sms)
+    use_pdl = _use_pdl(arch, is_rocm)
+    knobs = _backend_knobs(config, is_rocm)
+    prefix = {
+        "BLOCK_H": block_h,
+        "L_PAD": l_pad,
+        "DRAFT_N": max(MIN_DOT, l_pad),
+        "BLOCK_N": block_n,
+        "BLOCK_TABLE": page_size is not None,
+        "LAZY_RESCALE": bool(config.get("lazy_rescale")),
+        "USE_PDL": use_pdl,
+    }
+    merge = {
+        "MERGE_HEADS": _merge_heads(l_pad),
+        "L_PAD": l_pad,
+        "SPLIT_CHUNK": min(next_pow2(max_splits), MERGE_SPLIT_CHUNK),
+        "BLOCK_TABLE": page_size is not None,
+        "USE_PDL": use_pdl,
+    }
+    return {
+        "head_blocks": head_blocks,
+        "max_splits": max_splits,
+        "min_tokens": min_tokens,
+        "block_n": block_n,
+        "page_shift": (page_size or 1).bit_length() - 1,
+        "prefix": (prefix, {"num_warps": config["num_warps"], "num_stages": num_stages, **knobs}),
+        "merge": (merge, {"num_warps": 4, "num_stages": 2, **knobs}) if max_splits > 1 else None,
+        "pdl": {"launch_pdl": True} if use_pdl else {},
+    }
+
+
+@functools.lru_cache(maxsize=4096)
+def _planned(arch, num_sms, group, batch, max_len, page_size):
+    """_plan_launch for the module's own configs, cached: the same shapes every step."""
+    return _plan_launch(arch, num_sms, group, batch, max_len, page_size, None)
+
+
+def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=None):
+    """The kernels one call launches, as (kernel name, constexpr arguments, compile options).
+
+    Pure Python: `kgen check` compiles exactly these offline for each target. page_size None
+    is the token-slot entry (verify_shared_kv_fwd), an int the paged entry (verify_paged_fwd).
+    The merge stage is absent when every request's prefix fits one split. Returns [] when no
+    program fits the target (the entry points refuse such calls).
+    """
+    plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config)
+    if plan is None:
+        return []
+    launches = [("_verify_prefix_stage", *plan["prefix"])]
+    if plan["merge"] is not None:
+        launches.append(("_verify_merge_stage", *plan["merge"]))
+    return launches
 
 
 def _scratch(device, num_tokens, num_q_heads, max_splits):
-    """float32 partials and fp32 log2-sum-exp, cached by shape so graph replays see one address."""
+    """fp32 partials and log2-sum-exp, cached by shape so graph replays see one address."""
     key = (str(device), num_tokens, num_q_heads, max_splits)
     buffers = _SCRATCH.get(key)
     if buffers is None:
@@ -481,13 +659,9 @@ def _scratch(device, num_tokens, num_q_heads, max_splits):
 
 
 def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, num_sms, config=None):
-    """Bytes of scratch (float32 partials + log2-sum-exp) the launcher allocates for these shapes."""
-    group = num_q_heads // num_kv_heads
-    config = config if config is not None else select_config(arch, group, batch)
-    block_h, _ = _rows(config["block_h"], group, max_len, config.get("min_rows"))
-    programs = num_kv_heads * _cdiv(group, block_h) * batch
-    max_splits, _ = _max_splits(config, programs, num_sms)
-    return 4 * num_tokens * num_q_heads * max_splits * (V_HEAD_DIM + 1)
+    """Bytes of scratch (fp32 partials + log2-sum-exp) the launcher allocates for these shapes."""
+    plan = _plan_launch(arch, num_sms, num_q_heads // num_kv_heads, batch, max_len, None, config)
+    return 4 * num_tokens * num_q_heads * plan["max_splits"] * (V_HEAD_DIM + 1)
 
 
 def _device_scale(value, device):
@@ -511,27 +685,27 @@ def _scales(k_scale, v_scale, device):
 
 
 def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table, max_len,
-         k_scale, v_scale, sm_scale, config, block_table, page_size, stride_table, k_strides, v_strides):
+         k_scale, v_scale, sm_scale, config, page_size, stride_table, k_strides, v_strides):
     num_tokens, num_q_heads, _ = q.shape
     num_kv_heads = k_extend.shape[1]
     group = num_q_heads // num_kv_heads
     batch = qo_indptr.shape[0] - 1
     if num_tokens == 0 or batch == 0:
         return
-    arch, num_sms, is_rocm = _device_info(q.device.type, q.device.index)
-    config = config if config is not None else select_config(arch, group, batch)
-    block_h, l_pad = _rows(config["block_h"], group, max_len, config.get("min_rows"))
-    head_programs = num_kv_heads * _cdiv(group, block_h)
-    max_splits, min_tokens = _max_splits(config, head_programs * batch, num_sms)
+    arch, num_sms, _ = _device_info(q.device.type, q.device.index)
+    if config is None:
+        plan = _planned(arch, num_sms, group, batch, max_len, page_size)
+    else:
+        plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config)
+    if plan is None:
+        raise ValueError(f"{URI}: no program fits {arch} for group {group}, draft length {max_len}")
+    max_splits = plan["max_splits"]
     partial_o, partial_lse = _scratch(q.device, num_tokens, num_q_heads, max_splits)
     sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
-    qk_scale = sm_scale * _LOG2E
-    prefix_dot = tl.float32 if _INTERPRET else _TL_PREFIX_DOT_DTYPE
-    knobs = _backend_knobs(config, is_rocm)
-    launch_options = _launch_options(arch, is_rocm)
+    prefix_constexprs, prefix_options = plan["prefix"]
     k_scale, v_scale, scales_on_device = _scales(k_scale, v_scale, q.device)
 
-    _verify_prefix_stage[(head_programs, max_splits, batch)](
+    _verify_prefix_stage[(num_kv_heads * plan["head_blocks"], max_splits, batch)](
         q,
         k_pool,
         v_pool,
@@ -543,10 +717,14 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         kv_table,
         partial_o,
         partial_lse,
-        qk_scale,
+        sm_scale * _LOG2E,
         k_scale,
         v_scale,
+        group,
+        plan["head_blocks"],
         max_splits,
+        plan["min_tokens"],
+        plan["page_shift"],
         stride_table,
         q.stride(0),
         q.stride(1),
@@ -563,27 +741,17 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         partial_o.stride(2),
         partial_lse.stride(0),
         partial_lse.stride(1),
-        GROUP=group,
-        BLOCK_H=block_h,
-        L_PAD=l_pad,
-        DRAFT_N=max(MIN_DOT_ROWS, l_pad),
-        BLOCK_N=config["block_n"],
-        MIN_TOKENS_PER_SPLIT=min_tokens,
-        PAGE_SIZE=page_size,
-        BLOCK_TABLE=block_table,
+        DOT_DTYPE=tl.float32 if _INTERPRET else _TL_PREFIX_DOT_DTYPE,
         SCALES_ON_DEVICE=scales_on_device,
-        DOT_DTYPE=prefix_dot,
-        LAZY_RESCALE=bool(config.get("lazy_rescale")),
-        USE_PDL=bool(launch_options),
-        num_warps=config["num_warps"],
-        num_stages=config["num_stages"],
-        **knobs,
-        **launch_options,
+        **prefix_constexprs,
+        **prefix_options,
+        **plan["pdl"],
     )
-    if max_splits == 1:
+    if plan["merge"] is None:
         return  # every request had one split and wrote o itself
-    merge_heads = _merge_heads(num_q_heads, l_pad)
-    _verify_merge_stage[(_cdiv(num_q_heads, merge_heads), batch, _cdiv(V_HEAD_DIM, MERGE_BLOCK_DV))](
+    merge_constexprs, merge_options = plan["merge"]
+    merge_heads = merge_constexprs["MERGE_HEADS"]
+    _verify_merge_stage[(cdiv(num_q_heads, merge_heads), batch, cdiv(V_HEAD_DIM, MERGE_BLOCK_DV))](
         o,
         qo_indptr,
         kv_bounds,
@@ -591,6 +759,8 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         partial_lse,
         num_q_heads,
         max_splits,
+        plan["min_tokens"],
+        plan["block_n"],
         stride_table,
         o.stride(0),
         o.stride(1),
@@ -599,17 +769,9 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         partial_o.stride(2),
         partial_lse.stride(0),
         partial_lse.stride(1),
-        MERGE_HEADS=merge_heads,
-        L_PAD=l_pad,
-        SPLIT_CHUNK=min(_next_pow2(max_splits), MERGE_SPLIT_CHUNK),
-        BLOCK_N=config["block_n"],
-        MIN_TOKENS_PER_SPLIT=min_tokens,
-        BLOCK_TABLE=block_table,
-        USE_PDL=bool(launch_options),
-        num_warps=4,
-        num_stages=2,
-        **knobs,
-        **launch_options,
+        **merge_constexprs,
+        **merge_options,
+        **plan["pdl"],
     )
 
 
@@ -622,7 +784,7 @@ def launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr
     """
     _run(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
          kv_indices, int(max_len_extend), k_scale, v_scale, sm_scale, config,
-         block_table=False, page_size=1, stride_table=0,
+         page_size=None, stride_table=0,
          k_strides=(k_buffer.stride(0), 0, k_buffer.stride(1)),
          v_strides=(v_buffer.stride(0), 0, v_buffer.stride(1)))
 
@@ -639,12 +801,14 @@ def _why_not_common(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, max_len
             return f"{name} is not contiguous in its last dim"
         if t.device != q.device:
             return f"{name} is on {t.device}, q_extend on {q.device}"
+    if q.device.type != "cuda" and not _INTERPRET:
+        # Without the interpreter Triton finds no driver for these tensors and raises.
+        return (f"{q.device.type} tensors need Triton's interpreter: set TRITON_INTERPRET=1 before "
+                "triton is imported, or pass CUDA tensors")
     if q.dtype != Q_DTYPE or k_extend.dtype != Q_DTYPE or v_extend.dtype != Q_DTYPE or o.dtype != Q_DTYPE:
         return f"query-side dtypes must be {Q_DTYPE} (this module's)"
     if k_pool.dtype != KV_DTYPE or v_pool.dtype != KV_DTYPE:
         return f"KV dtype {k_pool.dtype} is not this module's {KV_DTYPE}"
-    if q.device.type == "cuda" and not torch.version.hip:
-        return "float8_e4m3fnuz is a ROCm format; NVIDIA GPUs store KV as float8_e4m3fn"
     num_tokens, num_q_heads, qk_dim = q.shape
     num_kv_heads = k_extend.shape[1]
     if qk_dim != QK_DIM or k_extend.shape[2] != QK_DIM or k_pool.shape[-1] != QK_DIM:
@@ -664,7 +828,83 @@ def _why_not_common(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, max_len
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         if isinstance(scale, torch.Tensor) and (scale.numel() != 1 or scale.device != q.device):
             return f"{name} must be a float or a 1-element tensor on q's device"
+    return _why_not_target(q, num_q_heads // num_kv_heads, qo_indptr.shape[0] - 1, max_len_extend)
+
+
+def _why_not_target(q, group, batch, max_len):
+    """Why the device cannot run this module ('' when it can): an arch `kgen check` did not
+    prove, an FP8 format its tensor cores lack, or no program that fits."""
+    arch, num_sms, _ = _device_info(q.device.type, q.device.index)
+    if arch != "interpreter" and arch not in _TARGETS:
+        return (f"{arch} is not a target this module was checked for ({', '.join(CHECKED_ARCHS)}); add it to "
+                "kgen/tables/targets.json, run `kgen check --arch " + arch + "` and `kgen build`")
+    if arch != "interpreter" and "float8_e4m3fnuz" not in _TARGETS[arch]["fp8"]:
+        return f"{arch} has no float8_e4m3fnuz tensor-core format (it takes: {', '.join(_TARGETS[arch]['fp8']) or 'none'})"
+    if batch > 0 and _planned(arch, num_sms, group, batch, max_len, None) is None:
+        return f"no program fits {arch}'s shared memory for group {group} at draft length {max_len}"
     return ""
+
+
+# KGEN_CHECK_INDICES=1 when the module is imported checks index values on every call (the
+# switch kgen.runtime's chain reads too); check_indices=True checks one call.
+_CHECK_INDICES = os.environ.get("KGEN_CHECK_INDICES", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indices=None, pool_slots=0,
+                        block_table=None, prefix_lens=None, page_size=1, num_blocks=0):
+    """Raise ValueError naming the tensor, the request and the value when an index would read
+    outside the KV pool or a length is negative (the kernels do not check: such input reads
+    out of bounds). Flat pools pass kv_indptr/kv_indices/pool_slots, paged caches
+    block_table/prefix_lens/page_size/num_blocks.
+
+    The comparisons run on the device, but reading their verdict syncs the host (once when
+    all is well): the check is opt-in and cannot run inside CUDA-graph capture."""
+    checks = []  # (ok flags on the device, message for the first bad flag's position)
+
+    def indptr(name, ptr, what):
+        ptr = ptr.to(torch.int64)
+        checks.append((ptr[:1] == 0, lambda i: f"{name}[0] must be 0, got {int(ptr[0])}"))
+        checks.append((ptr[1:] >= ptr[:-1], lambda b: (
+            f"{name} decreases at request {b}: {name}[{b}] = {int(ptr[b])} > {name}[{b + 1}] = "
+            f"{int(ptr[b + 1])}, a negative {what} length")))
+        return ptr
+
+    qo = indptr("qo_indptr", qo_indptr, "draft")
+    checks.append((qo[-1:] == num_tokens,
+                   lambda i: f"qo_indptr[-1] = {int(qo[-1])} but q_extend has {num_tokens} tokens"))
+    checks.append((qo[1:] - qo[:-1] <= max_len, lambda b: (
+        f"request {b} has {int(qo[b + 1] - qo[b])} draft tokens (qo_indptr[{b + 1}] - qo_indptr[{b}]) "
+        f"but max_len_extend = {max_len}")))
+    if kv_indptr is not None:
+        kv = indptr("kv_indptr", kv_indptr, "prefix")
+        checks.append((kv[-1:] <= kv_indices.numel(), lambda i: (
+            f"kv_indptr[-1] = {int(kv[-1])} exceeds len(kv_indices) = {kv_indices.numel()}")))
+        used = torch.arange(kv_indices.numel(), device=kv.device) < kv[-1:]
+        in_pool = (kv_indices >= 0) & (kv_indices < pool_slots)
+
+        def slot_message(i):
+            b = int(torch.searchsorted(kv, torch.tensor(i, device=kv.device), right=True)) - 1
+            return (f"kv_indices[{i}] = {int(kv_indices[i])} (request {b}, prefix token {i - int(kv[b])}) is "
+                    f"outside the pool's slots 0..{pool_slots - 1} (k_buffer.shape[0] = {pool_slots})")
+
+        checks.append((~used | in_pool, slot_message))
+    else:
+        width = block_table.shape[1]
+        capacity = width * page_size
+        plens = prefix_lens.to(torch.int64)
+        checks.append(((plens >= 0) & (plens <= capacity), lambda b: (
+            f"prefix_lens[{b}] = {int(plens[b])} is outside 0..{capacity} (block_table width {width} "
+            f"x page size {page_size})")))
+        pages_used = (plens.clamp(0, capacity) + page_size - 1) // page_size
+        used = torch.arange(width, device=plens.device)[None, :] < pages_used[:, None]
+        in_cache = (block_table >= 0) & (block_table < num_blocks)
+        checks.append(((~used | in_cache).reshape(-1), lambda i: (
+            f"block_table[{i // width}, {i % width}] = {int(block_table[i // width, i % width])} (request "
+            f"{i // width}) is outside the cache's blocks 0..{num_blocks - 1} (k_cache.shape[0] = {num_blocks})")))
+    verdicts = torch.stack([ok.all() for ok, _ in checks]).cpu()  # the one host sync
+    for (ok, message), passed in zip(checks, verdicts.tolist()):
+        if not passed:
+            raise ValueError(message(int((~ok).nonzero()[0, 0])))
 
 
 def why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
@@ -705,14 +945,24 @@ def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
                          kv_indptr, kv_indices, custom_mask, is_causal, mask_indptr,
                          max_len_extend, k_scale, v_scale, sm_scale=None, logit_cap=0.0,
                          skip_prefix_custom_mask=True, sliding_window_size=-1, sinks=None,
-                         window_kv_offsets=None, xai_temperature_len=-1, max_bs=None):
+                         window_kv_offsets=None, xai_temperature_len=-1, max_bs=None, *, check_indices=False):
     """SGLang's target-verify call. Writes o_extend and returns True, or returns False
-    (o_extend untouched, nothing raised) when this module does not handle the input."""
+    (o_extend untouched, nothing raised) when this module does not handle the input.
+
+    Index values are not checked: an out-of-range kv_indices entry reads outside the pool.
+    With check_indices=True (or KGEN_CHECK_INDICES=1 when the module was imported), an
+    accepted call first checks them on the device and raises ValueError naming the tensor,
+    the request and the value (qo_indptr/kv_indptr start at 0 and never decrease, qo_indptr
+    ends at the token count, kv_indices used lie in the pool, drafts <= max_len_extend).
+    That check syncs the host, so it is for debugging and not for CUDA-graph capture."""
     if why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
                kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
                sm_scale, logit_cap, skip_prefix_custom_mask, sliding_window_size, sinks,
                window_kv_offsets, xai_temperature_len, max_bs):
         return False
+    if check_indices or _CHECK_INDICES:
+        _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, kv_indptr=kv_indptr,
+                            kv_indices=kv_indices, pool_slots=k_buffer.shape[0])
     launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
            kv_indices, max_len_extend, k_scale, v_scale, sm_scale)
     return True
@@ -735,21 +985,32 @@ def why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, bloc
         return "block_table must be row-contiguous and on q's device"
     if not isinstance(prefix_lens, torch.Tensor) or prefix_lens.dim() != 1 or prefix_lens.dtype not in _INDEX_DTYPES:
         return "prefix_lens must be a 1-D int32/int64 tensor"
+    if prefix_lens.device != q_extend.device:
+        return f"prefix_lens is on {prefix_lens.device}, q_extend on {q_extend.device}"
     if prefix_lens.shape[0] != block_table.shape[0] or qo_indptr.shape[0] != block_table.shape[0] + 1:
         return "block_table, prefix_lens and qo_indptr disagree on the batch size"
     return ""
 
 
 def verify_paged_fwd(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens,
-                     qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, config=None):
+                     qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, config=None,
+                     *, check_indices=False):
     """vLLM-style paged cache ([blocks, page, H_kv, D] + block table): the kernel walks the
-    pages itself. Returns False (o untouched) when this module does not handle the input."""
+    pages itself. Returns False (o untouched) when this module does not handle the input.
+
+    check_indices=True (or KGEN_CHECK_INDICES=1 when the module was imported) checks index
+    values first, as in verify_shared_kv_fwd: prefix_lens in 0..block_table width x page
+    size, the block_table entries they use inside the cache, qo_indptr as there. It raises
+    ValueError on bad values and syncs the host (debugging only, not under graph capture)."""
     if why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table,
                      prefix_lens, qo_indptr, max_len_extend, k_scale, v_scale, sm_scale):
         return False
+    if check_indices or _CHECK_INDICES:
+        _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, block_table=block_table,
+                            prefix_lens=prefix_lens, page_size=k_cache.shape[1], num_blocks=k_cache.shape[0])
     _run(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, qo_indptr, prefix_lens,
          block_table, int(max_len_extend), k_scale, v_scale, sm_scale, config,
-         block_table=True, page_size=k_cache.shape[1], stride_table=block_table.stride(0),
+         page_size=k_cache.shape[1], stride_table=block_table.stride(0),
          k_strides=(k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
          v_strides=(v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)))
     return True

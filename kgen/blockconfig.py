@@ -27,6 +27,7 @@ from kgen.spec import FP8_DTYPES
 
 TABLE_DIR = Path(__file__).parent / "tables"
 DEFAULTS_FILE = TABLE_DIR / "defaults.json"
+TARGETS_FILE = TABLE_DIR / "targets.json"  # per-target limits (kgen/targets.py), not a block-config table
 TABLE_SCHEMA = "kgen.block-config-table/1"
 DEFAULTS_SCHEMA = "kgen.block-config-defaults/1"
 ROCM_ARCH_PREFIX = "gfx"
@@ -36,6 +37,8 @@ def _pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
 
+# Every model below is strict (SCHEMA.md): a wrong type is an error, never converted ("64" is
+# not 64, 1 is not true); float fields alone also take integers (a hand-written 41 for 41.0).
 class SplitPolicy(BaseModel):
     """How the prefix is split across programs (split-KV).
 
@@ -46,7 +49,7 @@ class SplitPolicy(BaseModel):
     max_splits)`` splits of its own, so a short prefix is not cut into slivers.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     programs_per_sm: int = Field(default=2, ge=1, le=64)
     max_splits: int = Field(default=64, ge=1, le=1024)
@@ -56,7 +59,7 @@ class SplitPolicy(BaseModel):
 class BlockConfig(BaseModel):
     """One launch configuration. ROCm knobs stay ``None`` on CUDA and are never passed there."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     block_h: int = Field(ge=1, le=128)
     block_n: int = Field(ge=16, le=512)
@@ -69,28 +72,24 @@ class BlockConfig(BaseModel):
     # Kernel switch: move a row's running max only when it grows past 2**8, skipping most
     # accumulator rescales. Wins for 64-row BF16 programs, loses for FP8 (docs/perf-notes.md).
     lazy_rescale: bool | None = None
-    # Fewest BLOCK_H x L_PAD rows a program gets: the launcher pads the draft positions up to
-    # it. 64 puts a 32-row program (group 8, L 4) on Hopper's wgmma instead of mma.sync, but
-    # measured slower on the H200 (docs/perf-notes.md, entry 22), so no shipped row sets it.
-    # None: the kernel's own minimum (its MIN_DOT_ROWS, 16).
-    min_rows: int | None = Field(default=None, ge=16, le=128)
     # Where a request's last split runs its causal draft tile: "first" (before the prefix
     # loop) or "after" it. Only modules that emit both placements (grouped GQA) take it; None
-    # is their row rule (before the loop in 32-row programs: docs/perf-notes.md, entry 30).
+    # is their row rule (before the loop in 32-row programs: docs/perf-notes.md, "Draft tile placement").
     draft_tile: Literal["first", "after"] | None = None
+
+    @field_validator("matrix_instr_nonkdim", "kpack", mode="before")
+    @classmethod
+    def _integer_choice(cls, v: object) -> object:
+        # Literal choices compare by value, so true would pass as 1 and 16.0 as 16.
+        if v is not None and type(v) is not int:
+            raise ValueError(f"must be an integer, got {v!r} ({type(v).__name__})")
+        return v
 
     @field_validator("block_h", "block_n")
     @classmethod
     def _power_of_two(cls, v: int) -> int:
         if not _pow2(v):
             raise ValueError(f"must be a power of two (tl.arange extents are), got {v}")
-        return v
-
-    @field_validator("min_rows")
-    @classmethod
-    def _rows_power_of_two(cls, v: int | None) -> int | None:
-        if v is not None and not _pow2(v):
-            raise ValueError(f"min_rows must be a power of two (rows are BLOCK_H x L_PAD), got {v}")
         return v
 
     @field_validator("num_warps")
@@ -118,8 +117,6 @@ class BlockConfig(BaseModel):
         )
         if self.lazy_rescale:
             s += " lazy_rescale"
-        if self.min_rows:
-            s += f" min_rows={self.min_rows}"
         if self.draft_tile:
             s += f" draft_tile={self.draft_tile}"
         if self.has_rocm_knobs:
@@ -130,7 +127,7 @@ class BlockConfig(BaseModel):
 class Measured(BaseModel):
     """Times measured by the tuner for one bucket (median microseconds)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     tuned_us: float = Field(gt=0)
     default_us: float = Field(gt=0)
@@ -147,7 +144,7 @@ class TableEntry(BaseModel):
     split policy adapts to the actual prefix length inside the kernel.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     layout: str
     kv_dtype: str
@@ -173,7 +170,7 @@ class TableEntry(BaseModel):
 
 
 class TableMetadata(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     gpu_name: str = "unknown"
     arch: str
@@ -186,7 +183,7 @@ class TableMetadata(BaseModel):
 
 
 class TableFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     schema_: Literal["kgen.block-config-table/1"] = Field(alias="schema")
     arch: str
@@ -213,7 +210,7 @@ class DefaultRule(BaseModel):
     """A built-in default for every layout whose K width is at most ``max_qk_dim``; with
     ``kv_storage`` ("fp8" or "16bit") only for KV caches stored that way."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     max_qk_dim: int = Field(gt=0)
     kv_storage: Literal["fp8", "16bit"] | None = None
@@ -226,7 +223,7 @@ class DefaultRule(BaseModel):
 
 
 class DefaultsFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     schema_: Literal["kgen.block-config-defaults/1"] = Field(alias="schema")
     rules: list[DefaultRule] = Field(min_length=1)
@@ -239,11 +236,30 @@ class DefaultsFile(BaseModel):
         return max(self.rules, key=lambda r: (r.max_qk_dim, r.kv_storage is None))
 
 
-def _describe(path: Path, exc: ValidationError) -> str:
+# Keys that say which row of a list an error is in (TableEntry, DefaultRule).
+_ROW_KEYS = ("layout", "kv_dtype", "group_size", "batch_min", "batch_max", "max_qk_dim", "kv_storage")
+
+
+def _row(raw: object, loc: tuple) -> str:
+    """' (row N: layout ..., group_size ...)' for an error inside ``entries[N]`` / ``rules[N]``."""
+    if len(loc) < 2 or loc[0] not in ("entries", "rules") or not isinstance(loc[1], int):
+        return ""
+    rows = raw.get(loc[0]) if isinstance(raw, dict) else None
+    row = rows[loc[1]] if isinstance(rows, list) and loc[1] < len(rows) else None
+    keys = [f"{k} {row[k]!r}" for k in _ROW_KEYS if isinstance(row, dict) and k in row]
+    return f" (row {loc[1]}{': ' + ', '.join(keys) if keys else ''})"
+
+
+def _describe(path: Path, exc: ValidationError, raw: object = None) -> str:
+    """One line per problem: the file, the row of a list, the field, what is wrong and the value given."""
     parts = []
     for item in exc.errors():
         field = ".".join(str(p) for p in item["loc"]) or "<top level>"
-        parts.append(f"{path}: field '{field}': {item['msg']}")
+        msg = item["msg"]
+        given = item.get("input")
+        if (item["type"].endswith("_type") or item["type"] == "literal_error") and not isinstance(given, dict | list):
+            msg += f" (got {given!r} of type {type(given).__name__})"
+        parts.append(f"{path}: field '{field}'{_row(raw, item['loc'])}: {msg}")
     return "\n".join(parts)
 
 
@@ -262,7 +278,7 @@ def read_table(path: Path) -> TableFile:
     try:
         return TableFile.model_validate(raw)
     except ValidationError as exc:
-        raise TableError(_describe(Path(path), exc)) from None
+        raise TableError(_describe(Path(path), exc, raw)) from None
 
 
 def read_defaults(path: Path = DEFAULTS_FILE) -> DefaultsFile:
@@ -270,7 +286,7 @@ def read_defaults(path: Path = DEFAULTS_FILE) -> DefaultsFile:
     try:
         return DefaultsFile.model_validate(raw)
     except ValidationError as exc:
-        raise TableError(_describe(Path(path), exc)) from None
+        raise TableError(_describe(Path(path), exc, raw)) from None
 
 
 def table_to_json(table: TableFile) -> str:
@@ -307,7 +323,8 @@ def write_table(path: Path, table: TableFile) -> bool:
 
 def shipped_tables(directory: Path = TABLE_DIR) -> dict[str, Path]:
     """Shipped table files by arch name (``sm_90.json`` -> ``sm_90``)."""
-    return {p.stem: p for p in sorted(Path(directory).glob("*.json")) if p != DEFAULTS_FILE}
+    return {p.stem: p for p in sorted(Path(directory).glob("*.json"))
+            if p.name not in (DEFAULTS_FILE.name, TARGETS_FILE.name)}
 
 
 class TableSource(BaseModel):

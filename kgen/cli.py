@@ -12,12 +12,14 @@ DESCRIPTION = """\
 kgen generates grouped-head shared-KV target-verify attention kernels (speculative
 decoding, EAGLE topk = 1) from layout specs, and tunes their block configs per GPU.
 
-  kgen list                       the layout specs and what each generates
-  kgen build [--check]            write generated/ (or check it is up to date)
-  kgen explain LAYOUT             the plan after each compiler pass, and the gate's decision
-  kgen tune LAYOUT ...            search block configs on this GPU (needs the 'tune' extra)
-  kgen bench ...                  measure kernels against peers and the copy ceiling
-  kgen check --arch A,B ...       compile every kernel variant for real targets (no GPU) and check resources
+  kgen list                           the layout specs and what each generates
+  kgen build [--check]                write generated/ (or check it is up to date)
+  kgen explain LAYOUT [--kv-dtype D]  the plan after each compiler pass, and the gate's decision
+  kgen tune [--layout LAYOUT] ...     search block configs on this GPU (needs the 'tune' extra)
+  kgen bench [--quick] ...            measure kernels against peers and the copy ceiling
+  kgen check [--arch A,B] ...         compile every kernel variant for real GPUs offline, check resources
+
+`kgen COMMAND --help` shows a command's options.
 """
 
 

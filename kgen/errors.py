@@ -15,3 +15,7 @@ class TableError(KgenError, ValueError):
 
 class BuildError(KgenError):
     """The generator could not produce a valid module."""
+
+
+class UsageError(KgenError, ValueError):
+    """An argument of a kgen command or function is not one of its valid values (the message lists them)."""

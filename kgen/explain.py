@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from kgen.errors import SpecError
+from kgen.errors import SpecError, UsageError
+from kgen.loader import check_variant
 from kgen.passes.context import load_context
 from kgen.passes.pipeline import run_pipeline
 from kgen.plan import Plan, new_plan
@@ -13,11 +14,11 @@ from kgen.spec import KV_DTYPES, Q_DTYPES, canonical_dtype, load_layouts
 # Plan fields each pass fills, shown after that pass.
 _FIELDS_BY_PASS = {
     "specialize": ("has_pe", "fp8_kv", "v_from_k_tile", "draft_tile_first", "draft_tile_either",
-                   "draft_first_rows",
-                   "unmasked_full_tiles", "fused_merge", "partial_dtype", "prefix_dot_dtype", "fp8_qk_dot"),
+                   "draft_first_rows", "unmasked_full_tiles", "prefix_dot_dtype"),
     "legalize": ("block_d", "block_dpe", "block_dv", "merge_block_dv", "merge_rows", "merge_split_chunk",
-                 "mask_d", "mask_dv", "max_rows"),
+                 "mask_d", "mask_dv"),
     "select_config": ("default_config",),
+    "fit": ("kernel_shape",),
     "check": ("checked",),
     "emit": ("output_path", "written"),
 }
@@ -76,8 +77,20 @@ def explain(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16", 
     spec = specs[layout]
     kv = canonical_dtype(kv_dtype, KV_DTYPES, "KV")
     q = canonical_dtype(q_dtype, Q_DTYPES, "query")
-    group = group or max(spec.attention.group_sizes)
+    variant = check_variant(variant)
+    listed = spec.attention.group_sizes
+    if group is None:
+        group = max(listed)
+    elif isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise UsageError(f"--group must be a positive number of query heads per KV head, got {group!r}")
     lines = [f"kgen explain {layout} --kv-dtype {kv} --q-dtype {q} --variant {variant}"]
+    if group not in listed:
+        # Explained, not refused: a module runs any group; only the table rows and the gate differ.
+        lines.append(
+            f"warning: group {group} is not one of {layout}'s listed groups {list(listed)}: no table row "
+            f"is tuned for it, so a module called directly runs it with the default block config, and "
+            f"the runtime gate sends it to the per-head kernel"
+        )
     collected: list[str] = []
     # Explaining writes nothing: emit runs in check mode against the real output directory.
     ctx = load_context(check_only=True)

@@ -59,10 +59,7 @@ class Plan:
     draft_tile_either: bool = False
     draft_first_rows: tuple[int, ...] = ()
     unmasked_full_tiles: bool | None = None
-    fused_merge: bool | None = None
-    partial_dtype: str | None = None
     prefix_dot_dtype: str | None = None
-    fp8_qk_dot: bool | None = None
     # legalize
     block_d: int | None = None
     block_dpe: int | None = None
@@ -72,7 +69,6 @@ class Plan:
     merge_split_chunk: int | None = None
     min_dot_rows: int | None = None
     max_draft_tokens: int | None = None
-    max_rows: int | None = None
     mask_d: bool | None = None
     mask_dv: bool | None = None
     page_sizes: tuple[int, ...] = ()
@@ -80,6 +76,9 @@ class Plan:
     default_config: BlockConfig | None = None
     arch_configs: dict[str, tuple[ConfigEntry, ...]] = field(default_factory=dict)
     table_sources: dict[str, str] = field(default_factory=dict)
+    # fit
+    targets: dict[str, dict] = field(default_factory=dict)
+    kernel_shape: dict[str, Any] = field(default_factory=dict)
     # render / check / emit
     source: str | None = None
     checked: bool = False

@@ -19,9 +19,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kgen.errors import SpecError
+from kgen.errors import SpecError, UsageError
 
 SHIPPED_LAYOUT_DIR = Path(__file__).parent / "layouts"
+# What every field of a layout spec means; unknown-key errors point here (repository-relative).
+LAYOUT_README = SHIPPED_LAYOUT_DIR / "README.md"
+LAYOUT_README_NAME = LAYOUT_README.relative_to(Path(__file__).parent.parent).as_posix()
 
 # Canonical dtype names (torch attribute names) and the short tags used in module names.
 KV_DTYPES: dict[str, str] = {
@@ -56,11 +59,17 @@ MAX_HEAD_DIM = 1024
 
 
 def canonical_dtype(name: str, allowed: Iterable[str], what: str) -> str:
-    """Map ``name`` (``bf16``, ``bfloat16``, ``fp8`` ...) to its canonical torch name."""
+    """Map ``name`` (``bf16``, ``bfloat16``, ``fp8`` ...) to its canonical torch name.
+
+    An unknown name raises ``UsageError`` (a ``ValueError``) listing the valid names and short forms.
+    """
     allowed = tuple(allowed)
-    canon = DTYPE_ALIASES.get(name, name)
+    canon = DTYPE_ALIASES.get(name, name) if isinstance(name, str) else name
     if canon not in allowed:
-        raise ValueError(f"unknown {what} dtype {name!r}; expected one of {', '.join(allowed)}")
+        short = [alias for alias, full in DTYPE_ALIASES.items() if full in allowed]
+        raise UsageError(
+            f"unknown {what} dtype {name!r}; expected one of {', '.join(allowed)} (short forms: {', '.join(short)})"
+        )
     return canon
 
 
@@ -170,7 +179,7 @@ def _format_validation_error(path: Path | str, err: ValidationError) -> str:
         field = ".".join(str(p) for p in item["loc"]) or "<top level>"
         msg = item["msg"]
         if item["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see kgen/layouts/README.md for the fields)"
+            msg = f"unknown key (check the spelling; see {LAYOUT_README_NAME} for the fields)"
         elif item["type"] == "missing":
             msg = "required field is missing"
         lines.append(f"{path}: field '{field}': {msg}")

@@ -49,13 +49,10 @@ def build(layout: str, prefix, draft, group, **kw) -> VerifyCase:
     return make_case(SPECS[layout], prefix, draft, group, **kw)
 
 
-def build_module(out_dir: Path, layout: str, kv_dtype: str, experiments: str = "", variant: str = "grouped"):
-    """(plan, module) of one module built into out_dir with KGEN_EXPERIMENTS=experiments
-    ("" for the shipped build) and imported from there, not from generated/."""
-    plan: Plan = build_one(layout, kv_dtype, "bfloat16", variant,
-                           ctx=load_context(out_dir, env={"KGEN_EXPERIMENTS": experiments}))
-    tag = experiments.replace(",", "_") or "plain"
-    spec = importlib.util.spec_from_file_location(f"{tag}_{plan.uri}", plan.output_path)
+def build_module(out_dir: Path, layout: str, kv_dtype: str, variant: str = "grouped"):
+    """(plan, module) of one module built into out_dir and imported from there, not from generated/."""
+    plan: Plan = build_one(layout, kv_dtype, "bfloat16", variant, ctx=load_context(out_dir))
+    spec = importlib.util.spec_from_file_location(f"built_{plan.uri}", plan.output_path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return plan, module

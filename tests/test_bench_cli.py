@@ -108,7 +108,7 @@ def test_python_m_entry_point() -> None:
 
 
 def test_gpu_script_is_wired(tmp_path: Path) -> None:
-    script = Path(__file__).parents[1] / "benchmarks" / "run_h200.sh"
+    script = Path(__file__).parents[1] / "benchmarks" / "device" / "bench_of_record.sh"
     text = script.read_text()
     assert "kgen.bench" in text and "$OUT" in text and "--time-limit" in text
     proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)

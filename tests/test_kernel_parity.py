@@ -82,16 +82,6 @@ def test_many_splits_draft_tile_in_the_last_split(layout, kv, group):
     check_parity(case, layout, kv, config=SMALL_SPLITS)
 
 
-@pytest.mark.parametrize(("layout", "group", "draft"), [(GQA, 8, 4), (GQA, 4, 3), (MLA, 8, 2)])
-def test_min_rows_pads_draft_positions(layout, group, draft):
-    """min_rows 64: group x L rows padded with draft positions no request has (row-masked)."""
-    module = kgen.load(layout, "bfloat16")
-    config = {**SMALL_SPLITS, "block_h": group, "min_rows": 64}
-    assert module._rows(group, group, draft, 64) == (group, 64 // group)
-    case = build(layout, [40, 0, 21], [draft, 1, draft], group, seed=group + draft)
-    check_parity(case, layout, "bfloat16", config=config)
-
-
 def test_two_kv_heads_and_int64_indices():
     case = build("gqa128", [33, 80], [4, 3], 4, num_kv_heads=2, index_dtype=torch.int64, seed=7)
     check_parity(case, "gqa128", "bfloat16")
@@ -188,8 +178,7 @@ def test_graph_safety_no_host_sync(monkeypatch):
     args = case.sglang_args()
     assert module.why_not(*args) == ""
     arch, sms, is_rocm = module._device_info(case.q.device.type, case.q.device.index)
-    config = module.select_config(arch, 8, 2)
-    module._rows(config["block_h"], 8, case.max_len_extend)
+    module._plan_launch(arch, sms, 8, 2, case.max_len_extend, None, None)
     module._scratch(case.q.device, case.q.shape[0], case.q.shape[1], 4)
 
 

@@ -17,17 +17,17 @@ MODULE = kgen.load("qwen3_5_gqa256", "bfloat16")
 @pytest.mark.parametrize(("arch", "rocm", "pdl"), [("sm_90", False, True), ("sm_100", False, True),
                                                    ("sm_80", False, False), ("gfx950", True, False),
                                                    ("interpreter", False, False)])
-def test_launch_options_ask_for_pdl_on_hopper_and_later_only(monkeypatch, arch, rocm, pdl):
+def test_pdl_on_hopper_and_later_only(monkeypatch, arch, rocm, pdl):
     monkeypatch.setattr(MODULE, "_INTERPRET", False)
-    assert MODULE._launch_options(arch, rocm) == ({"launch_pdl": True} if pdl else {})
+    assert MODULE._use_pdl(arch, rocm) == pdl
 
 
 def test_engines_can_turn_pdl_off(monkeypatch):
     monkeypatch.setattr(MODULE, "_INTERPRET", False)
     monkeypatch.setattr(MODULE, "_NO_PDL", True)
-    assert MODULE._launch_options("sm_90", False) == {}
+    assert not MODULE._use_pdl("sm_90", False)
     monkeypatch.setattr(MODULE, "_NO_PDL", False)
-    assert MODULE._launch_options("sm_90", False) == {"launch_pdl": True}
+    assert MODULE._use_pdl("sm_90", False)
     # The switch is read from the environment when a module is imported.
     monkeypatch.setenv("KGEN_NO_PDL", "1")
     spec = importlib.util.spec_from_file_location("no_pdl_copy", MODULE.__file__)
@@ -38,10 +38,10 @@ def test_engines_can_turn_pdl_off(monkeypatch):
 
 def test_no_pdl_under_the_interpreter_or_without_gdc(monkeypatch):
     assert MODULE._INTERPRET  # the CPU tests run the interpreter
-    assert MODULE._launch_options("sm_90", False) == {}
+    assert not MODULE._use_pdl("sm_90", False)
     monkeypatch.setattr(MODULE, "_INTERPRET", False)
     monkeypatch.setattr(MODULE, "_HAS_GRID_DEPENDENCY_CONTROL", False)
-    assert MODULE._launch_options("sm_90", False) == {}
+    assert not MODULE._use_pdl("sm_90", False)
 
 
 class _Recorder:

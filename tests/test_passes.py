@@ -12,6 +12,7 @@ from kgen.build import build_all, specializations
 from kgen.errors import BuildError, SpecError, TableError
 from kgen.passes.check import check
 from kgen.passes.context import load_context
+from kgen.passes.fit import fit
 from kgen.passes.legalize import legalize, next_pow2
 from kgen.passes.pipeline import PASSES, run_pipeline
 from kgen.passes.render import config_literal, render
@@ -92,7 +93,8 @@ def test_select_config_reads_tables_and_drops_amd_knobs_on_cuda(ctx):
 def test_render_fails_on_a_missing_variable(ctx, monkeypatch):
     import kgen.passes.render as render_pass
 
-    plan = select_config(legalize(specialize(validate(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16")))), ctx)
+    plan = fit(select_config(legalize(specialize(validate(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16")))), ctx),
+               ctx)
     full = render_pass.template_context
     monkeypatch.setattr(render_pass, "template_context",
                         lambda p, c: {k: v for k, v in full(p, c).items() if k != "block_d"})
@@ -179,7 +181,7 @@ def test_draft_tile_position_is_a_generation_time_decision(ctx):
         # Drafts first: the prefix tiles after them are still raw e4m3 V, so the draft is divided back.
         assert ("/ v_descale" in prefix_stage) is (first or both)
         assert ("if DRAFT_FIRST:" in prefix_stage and "if not DRAFT_FIRST:" in prefix_stage) is both
-        assert ("DRAFT_FIRST=_draft_first(config, block_h * l_pad)" in code) is both
+        assert ('"DRAFT_FIRST": _draft_first(config, block_h * l_pad)' in code) is both
         assert ('placement = config.get("draft_tile")' in code) is both
 
 
@@ -303,7 +305,7 @@ def test_explain_shows_every_field_specialize_and_legalize_fill():
 
     for layout, kv in (("qwen3_5_gqa256", "float8_e4m3fn"), ("mla_absorbed_512_64", "bfloat16")):
         before = validate(new_plan(SPECS[layout], kv, "bfloat16"))
-        after_specialize = specialize(before, frozenset({"e4m3_qk", "fused_merge", "half_partials"}))
+        after_specialize = specialize(before)
         after_legalize = legalize(after_specialize)
         steps = (("specialize", before, after_specialize), ("legalize", after_specialize, after_legalize))
         for name, old, new in steps:

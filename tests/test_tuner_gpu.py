@@ -62,7 +62,7 @@ WORKLOAD = Workload(batch=2, prefix=40, draft=2)
 def module() -> Any:
     mod = kgen.load("gqa64", "bfloat16")
     if not getattr(mod, "_INTERPRET", False):
-        pytest.skip("generated modules were loaded for a GPU in this session: the GPU path covers this")
+        pytest.skip("generated modules were loaded for a GPU in this process: the GPU path covers this")
     return mod
 
 
@@ -88,7 +88,7 @@ class Wrapped:
 
     def __init__(self, mod: Any, wrong_block_n: int | None = None, oor_block_h: int | None = None) -> None:
         self.mod, self.wrong_block_n, self.oor_block_h = mod, wrong_block_n, oor_block_h
-        self.MIN_DOT_ROWS, self.MAX_ROWS = mod.MIN_DOT_ROWS, mod.MAX_ROWS
+        self.MIN_DOT, self.MAX_ROWS = mod.MIN_DOT, mod.MAX_ROWS
 
     def launch(self, *args: Any, config: dict[str, Any]) -> None:
         if config["block_h"] == self.oor_block_h:
@@ -164,9 +164,9 @@ def test_geomean() -> None:
 
 
 def test_kernel_rules_must_match_the_module() -> None:
-    check_kernel_rules(SimpleNamespace(MIN_DOT_ROWS=16, MAX_ROWS=128), 16, 128)
+    check_kernel_rules(SimpleNamespace(MIN_DOT=16, MAX_ROWS=128), 16, 128)
     with pytest.raises(TuneError, match="spaces.toml"):
-        check_kernel_rules(SimpleNamespace(URI="m", MIN_DOT_ROWS=16, MAX_ROWS=64), 16, 128)
+        check_kernel_rules(SimpleNamespace(URI="m", MIN_DOT=16, MAX_ROWS=64), 16, 128)
 
 
 def test_objective_on_the_real_backend_records_the_config(module: Any) -> None:

@@ -200,32 +200,17 @@ def test_unknown_arch_names_the_known_prefixes() -> None:
 # ----------------------------------------------------------------- estimates and pruning
 
 
-def test_launch_rows_mirror_the_generated_launcher() -> None:
+def test_launch_rows_are_the_generated_launchers() -> None:
     shape = space_for("sm_90", "gqa128", 16).shape
     assert launch_rows(1, shape, 4) == (1, 16)  # rows padded to 16 for tl.dot
     assert launch_rows(4, shape, 4) == (4, 4)
     assert launch_rows(16, shape, 16) == (8, 16)  # halved to <= 128 rows
-    assert launch_rows(8, shape, 4, min_rows=64) == (8, 8)  # draft positions padded to 64 rows
-    assert launch_rows(16, shape, 4, min_rows=64) == (16, 4)  # already 64 rows
     from kgen.loader import load
 
     module = load("gqa128", "bfloat16")
-    assert (module.MIN_DOT_ROWS, module.MAX_ROWS) == (SPACES.kernel.min_dot, SPACES.kernel.max_rows)
-    for block_h, draft, min_rows in ((1, 4, None), (4, 4, None), (16, 16, None), (8, 4, 64), (4, 2, 64), (16, 1, 32)):
-        assert module._rows(block_h, 16, draft, min_rows) == launch_rows(block_h, shape, draft, min_rows)
-
-
-def test_min_rows_axis_maps_the_kernel_minimum_to_unset() -> None:
-    """min_rows is not searched on sm_90 (measured slower); a space that lists it keeps 16,
-    the kernel's own minimum, as "unset", so equal configs compare equal."""
-    base = space_for("sm_90", "qwen3_5_gqa256", 8)
-    assert "min_rows" not in base.axes
-    space = SearchSpace(profile=base.profile, shape=base.shape, axes={**base.axes, "min_rows": (16, 64)})
-    params = {n: c[0] for n, c in space.axes.items()}
-    assert space.config(params).min_rows is None
-    assert space.config({**params, "min_rows": 64}).min_rows == 64
-    with pytest.raises(ValueError, match="power of two"):
-        BlockConfig(block_h=8, block_n=64, num_warps=4, num_stages=3, min_rows=48)
+    assert (module.MIN_DOT, module.MAX_ROWS) == (SPACES.kernel.min_dot, SPACES.kernel.max_rows)
+    for block_h, draft in ((1, 4), (4, 4), (16, 16), (8, 4), (4, 2), (16, 1)):
+        assert module.row_blocking(block_h, 16, draft) == launch_rows(block_h, shape, draft)
 
 
 def test_shared_memory_estimate_counts_k_v_tiles_per_stage_and_q() -> None:
@@ -284,8 +269,6 @@ def test_suggest_prunes_before_anything_runs() -> None:
     assert lazy.lazy_rescale is True and "lazy_rescale" in lazy.short()
     after = space.suggest(optuna.trial.FixedTrial({**too_big, "num_stages": 1, "block_n": 64, "draft_tile": "after"}))
     assert after.draft_tile == "after" and "draft_tile=after" in after.short()
-    padded = BlockConfig(block_h=8, block_n=64, num_warps=4, num_stages=1, min_rows=64)
-    assert space.why_not(padded) is None and "min_rows=64" in padded.short()
 
 
 def test_every_shipped_default_is_a_point_of_its_space() -> None:

@@ -17,7 +17,7 @@ from kgen.blockconfig import (
     read_defaults,
     resolve_tables,
 )
-from kgen.experiments import parse_experiments
+from kgen.targets import Target, read_targets
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT_DIR = REPO_ROOT / "generated"
@@ -31,7 +31,7 @@ class BuildContext:
     check_only: bool = False
     kgen_version: str = "0.1.0"
     triton_version: str | None = None  # installed, for the tables' version check
-    experiments: frozenset[str] = frozenset()  # $KGEN_EXPERIMENTS (kgen/experiments.py)
+    targets: dict[str, Target] | None = None  # kgen/tables/targets.json: what modules are checked for
 
 
 def load_context(out_dir: Path | None = None, check_only: bool = False,
@@ -46,5 +46,5 @@ def load_context(out_dir: Path | None = None, check_only: bool = False,
         check_only=check_only,
         kgen_version=__version__,
         triton_version=installed_triton_version(),
-        experiments=parse_experiments(env.get("KGEN_EXPERIMENTS")),
+        targets=read_targets(),
     )

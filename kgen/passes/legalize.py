@@ -4,20 +4,14 @@ never next_power_of_2(0), and the limits that keep a program's registers bounded
 from __future__ import annotations
 
 from kgen.plan import Decision, Plan
+from kgen.rules import MAX_ROWS, MIN_DOT, next_pow2
 
 NAME = "legalize"
-MIN_DOT = 16  # tl.dot needs M, N and K of at least 16
-MAX_DRAFT_TOKENS = 16  # verify widths are 1..4 in practice; longer chains fall back
-MAX_ROWS = 128  # BLOCK_H x L_PAD rows of fp32 accumulator per program
+MAX_DRAFT_TOKENS = 16  # EAGLE chains are 1..8 tokens; longer ones fall back
 MERGE_BLOCK_DV_CAP = 64  # V columns per merge program
 MERGE_ROWS = 16  # (head, draft) rows per merge program
 MERGE_SPLIT_CHUNK = 8  # splits a merge program has in flight at once
 PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
-
-
-def next_pow2(x: int) -> int:
-    """Smallest power of two >= x, with next_pow2(0) == 1 (Triton 3.6's returns 0)."""
-    return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
 def dot_width(x: int) -> int:
@@ -46,7 +40,8 @@ def legalize(plan: Plan) -> Plan:
         Decision(NAME, "DRAFT_N rule", "max(16, L_PAD)",
                  "the causal draft block runs on tensor cores: >= 16 draft columns, masked"),
         Decision(NAME, "MAX_ROWS", MAX_ROWS,
-                 "BLOCK_H is halved at launch until BLOCK_H x L_PAD fits this row budget"),
+                 "BLOCK_H is halved at launch until BLOCK_H x L_PAD fits this row budget (and the "
+                 "target's accumulator registers: see the fit pass)"),
         Decision(NAME, "MAX_DRAFT_TOKENS", MAX_DRAFT_TOKENS,
                  "longer draft chains are refused (can_handle False) and fall back"),
         Decision(NAME, "MERGE_BLOCK_DV", merge_block_dv,
@@ -68,6 +63,6 @@ def legalize(plan: Plan) -> Plan:
         block_d=block_d, block_dv=block_dv, block_dpe=block_dpe, merge_block_dv=merge_block_dv, merge_rows=MERGE_ROWS,
         merge_split_chunk=MERGE_SPLIT_CHUNK,
         min_dot_rows=MIN_DOT, max_draft_tokens=MAX_DRAFT_TOKENS,
-        max_rows=MAX_ROWS, mask_d=block_d != shape.nope_dim, mask_dv=block_dv != shape.v_head_dim,
+        mask_d=block_d != shape.nope_dim, mask_dv=block_dv != shape.v_head_dim,
         page_sizes=PAGE_SIZES,
     )

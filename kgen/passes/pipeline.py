@@ -1,4 +1,4 @@
-"""The pass pipeline: validate -> specialize -> legalize -> select_config -> render -> check -> emit."""
+"""The pass pipeline: validate -> specialize -> legalize -> select_config -> fit -> render -> check -> emit."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable
 from kgen.passes.check import check
 from kgen.passes.context import BuildContext
 from kgen.passes.emit import emit
+from kgen.passes.fit import fit
 from kgen.passes.legalize import legalize
 from kgen.passes.render import render
 from kgen.passes.select_config import select_config
@@ -18,9 +19,10 @@ PassFn = Callable[[Plan, BuildContext], Plan]
 
 PASSES: tuple[tuple[str, PassFn], ...] = (
     ("validate", lambda plan, ctx: validate(plan)),
-    ("specialize", lambda plan, ctx: specialize(plan, ctx.experiments)),
+    ("specialize", lambda plan, ctx: specialize(plan)),
     ("legalize", lambda plan, ctx: legalize(plan)),
     ("select_config", select_config),
+    ("fit", fit),
     ("render", render),
     ("check", lambda plan, ctx: check(plan)),
     ("emit", emit),

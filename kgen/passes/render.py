@@ -5,16 +5,18 @@ StrictUndefined makes a variable the template uses but the plan lacks a build er
 
 from __future__ import annotations
 
+import ast
 import functools
 from pathlib import Path
 
 import jinja2
 
+from kgen import rules
 from kgen.blockconfig import BlockConfig, SplitPolicy
 from kgen.errors import BuildError
 from kgen.passes.context import REPO_ROOT, BuildContext
+from kgen.passes.specialize import GQA_DRAFT_FIRST_WHY
 from kgen.plan import Decision, Plan
-from kgen.spec import FP8_FORMATS
 
 NAME = "render"
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
@@ -53,7 +55,6 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         f"KV {plan.kv_dtype}, queries {plan.q_dtype}."
     )
     tables = ", ".join(f"{arch} ({src})" for arch, src in sorted(plan.table_sources.items())) or "none"
-    half_partials = plan.partial_dtype != "float32"
     return {
         "uri": plan.uri,
         "kgen_version": ctx.kgen_version,
@@ -80,15 +81,8 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         "draft_tile_first": plan.draft_tile_first,
         "draft_tile_either": plan.draft_tile_either,
         "draft_first_rows": plan.draft_first_rows,
+        "draft_first_why": GQA_DRAFT_FIRST_WHY,
         "unmasked_full_tiles": plan.unmasked_full_tiles,
-        "fused_merge": plan.fused_merge,
-        "partial_dtype": plan.partial_dtype,
-        "half_partials": half_partials,
-        "active_experiments": [name for name, on in (("fused_merge", plan.fused_merge),
-                                                     ("half_partials", half_partials),
-                                                     ("e4m3_qk", plan.fp8_qk_dot)) if on],
-        "fp8_qk_dot": plan.fp8_qk_dot,
-        **_fp8_format(plan.kv_dtype),
         "prefix_dot_dtype": plan.prefix_dot_dtype,
         "prefix_dot_why": "Prefix stage: " + next(
             d.why for d in plan.decisions_of("specialize") if d.what == "prefix dot dtype") + ".",
@@ -100,9 +94,12 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
         "merge_split_chunk": plan.merge_split_chunk,
         "mask_d": plan.mask_d,
         "mask_dv": plan.mask_dv,
-        "min_dot_rows": plan.min_dot_rows,
         "max_draft_tokens": plan.max_draft_tokens,
-        "max_rows": plan.max_rows,
+        "targets": repr(plan.targets),
+        "rules_source": rules_source(),
+        "k_width": plan.kernel_shape["q_row_bytes"] // 2,
+        "acc_width": plan.kernel_shape["acc_width"],
+        "kv_bytes": 1 if plan.fp8_kv else 2,
         "arch_configs": [(arch, rows) for arch, rows in sorted(plan.arch_configs.items())],
         "default_config": config_literal(plan.default_config),
         "split_defaults": repr(SplitPolicy().model_dump()),
@@ -110,18 +107,18 @@ def template_context(plan: Plan, ctx: BuildContext) -> dict[str, object]:
     }
 
 
-def _fp8_format(kv_dtype: str) -> dict:
-    """Triton dtype, largest finite value and the power of two below it (where e4m3 operands
-    are scaled to, so that rounding never overflows) of an FP8 pool; nothing for 16-bit KV."""
-    if kv_dtype not in FP8_FORMATS:
-        return {}
-    tl_name, largest = FP8_FORMATS[kv_dtype]
-    return {"fp8_tl_dtype": tl_name, "fp8_max": int(largest), "fp8_pow2": 1 << (int(largest).bit_length() - 1)}
+@functools.cache
+def rules_source() -> str:
+    """kgen/rules.py without its module docstring: the launch rules every module carries."""
+    text = Path(rules.__file__).read_text()
+    docstring = ast.parse(text).body[0]
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[docstring.end_lineno:]).strip("\n")
 
 
 def render(plan: Plan, ctx: BuildContext) -> Plan:
-    if plan.default_config is None:
-        raise BuildError(f"{plan.uri}: render needs select_config to have run")
+    if plan.default_config is None or not plan.targets:
+        raise BuildError(f"{plan.uri}: render needs select_config and fit to have run")
     context = template_context(plan, ctx)
     context["arch_configs"] = [
         (arch, [{"group_size": r.group_size, "batch_min": r.batch_min, "batch_max": r.batch_max,

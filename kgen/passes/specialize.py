@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from kgen.experiments import EXPERIMENTS
 from kgen.plan import Decision, Plan
 from kgen.spec import FP8_DTYPES, AttentionShape
 
 NAME = "specialize"
 # Row counts (BLOCK_H x L_PAD) of grouped GQA programs that run the draft tile before the
-# prefix loop; measured on the H200 in session 6 (docs/perf-notes.md, entry 30).
+# prefix loop unless a block config says otherwise.
 GQA_DRAFT_FIRST_ROWS = (32,)
+GQA_DRAFT_FIRST_WHY = (
+    "32-row programs run mma.sync and hold q's fragments in registers through the loop; a draft "
+    "tile after it keeps a second copy (ptxas sm_90a, 64-token tiles: 208 B of spills a thread "
+    "after, none before). 16-row programs ran slower before it, and 64-row ones spill 20 B before "
+    "it and none after."
+)
 
 
 def reads_v_from_k_tile(attention: AttentionShape) -> bool:
@@ -25,7 +30,7 @@ def draft_tile_either(attention: AttentionShape, variant: str = "grouped") -> bo
     return variant == "grouped" and not reads_v_from_k_tile(attention)
 
 
-def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
+def specialize(plan: Plan) -> Plan:
     shape = plan.spec.attention
     has_pe = shape.pe_dim > 0
     fp8_kv = plan.kv_dtype in FP8_DTYPES
@@ -41,11 +46,8 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
     either = draft_tile_either(shape, plan.variant)
     draft_first_rows = GQA_DRAFT_FIRST_ROWS if either else ()
     # Whole tiles in a loop without the -inf score select, the partial last tile in a second
-    # loop. Measured on the H200 (docs/perf-notes.md, entries 12 and 20): only MLA BF16 gains.
+    # loop: measured on the H200, only MLA BF16 gains.
     unmasked_full_tiles = v_from_k_tile and not fp8_kv
-    fused_merge = "fused_merge" in experiments
-    partial_dtype = "float16" if "half_partials" in experiments else "float32"
-    fp8_qk_dot, fp8_qk_why = _e4m3_qk_dot(plan, experiments)
     return plan.with_(
         [
             Decision(NAME, "has_pe", has_pe,
@@ -76,44 +78,18 @@ def specialize(plan: Plan, experiments: frozenset[str] = frozenset()) -> Plan:
                      "one loop, the -inf select on every tile: with the K/V gather clamped (no load masks) a "
                      "second loop measured slower on the H200 for MLA FP8 (1009 against 928 us) and, with "
                      "masked loads, for GQA (group 8 297 -> 313 us, group 4 253 -> 269, FP8 278 -> 304)"),
-            Decision(NAME, "merge", "fused into the prefix stage" if fused_merge else "second launch",
-                     f"experiment (KGEN_EXPERIMENTS=fused_merge): {EXPERIMENTS['fused_merge']}" if fused_merge
-                     else "a merge kernel after the prefix stage; the fused merge (KGEN_EXPERIMENTS=fused_merge) "
-                     "measured slower on the H200 at every size tried: batch 16, prefix 1K 26.7 against 14.8 "
-                     "us (one program merges a request's splits serially), batch 64 prefix 4K 82.4 against 79.4"),
-            Decision(NAME, "partial dtype", partial_dtype,
-                     f"experiment (KGEN_EXPERIMENTS=half_partials): {EXPERIMENTS['half_partials']}"
-                     if partial_dtype != "float32" else
-                     "fp32 partials, the measured path; half-precision partials are the experiment half_partials"),
+            Decision(NAME, "merge", "second launch",
+                     "a merge kernel after the prefix stage, fp32 partials; merging inside the prefix stage "
+                     "(the last split to finish merges) measured slower on the H200 at every size tried: batch "
+                     "16, prefix 1K 26.7 against 14.8 us, since one program merges a request's splits serially"),
             Decision(NAME, "prefix dot dtype", prefix_dot,
                      "fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated"
                      if fp8_kv else "the pool is already in the query dtype"),
-            Decision(NAME, "e4m3 q.k", "emitted" if fp8_qk_dot else "not emitted", fp8_qk_why),
         ],
         has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, draft_tile_first=draft_tile_first,
         draft_tile_either=either, draft_first_rows=draft_first_rows,
-        unmasked_full_tiles=unmasked_full_tiles,
-        fused_merge=fused_merge, partial_dtype=partial_dtype, prefix_dot_dtype=prefix_dot,
-        fp8_qk_dot=fp8_qk_dot,
+        unmasked_full_tiles=unmasked_full_tiles, prefix_dot_dtype=prefix_dot,
     )
-
-
-def _e4m3_qk_dot(plan: Plan, experiments: frozenset[str]) -> tuple[bool, str]:
-    """Whether the prefix q.k may run on e4m3 tensor cores (q in two e4m3 terms), and why."""
-    if plan.kv_dtype not in FP8_DTYPES:
-        return False, "16-bit KV: the prefix dots run in the query dtype"
-    if "e4m3_qk" not in experiments:
-        return False, ("K is converted e4m3 -> fp16 for q.k: the e4m3 q.k (experiment e4m3_qk) is 10% faster on the "
-                       "H200 but Hopper's e4m3 wgmma accumulates scores with ~14 bits")
-    if plan.kv_dtype != "float8_e4m3fn":
-        return False, (f"{plan.kv_dtype}: built for float8_e4m3fn only (no AMD GPU measured it, and Triton's "
-                       "interpreter cannot run the fnuz casts that CI would check)")
-    if plan.q_dtype != "bfloat16":
-        return False, (f"q is {plan.q_dtype}: two e4m3 terms hold 8 significant bits, exactly a bf16 q but not "
-                       "an fp16 one, so K is converted to fp16 instead")
-    if plan.variant != "grouped":
-        return False, "per-head programs have fewer than the 64 rows one e4m3 wgmma needs"
-    return True, f"experiment (KGEN_EXPERIMENTS=e4m3_qk): {EXPERIMENTS['e4m3_qk']}"
 
 
 def _draft_tile_what(first: bool, either: bool, first_rows: tuple[int, ...]) -> str:

@@ -313,10 +313,10 @@ class GpuBackend:
 def check_kernel_rules(module: Any, min_dot: int, max_rows: int) -> None:
     """The space's launcher rules (spaces.toml [kernel]) must be the module's, or the
     estimates prune by rows the kernel never launches."""
-    got = (getattr(module, "MIN_DOT_ROWS", min_dot), getattr(module, "MAX_ROWS", max_rows))
+    got = (getattr(module, "MIN_DOT", min_dot), getattr(module, "MAX_ROWS", max_rows))
     if got != (min_dot, max_rows):
         raise TuneError(
-            f"{getattr(module, 'URI', module)} has MIN_DOT_ROWS, MAX_ROWS = {got} but "
+            f"{getattr(module, 'URI', module)} has MIN_DOT, MAX_ROWS = {got} but "
             f"kgen/tuner/spaces.toml [kernel] says {(min_dot, max_rows)}: update spaces.toml"
         )
 

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kgen.blockconfig import BlockConfig, SplitPolicy, read_defaults
-from kgen.passes.legalize import next_pow2
 from kgen.passes.specialize import GQA_DRAFT_FIRST_ROWS, draft_tile_either
+from kgen.rules import next_pow2, row_blocking
 from kgen.spec import FP8_DTYPES, LayoutSpec
 from kgen.tuner.errors import TuneError, describe_validation
 
@@ -38,9 +38,6 @@ SPLIT_AXES = ("programs_per_sm", "max_splits", "min_tokens_per_split")
 ROCM_AXES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 # Kernel switches (0 = off, 1 = on); an axis a family leaves empty is not searched.
 KERNEL_AXES = ("lazy_rescale",)
-# Optional integer axes, searched only where a family lists choices: min_rows (rows a
-# program is padded to; the kernel's own minimum means "unset").
-ROW_AXES = ("min_rows",)
 # Where the draft tile runs (BlockConfig.draft_tile: "first" / "after" the prefix loop),
 # searched only for layouts whose module emits both placements (grouped GQA, not MLA).
 PLACEMENT_AXES = ("draft_tile",)
@@ -75,7 +72,6 @@ class Axes(BaseModel):
     matrix_instr_nonkdim: tuple[Literal[16, 32], ...] = ()
     kpack: tuple[Literal[1, 2], ...] = ()
     lazy_rescale: tuple[Literal[0, 1], ...] = ()
-    min_rows: tuple[int, ...] = ()
     draft_tile: tuple[Placement, ...] = ()
 
     @field_validator("*")
@@ -100,7 +96,6 @@ class AxesOverride(BaseModel):
     matrix_instr_nonkdim: tuple[Literal[16, 32], ...] | None = None
     kpack: tuple[Literal[1, 2], ...] | None = None
     lazy_rescale: tuple[Literal[0, 1], ...] | None = None
-    min_rows: tuple[int, ...] | None = None
     draft_tile: tuple[Placement, ...] | None = None
 
 
@@ -302,22 +297,14 @@ class ProblemShape:
         )
 
 
-def launch_rows(block_h: int, shape: ProblemShape, draft: int, min_rows: int | None = None) -> tuple[int, int]:
-    """(BLOCK_H, L_PAD) the generated launcher really uses (its ``_rows``): block_h cut to
-    next_pow2(group), L_PAD = max(next_pow2(cdiv(max(min_dot, min_rows), BLOCK_H)),
-    next_pow2(L)), and BLOCK_H halved until BLOCK_H x L_PAD <= max_rows."""
-    block_h = min(block_h, next_pow2(shape.group_size))
-    fewest = max(shape.min_dot, min_rows or 0)
-    while True:
-        l_pad = max(next_pow2(-(-fewest // block_h)), next_pow2(draft))
-        if block_h * l_pad <= shape.max_rows or block_h == 1:
-            return block_h, l_pad
-        block_h //= 2
+def launch_rows(block_h: int, shape: ProblemShape, draft: int) -> tuple[int, int]:
+    """(BLOCK_H, L_PAD) of the launcher's row rule (kgen/rules.py, ``row_blocking``)."""
+    return row_blocking(block_h, shape.group_size, draft, shape.max_rows)
 
 
 def row_rule_placement(cfg: BlockConfig, shape: ProblemShape, draft: int) -> str:
     """Where the module's row rule puts the draft tile for ``cfg`` at one draft length."""
-    bh, l_pad = launch_rows(cfg.block_h, shape, draft, cfg.min_rows)
+    bh, l_pad = launch_rows(cfg.block_h, shape, draft)
     return "first" if bh * l_pad in shape.draft_first_rows else "after"
 
 
@@ -371,7 +358,7 @@ def why_not(cfg: BlockConfig, shape: ProblemShape, profile: ArchProfile) -> str 
     cap = next_pow2(shape.group_size)
     if cfg.block_h > cap:
         return f"block_h {cfg.block_h} > next_pow2(group size {shape.group_size}) = {cap}"
-    rows_per_draft = {d: launch_rows(cfg.block_h, shape, d, cfg.min_rows) for d in shape.drafts}
+    rows_per_draft = {d: launch_rows(cfg.block_h, shape, d) for d in shape.drafts}
     if all(bh != cfg.block_h for bh, _ in rows_per_draft.values()):
         ran = sorted({bh for bh, _ in rows_per_draft.values()})
         return f"duplicate: the launcher halves block_h {cfg.block_h} to {ran} (rows <= {shape.max_rows})"
@@ -403,7 +390,7 @@ class SearchSpace:
     @classmethod
     def build(cls, profile: ArchProfile, shape: ProblemShape) -> SearchSpace:
         cap = next_pow2(shape.group_size)
-        kernel = tuple(n for n in KERNEL_AXES + ROW_AXES if getattr(profile.axes, n))
+        kernel = tuple(n for n in KERNEL_AXES if getattr(profile.axes, n))
         if shape.draft_tile_either:  # MLA and per-head modules have one fixed placement
             kernel += tuple(n for n in PLACEMENT_AXES if getattr(profile.axes, n))
         names = CORE_AXES + SPLIT_AXES + kernel + (ROCM_AXES if profile.is_rocm else ())
@@ -422,9 +409,7 @@ class SearchSpace:
         split = SplitPolicy(**{n: params[n] for n in SPLIT_AXES})
         knobs = {n: params[n] for n in ROCM_AXES if n in self.axes}
         switches = {n: bool(params[n]) or None for n in KERNEL_AXES if n in self.axes}  # off is the default
-        # The kernel's own minimum is the unset value, so equal configs compare (and key) equal.
-        rows = {n: params[n] if params[n] > self.shape.min_dot else None for n in ROW_AXES if n in self.axes}
-        cfg = BlockConfig(**{n: params[n] for n in CORE_AXES}, split=split, **knobs, **switches, **rows)
+        cfg = BlockConfig(**{n: params[n] for n in CORE_AXES}, split=split, **knobs, **switches)
         if "draft_tile" in self.axes and row_rule_placements(cfg, self.shape) != {params["draft_tile"]}:
             # Only a placement the row rule would not pick is spelled out, so equal kernels key equal.
             cfg = cfg.model_copy(update={"draft_tile": params["draft_tile"]})

@@ -1,0 +1,98 @@
+"""fit: every program a module can launch fits its target's shared memory and registers.
+
+The module fits at run time with the launch rules it carries (kgen/rules.py), because the
+draft length is known only then. This pass runs the same rules over the whole accepted
+domain (every checked target, every config the module holds for it, every listed group,
+draft lengths 1..MAX_DRAFT_TOKENS) so that ``kgen explain`` shows what changes where and
+why, and so that a module that would refuse an input on a target says so at build time.
+``kgen check`` then compiles those programs offline and proves the rules right.
+"""
+
+from __future__ import annotations
+
+from kgen.blockconfig import BlockConfig
+from kgen.errors import BuildError
+from kgen.passes.context import BuildContext
+from kgen.plan import Decision, Plan
+from kgen.rules import fit as fit_program
+from kgen.rules import kernel_shape
+from kgen.targets import read_targets, target_dicts
+
+NAME = "fit"
+FP8_BYTES = 1
+HALF_BYTES = 2
+
+
+def plan_kernel_shape(plan: Plan) -> dict:
+    """What one program of this plan stages per prefix token and per row (rules.kernel_shape)."""
+    k_width = plan.block_d + (plan.block_dpe or 0)
+    acc_width = plan.block_d if plan.v_from_k_tile else plan.block_dv
+    kv_bytes = FP8_BYTES if plan.fp8_kv else HALF_BYTES
+    return kernel_shape(k_width, acc_width, kv_bytes, not plan.v_from_k_tile)
+
+
+def _configs_for(plan: Plan, arch: str) -> list[tuple[str, BlockConfig, tuple[int, ...]]]:
+    """(label, config, groups it serves) for the default and each table row of an arch."""
+    groups = tuple(plan.spec.attention.group_sizes)
+    labelled = [("default", plan.default_config, groups)]
+    for row in plan.arch_configs.get(arch, ()):
+        labelled.append((f"row group {row.group_size} batch {row.batch_min}-{row.batch_max}", row.config,
+                         (row.group_size,)))
+    return labelled
+
+
+def _ranges(lengths: list[int]) -> str:
+    """'1-4, 9' for [1, 2, 3, 4, 9]."""
+    spans: list[list[int]] = []
+    for n in lengths:
+        if spans and spans[-1][1] == n - 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
+
+
+def _fit_decisions(plan: Plan, arch: str, target: dict, shape: dict) -> tuple[list[Decision], list[str]]:
+    decisions, refusals = [], []
+    grouped = plan.variant == "grouped"
+    for label, config, groups in _configs_for(plan, arch):
+        launch = config.model_dump(exclude_none=True)
+        for group in groups:
+            changes: dict[str, list[int]] = {}
+            for length in range(1, plan.max_draft_tokens + 1):
+                fitted = fit_program(target, shape, launch, group, length, grouped)
+                if fitted is None:
+                    refusals.append(f"{arch} {label}, group {group}, draft length {length}")
+                    continue
+                block_h, l_pad, block_n, stages, reasons = fitted
+                if reasons:
+                    key = (f"BLOCK_H {block_h} x L_PAD {l_pad}, BLOCK_N {block_n}, {stages} stages: "
+                           + "; ".join(reasons))
+                    changes.setdefault(key, []).append(length)
+            for key, lengths in changes.items():
+                decisions.append(Decision(NAME, f"{arch} group {group}", f"L {_ranges(lengths)}",
+                                          f"{label}: {key}"))
+    return decisions, refusals
+
+
+def fit(plan: Plan, ctx: BuildContext) -> Plan:
+    if plan.default_config is None:
+        raise BuildError(f"{plan.uri}: fit needs select_config to have run")
+    targets = target_dicts(ctx.targets if ctx.targets is not None else read_targets())
+    shape = plan_kernel_shape(plan)
+    decisions = [Decision(NAME, "targets", ", ".join(targets),
+                          "kgen/tables/targets.json: the module refuses other archs; `kgen check` compiles "
+                          "every program below for each")]
+    all_refusals = []
+    for arch, target in targets.items():
+        arch_decisions, refusals = _fit_decisions(plan, arch, target, shape)
+        decisions += arch_decisions
+        all_refusals += refusals
+    if all_refusals:
+        decisions.append(Decision(NAME, "refused", len(all_refusals),
+                                  "no program fits: " + "; ".join(all_refusals[:8])
+                                  + (" ..." if len(all_refusals) > 8 else "")))
+    else:
+        decisions.append(Decision(NAME, "refused", 0,
+                                  "every listed group at every draft length has a program that fits every target"))
+    return plan.with_(decisions, targets=targets, kernel_shape=shape)

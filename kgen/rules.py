@@ -1,0 +1,112 @@
+"""Launch rules: how a launch turns a block config into the program a GPU runs.
+
+One definition, three users: every generated module carries this file's source verbatim
+(the launcher template includes it, so a module stays self-contained), the tuner and
+``kgen check`` import it, and the ``fit`` pass calls it to explain its choices. Standard
+library only, no kgen imports: the text must run unchanged inside a generated module.
+
+A *target* is one row of ``kgen/tables/targets.json`` (shared memory per block, threads per
+warp, which matrix instruction Triton uses there). A *kernel shape* is what the layout
+makes of a program's bytes: see ``kernel_shape``.
+"""
+
+MIN_DOT = 16  # tl.dot needs M, N and K of at least 16
+MAX_ROWS = 128  # BLOCK_H x L_PAD rows: the largest tl.dot M any program uses
+# fp32 accumulator registers a thread may hold: rows x accumulator width / threads. Past
+# this the accumulator spills (ptxas sm_90a, GQA 256 at 128 rows: 256 registers, 4 KB of
+# spills a thread), so the row blocking halves the head block first.
+ACC_REGISTERS_PER_THREAD = 128
+SHARED_MARGIN_BYTES = 1024  # barriers and alignment Triton adds beside the tile buffers
+WGMMA_MIN_ROWS = 64  # one warpgroup's wgmma is 64 rows; smaller programs run mma.sync
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def next_pow2(x):
+    """Smallest power of two >= x, with next_pow2(0) == 1 (Triton 3.6's returns 0)."""
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+def kernel_shape(k_width, acc_width, kv_bytes, v_separate):
+    """Bytes per prefix token a program stages (K's padded width, plus V when it is its own
+    buffer), bytes per 16-bit row of q, the accumulator's width, and whether K tiles are
+    converted to 16 bits before their dot (FP8 KV)."""
+    return {
+        "kv_row_bytes": (k_width + (acc_width if v_separate else 0)) * kv_bytes,
+        "q_row_bytes": k_width * 2,
+        "acc_width": acc_width,
+        "converts_k": kv_bytes == 1,
+    }
+
+
+def row_blocking(block_h, group, max_len, max_rows=MAX_ROWS, grouped=True):
+    """BLOCK_H (query heads a program owns) and L_PAD (draft rows per head, a power of two):
+    at least MIN_DOT rows, at most max_rows, halving the head block until it fits."""
+    block_h = min(block_h, next_pow2(group)) if grouped else 1
+    while True:
+        l_pad = max(next_pow2(cdiv(MIN_DOT, block_h)), next_pow2(max_len))
+        if block_h * l_pad <= max_rows or block_h == 1:
+            return block_h, l_pad
+        block_h //= 2
+
+
+def max_rows_for(target, shape, num_warps):
+    """The row budget of one program: MAX_ROWS, and no more accumulator than
+    ACC_REGISTERS_PER_THREAD registers a thread (a power of two, at least MIN_DOT)."""
+    threads = num_warps * target["warp_size"]
+    budget = ACC_REGISTERS_PER_THREAD * threads // shape["acc_width"]
+    rows = MIN_DOT
+    while rows * 2 <= min(budget, MAX_ROWS):
+        rows *= 2
+    return rows
+
+
+def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
+    """Shared memory (LDS) Triton gives one prefix-stage program, from its tile buffers.
+
+    Measured offline (Triton 3.6, sm_90 and sm_100, GQA 256 and MLA 576, BF16 and FP8, 16 to
+    128 rows, 32/64-token tiles, 2-3 stages): programs on wgmma (and sm_100's tcgen05) keep
+    num_stages K/V buffers and q; mma.sync programs keep num_stages - 1 buffers, q and one
+    16-bit row of p per row. ``kgen check`` compiles every
+    variant and fails where this estimate is wrong.
+    """
+    kv_tile = block_n * shape["kv_row_bytes"]
+    if target["mma"] in ("wgmma", "tcgen05") and rows >= WGMMA_MIN_ROWS and num_warps % 4 == 0:
+        tiles = num_stages * kv_tile + rows * shape["q_row_bytes"]
+        if target["mma"] == "tcgen05" and shape["converts_k"]:
+            tiles += block_n * shape["q_row_bytes"]  # sm_100 stages the fp16 copy of an e4m3 K tile
+    else:
+        tiles = max(num_stages - 1, 1) * kv_tile + rows * (shape["q_row_bytes"] + 2 * block_n)
+    return tiles + SHARED_MARGIN_BYTES
+
+
+def fit(target, shape, config, group, max_len, grouped=True):
+    """(block_h, l_pad, block_n, num_stages, reasons): the config's program, made to fit the
+    target. In order: the accumulator's row budget halves the head block; then, while the
+    tile buffers overflow shared memory, fewer stages (down to 2, then 1), then narrower
+    tiles (down to MIN_DOT tokens), then fewer heads. ``reasons`` says what changed and why."""
+    num_warps, block_n, stages = config["num_warps"], config["block_n"], config["num_stages"]
+    max_rows = max_rows_for(target, shape, num_warps)
+    block_h, l_pad = row_blocking(config["block_h"], group, max_len, max_rows, grouped)
+    wanted_h, _ = row_blocking(config["block_h"], group, max_len, MAX_ROWS, grouped)
+    reasons = []
+    if block_h < wanted_h:
+        reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_h * l_pad} rows x {shape['acc_width']} fp32 "
+                       f"accumulator exceed {ACC_REGISTERS_PER_THREAD} registers a thread at {num_warps} warps")
+    limit = target["shared_bytes"]
+    while shared_bytes(target, shape, block_h * l_pad, block_n, stages, num_warps) > limit:
+        need = shared_bytes(target, shape, block_h * l_pad, block_n, stages, num_warps)
+        if stages > 1:
+            change, stages = f"num_stages {stages} -> {stages - 1}", stages - 1
+        elif block_n > MIN_DOT:
+            change, block_n = f"BLOCK_N {block_n} -> {block_n // 2}", block_n // 2
+        elif block_h > 1:
+            change, block_h = f"BLOCK_H {block_h} -> {block_h // 2}", block_h // 2
+            l_pad = max(next_pow2(cdiv(MIN_DOT, block_h)), next_pow2(max_len))
+        else:
+            reasons.append(f"nothing fits: {need} B of shared memory at the smallest program")
+            return None
+        reasons.append(f"{change}: {need} B of tile buffers exceed {limit} B of shared memory")
+    return block_h, l_pad, block_n, stages, reasons

@@ -1,0 +1,91 @@
+"""The device scripts of benchmarks/device/ on a CPU: their shell parses, their arguments are
+checked before anything is installed, and what they would run on the GPU is the right thing
+(the bench of record selects exactly its baselines' cases; a tune job becomes the studies it
+names). The GPU work itself runs only on the device."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+DEVICE = ROOT / "benchmarks" / "device"
+SCRIPTS = ("gpu_tests.sh", "tune.sh", "bench_of_record.sh")
+
+
+def _run(args: list[str], tmp_path: Path, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "OUT": str(tmp_path / "out"), "KGEN_CACHE_DIR": str(tmp_path / "cache"), **env}
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.run(["bash", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_parses_and_uses_the_shared_set_up(name: str) -> None:
+    path = DEVICE / name
+    text = path.read_text()
+    proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert os.access(path, os.X_OK), f"{path} is not executable"
+    header = text.split("\nset ", 1)[0]
+    assert "Usage" in header and "OUT" in header and "Exit status" in header, f"{name}: undocumented header"
+    assert "set -uo pipefail" in text and "kgen_device_setup" in text and 'source "$(dirname "$0")/env.sh"' in text
+    assert "pip install" not in text, f"{name}: installing wheels belongs in env.sh alone"
+
+
+def test_set_up_refuses_to_run_outside_the_repository_root(tmp_path: Path) -> None:
+    proc = _run([str(DEVICE / "gpu_tests.sh")], tmp_path, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "repository root" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("job", ["qwen3_5_gqa256:bf16:8", "qwen3_5_gqa256:bf16:eight:b33-96", "a:b:8:b33-96,"])
+def test_tune_refuses_a_malformed_job_before_the_set_up(tmp_path: Path, job: str) -> None:
+    proc = _run([str(DEVICE / "tune.sh"), "qwen3_5_gqa256:bf16:16:b9-32", job], tmp_path)
+    assert proc.returncode == 2
+    assert f"'{job}' is not LAYOUT:KV:GROUP:BUCKET" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_tune_without_jobs_prints_usage(tmp_path: Path) -> None:
+    proc = _run([str(DEVICE / "tune.sh")], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("usage:")
+
+
+def test_tune_dry_run_names_the_studies_of_each_job(tmp_path: Path) -> None:
+    proc = _run([str(DEVICE / "tune.sh"), "qwen3_5_gqa256:bf16:8:b33-96,b97+", "mla_absorbed_512_64:fp8:16:b9-32"],
+                tmp_path, TUNE_DRY_RUN="1", STUDY_S="30")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (tmp_path / "out" / "tune.log").read_text()
+    for study in ("qwen3_5_gqa256:bfloat16:bfloat16:g8:b33-96", "qwen3_5_gqa256:bfloat16:bfloat16:g8:b97+",
+                  "mla_absorbed_512_64:float8_e4m3fn:bfloat16:g16:b9-32"):  # fmt: skip
+        assert f"kgen-tune:sm_90:{study}:" in log, study
+    assert "g4:" not in log and "b1-8" not in log
+    assert (tmp_path / "out" / "env.log").exists()
+
+
+def test_bench_of_record_refuses_an_unknown_part(tmp_path: Path) -> None:
+    proc = _run([str(DEVICE / "bench_of_record.sh"), "headlines"], tmp_path)
+    assert proc.returncode == 2 and "unknown part 'headlines'" in proc.stderr
+
+
+def test_bench_of_record_measures_exactly_the_cases_of_its_baselines(tmp_path: Path) -> None:
+    """`--list` goes through the same two `kgen bench` calls the device runs; each must select
+    the cases of the baseline it is compared with, or the comparison judges nothing."""
+    proc = _run([str(DEVICE / "bench_of_record.sh"), "all", "--list"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    listed: dict[str, set[str]] = {}
+    part = None
+    for line in proc.stdout.splitlines():
+        if line in ("== bench_of_record.sh: headline", "== bench_of_record.sh: matrix"):
+            part = line.rsplit(" ", 1)[1]
+            listed[part] = set()
+        elif part and line.startswith("  ") and "/" in line:
+            listed[part].add(line.split()[0])
+    for part, baseline in (("headline", "h200.json"), ("matrix", "h200_matrix.json")):
+        run = json.loads((ROOT / "benchmarks" / "baselines" / baseline).read_text())
+        assert listed[part] == {case["key"] for case in run["cases"]}, part

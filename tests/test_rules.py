@@ -1,0 +1,113 @@
+"""Launch rules (kgen/rules.py): the row blocking and the resource fit every module carries.
+
+The shared-memory estimate is checked against numbers Triton 3.6 gave offline for sm_90
+(``kgen check`` compiles every variant; these pin the rules it proves)."""
+
+import pytest
+from kernel_cases import build, check_parity
+
+import kgen
+from kgen import rules
+from kgen.spec import load_layouts
+from kgen.targets import read_targets, target_dicts
+
+TARGETS = target_dicts(read_targets())
+GQA256 = rules.kernel_shape(256, 256, 2, True)
+MLA = rules.kernel_shape(512 + 64, 512, 2, False)
+CONFIG = {"block_h": 16, "block_n": 64, "num_warps": 4, "num_stages": 3}
+
+
+def test_row_blocking_pads_to_a_dot_and_halves_heads():
+    assert rules.row_blocking(16, 16, 4) == (16, 4)
+    assert rules.row_blocking(16, 4, 1) == (4, 4)  # heads past the group are padding; 16 rows for tl.dot
+    assert rules.row_blocking(16, 16, 9) == (8, 16)  # 256 rows > MAX_ROWS
+    assert rules.row_blocking(16, 16, 4, grouped=False) == (1, 16)
+
+
+@pytest.mark.parametrize(("shape", "rows", "block_n", "stages", "warps", "measured"), [
+    (GQA256, 64, 64, 3, 4, 229376),  # sm_90, Triton 3.6: wgmma keeps num_stages buffers and q
+    (GQA256, 128, 64, 2, 4, 196608),
+    (GQA256, 32, 64, 3, 4, 151552),  # mma.sync: num_stages - 1 buffers, q and p
+    (GQA256, 16, 32, 3, 4, 74752),
+    (MLA, 64, 32, 3, 8, 184576),
+    (MLA, 32, 32, 3, 4, 112640),
+])
+def test_shared_memory_estimate_matches_what_triton_allocated(shape, rows, block_n, stages, warps, measured):
+    estimate = rules.shared_bytes(TARGETS["sm_90"], shape, rows, block_n, stages, warps)
+    assert measured <= estimate <= measured + rules.SHARED_MARGIN_BYTES
+
+
+def test_fit_keeps_what_fits_and_says_why_it_changes_the_rest():
+    assert rules.fit(TARGETS["sm_90"], GQA256, CONFIG, 16, 4) == (16, 4, 64, 3, [])
+    block_h, l_pad, block_n, stages, reasons = rules.fit(TARGETS["sm_90"], GQA256, CONFIG, 16, 5)
+    assert (block_h, l_pad) == (8, 8) and "registers" in reasons[0]  # 128 rows x 256 would spill
+    block_h, l_pad, block_n, stages, reasons = rules.fit(TARGETS["sm_89"], GQA256, CONFIG, 16, 4)
+    assert rules.shared_bytes(TARGETS["sm_89"], GQA256, block_h * l_pad, block_n, stages, 4) <= 101376
+    assert any("shared memory" in r for r in reasons)
+
+
+def test_fit_refuses_only_when_nothing_fits():
+    tiny = {**TARGETS["sm_90"], "shared_bytes": 4096}
+    assert rules.fit(tiny, MLA, CONFIG, 16, 4) is None
+
+
+def _modules():
+    for name, spec in sorted(load_layouts().items()):
+        for kv in spec.dtypes.kv:
+            yield name, kv, tuple(spec.attention.group_sizes)
+
+
+@pytest.mark.parametrize(("layout", "kv", "groups"), list(_modules()))
+def test_every_module_accepts_its_whole_domain_on_sm_90(layout, kv, groups):
+    """Every listed group, one unlisted, every draft length, every batch bucket: a program
+    that fits, within the register budget and the shared-memory estimate."""
+    module = kgen.load(layout, kv)
+    target = TARGETS["sm_90"]
+    if kv not in target["fp8"] and kv.startswith("float8"):
+        pytest.skip(f"{kv} is not an sm_90 format")
+    for group in (*groups, 12):
+        for batch in (1, 9, 33, 97):
+            for length in range(1, module.MAX_DRAFT_TOKENS + 1):
+                launches = module.launch_params("sm_90", 132, group, batch, length)
+                assert launches, (group, batch, length)
+                constexprs, options = launches[0][1], launches[0][2]
+                rows = constexprs["BLOCK_H"] * constexprs["L_PAD"]
+                assert rows <= rules.max_rows_for(target, module._KERNEL_SHAPE, options["num_warps"])
+                assert rules.shared_bytes(target, module._KERNEL_SHAPE, rows, constexprs["BLOCK_N"],
+                                          options["num_stages"], options["num_warps"]) <= target["shared_bytes"]
+
+
+def test_launch_params_are_what_the_launcher_runs(monkeypatch):
+    module = kgen.load("qwen3_5_gqa256", "bfloat16")
+    launched = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append((self.name, kwargs))
+
+    monkeypatch.setattr(module, "_verify_prefix_stage", Recorder("_verify_prefix_stage"))
+    monkeypatch.setattr(module, "_verify_merge_stage", Recorder("_verify_merge_stage"))
+    case = build("qwen3_5_gqa256", [600, 90], [6, 3], 16, seed=5)
+    module.launch(*case.launch_args())
+    expected = module.launch_params("interpreter", module._INTERPRETER_NUM_SMS, 16, 2, 6)
+    assert [name for name, _ in launched] == [name for name, _, _ in expected]
+    for (_, kwargs), (_, constexprs, options) in zip(launched, expected, strict=True):
+        assert {k: kwargs[k] for k in constexprs} == constexprs
+        assert {k: kwargs[k] for k in options} == options
+
+
+@pytest.mark.parametrize(("layout", "kv", "group", "draft"), [
+    ("qwen3_5_gqa256", "bfloat16", 16, 5),  # 128 rows halved to 64: BLOCK_H 8
+    ("qwen3_5_gqa256", "float8_e4m3fn", 16, 9),
+    ("mla_absorbed_512_64", "bfloat16", 16, 8),
+    ("mla_absorbed_512_64", "bfloat16", 12, 16),  # a group the layout does not list
+])
+def test_long_drafts_match_the_reference(layout, kv, group, draft):
+    fp8 = kv != "bfloat16"
+    case = build(layout, [70, 0, 33], [draft, 2, draft - 1], group, kv_dtype=kv, seed=draft + group,
+                 k_scale=0.6 if fp8 else 1.0, v_scale=1.7 if fp8 else 1.0)
+    check_parity(case, layout, kv, config={"block_h": 16, "block_n": 16, "num_warps": 4, "num_stages": 2,
+                                           "split": {"programs_per_sm": 4, "min_tokens_per_split": 16}})
