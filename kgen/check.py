@@ -56,28 +56,37 @@ class Arch:
     warp_size: int
     num_sms: int  # a realistic multiprocessor / compute-unit count: it decides the split grid
     shared_limit: int  # bytes of shared memory (LDS on AMD) one block may use
-    kv_dtypes: tuple[str, ...]  # KV dtypes this arch stores natively
+    kv_dtypes: tuple[str, ...]  # KV dtypes this arch's matrix units take
 
 
-_KV16 = ("bfloat16", "float16")
-ARCHS: dict[str, Arch] = {
-    "sm_80": Arch("sm_80", "cuda", 80, 32, 108, 166912, _KV16),
-    "sm_89": Arch("sm_89", "cuda", 89, 32, 128, 101376, (*_KV16, "float8_e4m3fn")),
-    "sm_90": Arch("sm_90", "cuda", 90, 32, 132, 232448, (*_KV16, "float8_e4m3fn")),
-    "sm_100": Arch("sm_100", "cuda", 100, 32, 148, 232448, (*_KV16, "float8_e4m3fn")),
-    "gfx942": Arch("gfx942", "hip", "gfx942", 64, 304, 65536, (*_KV16, "float8_e4m3fnuz")),
-    "gfx950": Arch("gfx950", "hip", "gfx950", 64, 256, 163840, (*_KV16, "float8_e4m3fn")),
-}
-_KV_REFUSAL = {
-    "float8_e4m3fn": "no e4m3 on this arch (Ampere has no FP8; CDNA3 stores float8_e4m3fnuz)",
-    "float8_e4m3fnuz": "float8_e4m3fnuz is a ROCm CDNA3 format (NVIDIA and gfx950 store OCP float8_e4m3fn)",
-}
+# Multiprocessor (compute unit) counts of a shipping part per arch: A100, L40S, H100/H200,
+# B200, MI300X, MI355X. The split grid and so the merge stage depend on them.
+NUM_SMS = {"sm_80": 108, "sm_89": 128, "sm_90": 132, "sm_100": 148, "gfx942": 304, "gfx950": 256}
+
+
+def _archs() -> dict[str, Arch]:
+    """kgen/tables/targets.json (the limits the modules were built for) with the SM counts above."""
+    from kgen.targets import read_targets
+
+    archs = {}
+    for name, t in read_targets().items():
+        if name not in NUM_SMS:
+            raise CheckError(f"kgen/tables/targets.json lists {name}, which kgen check has no SM count for: add it "
+                             "to NUM_SMS in kgen/check.py")
+        target_arch: int | str = int(name[3:]) if t.family == "cuda" else name
+        archs[name] = Arch(name, t.family, target_arch, t.warp_size, NUM_SMS[name], t.shared_bytes,
+                           ("bfloat16", "float16", *t.fp8))
+    return archs
+
+
+ARCHS: dict[str, Arch] = _archs()
 
 # Triton type names of torch dtypes as they appear in a kernel signature.
 _TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8e4nv",
                  "float8_e4m3fnuz": "fp8e4b8", "int32": "i32", "int64": "i64"}
 INDEX_DTYPES = ("int32", "int64")
-COLLAPSIBLE_AXES = ("group", "page_size", "index_dtype")
+# Axes the plan reports how much each multiplies the distinct variants by.
+AXES = ("all", "index_dtype", "q_dtype", "runtime int specialization", "SCALES_ON_DEVICE")
 
 # Kernel parameter names and the Triton type they take. Query-side tensors are in the module's
 # query dtype, the KV pools in its KV dtype; index tensors take the domain's index dtype.
@@ -88,7 +97,8 @@ _FP32_POINTER = re.compile(r"^Partial_\w+$")
 _FP32_SCALARS = frozenset({"qk_scale", "sm_scale"})
 _SCALE_ARGS = frozenset({"k_scale", "v_scale"})
 _I64_SCALAR = re.compile(r"(^|_)(offset|offsets|elem_offset|base)$")
-_I32_SCALAR = re.compile(r"^(stride_\w+|max_splits|num_\w+|\w+_len|\w+_size)$")
+_I32_SCALAR = re.compile(r"^(stride_\w+|max_splits|min_tokens_per_split|num_\w+|group|head_blocks|page_shift"
+                         r"|block_n|\w+_len|\w+_size)$")
 
 
 class CheckError(KgenError):
@@ -172,47 +182,11 @@ def find_modules(generated: Path | None = None, layouts: Iterable[str] = (), kv_
     return found
 
 
-def _launch_params_shim(module: ModuleType) -> Callable[..., list[tuple[str, dict, dict]]]:
-    """``launch_params`` for modules generated before they carried it: the same decisions as
-    their ``_run``, from ``select_config`` / ``_rows`` / ``_max_splits``, for one KV head."""
-
-    def launch_params(arch: str, num_sms: int, group: int, batch: int, max_len: int,
-                      page_size: int | None = None, config: dict | None = None) -> list[tuple[str, dict, dict]]:
-        config = config if config is not None else module.select_config(arch, group, batch)
-        block_h, l_pad = module._rows(config["block_h"], group, max_len, config.get("min_rows"))
-        head_programs = module._cdiv(group, block_h)
-        max_splits, min_tokens = module._max_splits(config, head_programs * batch, num_sms)
-        is_rocm = arch.startswith("gfx")
-        knobs = module._backend_knobs(config, is_rocm)
-        use_pdl = bool(module._launch_options(arch, is_rocm))
-        paged = page_size is not None
-        prefix = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "DRAFT_N": max(module.MIN_DOT_ROWS, l_pad),
-                  "BLOCK_N": config["block_n"], "MIN_TOKENS_PER_SPLIT": min_tokens, "PAGE_SIZE": page_size or 1,
-                  "BLOCK_TABLE": paged, "SCALES_ON_DEVICE": False, "DOT_DTYPE": module._TL_PREFIX_DOT_DTYPE,
-                  "LAZY_RESCALE": bool(config.get("lazy_rescale")), "USE_PDL": use_pdl}
-        if hasattr(module, "_draft_first"):
-            prefix["DRAFT_FIRST"] = module._draft_first(config, block_h * l_pad)
-        names = module._verify_prefix_stage.arg_names
-        launches = [("_verify_prefix_stage", {k: v for k, v in prefix.items() if k in names},
-                     {"num_warps": config["num_warps"], "num_stages": config["num_stages"], **knobs})]
-        if max_splits > 1:
-            merge = {"MERGE_HEADS": module._merge_heads(group, l_pad), "L_PAD": l_pad,
-                     "SPLIT_CHUNK": min(module._next_pow2(max_splits), module.MERGE_SPLIT_CHUNK),
-                     "BLOCK_N": config["block_n"], "MIN_TOKENS_PER_SPLIT": min_tokens, "BLOCK_TABLE": paged,
-                     "USE_PDL": use_pdl}
-            launches.append(("_verify_merge_stage", merge, {"num_warps": 4, "num_stages": 2, **knobs}))
-        return launches
-
-    return launch_params
-
-
 def module_launch_params(module: ModuleType) -> Callable[..., list[tuple[str, dict, dict]]]:
     fn = getattr(module, "launch_params", None)
-    return fn if fn is not None else _launch_params_shim(module)
-
-
-def module_checked_archs(module: ModuleType) -> tuple[str, ...]:
-    return tuple(getattr(module, "CHECKED_ARCHS", ARCHS))
+    if fn is None:
+        raise CheckError(f"{module.URI} has no launch_params: it was generated by an older kgen; run `kgen build`")
+    return fn
 
 
 # ---------------------------------------------------------------------------------------
@@ -232,19 +206,20 @@ class Point:
 
 
 def unlisted_group(module: ModuleType, arch: str) -> int:
-    """A group the layout does not list, chosen to land on a row blocking the listed groups don't."""
+    """A group the layout does not list, chosen to launch constexprs (row blockings) the
+    listed groups do not, when one of the candidates does."""
     listed = set(module.GROUP_SIZES)
-    top = max(listed)
+    num_sms = ARCHS[arch].num_sms
 
-    def blockings(group: int) -> set[tuple[int, int]]:
-        config = module.select_config(arch, group, 1)
-        return {module._rows(config["block_h"], group, draft, config.get("min_rows"))
-                for draft in range(1, module.MAX_DRAFT_TOKENS + 1)}
+    def launched(group: int) -> set[str]:
+        return {json.dumps([name, {k: str(v) for k, v in c.items()}, o], sort_keys=True)
+                for draft in range(1, module.MAX_DRAFT_TOKENS + 1)
+                for name, c, o in module.launch_params(arch, num_sms, group, 1, draft)}
 
-    seen = set().union(*(blockings(g) for g in listed))
-    candidates = [c for c in (2 * top, 12, 2, 32, 6, 24, 1) if c not in listed]
+    seen = set().union(*(launched(g) for g in listed))
+    candidates = [c for c in (2 * max(listed), 12, 2, 32, 6, 24, 1) if c not in listed]
     for candidate in candidates:
-        if blockings(candidate) - seen:
+        if launched(candidate) - seen:
             return candidate
     return candidates[0]
 
@@ -259,28 +234,90 @@ def domain_batches(module: ModuleType, arch: str) -> list[int]:
     return sorted(batches)
 
 
-def domain(module: ModuleType, arch: str) -> Iterator[Point]:
+ENTRIES = ("token-slot", "paged")
+
+
+def domain(module: ModuleType, arch: str, entries: Iterable[str] = ENTRIES,
+           index_dtypes: Iterable[str] = INDEX_DTYPES) -> Iterator[Point]:
+    """Every input class the module accepts on an arch (narrowed to some entries / index dtypes
+    only when asked: a narrowed run proves only that part)."""
     groups = [*module.GROUP_SIZES, unlisted_group(module, arch)]
-    entries: list[int | None] = [None, *module.SUPPORTED_PAGE_SIZES]
+    entries = set(entries)
+    pages: list[int | None] = ([None] if "token-slot" in entries else []) + (
+        list(module.SUPPORTED_PAGE_SIZES) if "paged" in entries else [])
+    # The first index dtype is where the walk asks launch_params (it does not see dtypes).
+    index_order = [d for d in INDEX_DTYPES if d in set(index_dtypes)]
     for group, batch in itertools.product(groups, domain_batches(module, arch)):
         from_table = module.select_config(arch, group, batch) is not module._DEFAULT_CONFIG
-        for draft, page_size, index_dtype in itertools.product(range(1, module.MAX_DRAFT_TOKENS + 1), entries,
-                                                               INDEX_DTYPES):  # index dtype innermost
+        for draft, page_size, index_dtype in itertools.product(range(1, module.MAX_DRAFT_TOKENS + 1), pages,
+                                                               index_order):  # index dtype innermost
             yield Point(group, draft, batch, page_size, index_dtype, from_table)
 
 
-def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str, Any],
-                     index_dtype: str) -> dict[str, str]:
-    """Triton types of a kernel's parameters, from their names (constexprs from the launch)."""
+def jit_int_class(value: int) -> str:
+    """How Triton's JIT specializes an int argument: 1 becomes a constexpr, a multiple of 16
+    gets tt.divisibility 16, anything else is a plain i32 (i64 past int32's range)."""
+    if value == 1:
+        return "one"
+    return "div16" if value % 16 == 0 else "plain"
+
+
+def runtime_scalars(module: ModuleType, arch: str, num_sms: int, point: Point) -> dict[str, int]:
+    """Values of the int arguments the launcher computes from shapes (the rest are strides of
+    the engine's tensors): the JIT specializes on them, so they are part of the variant."""
+    plan = module._plan_launch(arch, num_sms, point.group, point.batch, point.draft, point.page_size, None)
+    if plan is None:
+        return {}
+    return {"group": point.group, "head_blocks": plan["head_blocks"], "max_splits": plan["max_splits"],
+            "min_tokens_per_split": plan["min_tokens"], "page_shift": plan["page_shift"], "block_n": plan["block_n"],
+            # partial_lse is [tokens, heads, max_splits], contiguous: its head stride is max_splits.
+            "stride_pl_head": plan["max_splits"]}
+
+
+def complete_launch(module: ModuleType, kernel_name: str, constexprs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The constexpr sets one launch_params entry compiles to: _run adds DOT_DTYPE (the GPU's
+    dot operand dtype) and SCALES_ON_DEVICE (False for float KV scales, True for tensors; an
+    engine may pass either). Any other constexpr launch_params leaves out is an error."""
     kernel = getattr(module, kernel_name)
+    wanted = [p.name for p in kernel.params if p.is_constexpr]
+    missing = [n for n in wanted if n not in constexprs and n not in ("DOT_DTYPE", "SCALES_ON_DEVICE")]
+    if missing:
+        raise CheckError(f"{module.URI}.{kernel_name}: launch_params gives no value for constexpr(s) {missing}; "
+                         "add them to launch_params (kgen check compiles what it returns)")
+    extra = set(constexprs) - set(wanted)
+    if extra:
+        raise CheckError(f"{module.URI}: launch_params names constexprs {sorted(extra)} that {kernel_name} "
+                         "does not take")
+    base = dict(constexprs)
+    if "DOT_DTYPE" in wanted and "DOT_DTYPE" not in base:
+        base["DOT_DTYPE"] = module._TL_PREFIX_DOT_DTYPE
+    if "SCALES_ON_DEVICE" in wanted and "SCALES_ON_DEVICE" not in base:
+        return [{**base, "SCALES_ON_DEVICE": False}, {**base, "SCALES_ON_DEVICE": True}]
+    return [base]
+
+
+def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str, Any], index_dtype: str,
+                     scalars: dict[str, int] | None = None) -> tuple[dict[str, str], dict[str, Any], list[str]]:
+    """Triton types of a kernel's parameters from their names, as the JIT would specialize them.
+
+    Returns the signature, the constexprs (plus int arguments the JIT turns into constexpr 1)
+    and the arguments marked 16-divisible: pointers, int arguments whose known value is a
+    multiple of 16, and the strides of engine tensors (contiguous, 16-element rows; a block
+    table's row stride is the engine's max pages per request, arbitrary, so it stays unmarked).
+    """
+    kernel = getattr(module, kernel_name)
+    scalars = scalars or {}
     q_type = "*" + _TRITON_TYPES[_torch_name(module.Q_DTYPE)]
     kv_type = "*" + _TRITON_TYPES[_torch_name(module.KV_DTYPE)]
-    scales_on_device = any(v is True for k, v in constexprs.items() if "SCALES_ON_DEVICE" in k)
-    signature = {}
+    scales_on_device = bool(constexprs.get("SCALES_ON_DEVICE"))
+    signature: dict[str, str] = {}
+    constants = dict(constexprs)
+    divisible: list[str] = []
     for name in kernel.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name in _Q_POINTERS:
+            continue
+        if name in _Q_POINTERS:
             signature[name] = q_type
         elif name in _KV_POINTERS:
             signature[name] = kv_type
@@ -299,19 +336,15 @@ def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str,
         else:
             raise CheckError(f"{module.URI}.{kernel_name}: parameter {name!r} has no known type; teach "
                              "kgen/check.py (kernel_signature) what it is before checking this module")
-    missing = set(constexprs) - set(kernel.arg_names)
-    if missing:
-        raise CheckError(f"{module.URI}: launch_params names constexprs {sorted(missing)} that "
-                         f"{kernel_name} does not take")
-    return signature
-
-
-def divisible_args(signature: dict[str, str]) -> list[str]:
-    """Arguments the JIT would mark 16-divisible for real engine tensors: pointers and the
-    strides of contiguous tensors (a block table's row stride is the engine's max pages per
-    request, arbitrary, so it is left unmarked)."""
-    return [n for n, t in signature.items()
-            if t.startswith("*") or (n.startswith("stride_") and n != "stride_table")]
+        if name in scalars:
+            cls = jit_int_class(scalars[name])
+            if cls == "one":
+                signature[name], constants[name] = "constexpr", 1
+            elif cls == "div16":
+                divisible.append(name)
+        elif signature[name].startswith("*") or (name.startswith("stride_") and name != "stride_table"):
+            divisible.append(name)
+    return signature, constants, divisible
 
 
 def _encode(value: Any) -> Any:
@@ -345,7 +378,6 @@ class Variant:
     signature: dict[str, str]
     divisible: list[str]
     points: list[Point] = dataclasses.field(default_factory=list)
-    represented: int = 0  # domain points folded in by --collapse (compiled through a representative)
     modules: set[str] = dataclasses.field(default_factory=set)  # every module launching this exact compile
 
     @property
@@ -367,6 +399,7 @@ class Enumeration:
     points: Counter  # (module, arch) -> domain points walked
     launches: Counter  # arch -> kernel launches before dedupe
     axis_multipliers: dict[str, dict[str, float]]  # arch -> axis -> variants / variants without that axis
+    refused_points: Counter  # (module, arch) -> domain points launch_params refuses (returns [])
 
 
 def _variant_key(arch: str, kernel_hash: str, constexprs: dict, signature: dict, options: dict,
@@ -379,69 +412,60 @@ def _variant_key(arch: str, kernel_hash: str, constexprs: dict, signature: dict,
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def _collapse_class(constexprs: dict, signature: dict, axes: set[str]) -> tuple:
-    """The variant with the collapsed axes taken out (its representative stands for all)."""
-    c = {k: v for k, v in constexprs.items()
-         if not ((k == "GROUP" and "group" in axes) or (k == "PAGE_SIZE" and "page_size" in axes))}
-    s = {k: ("*idx" if "index_dtype" in axes and k in signature and _INDEX_POINTER.match(k) else v)
-         for k, v in signature.items()}
-    return json.dumps(c, sort_keys=True), json.dumps(s, sort_keys=True)
-
-
-def _rep_rank(constexprs: dict, signature: dict) -> tuple:
-    """Representative of a collapsed class: the largest group, page size and index dtype."""
-    wide = sum(t == "*i64" for t in signature.values())
-    return constexprs.get("GROUP", 0), constexprs.get("PAGE_SIZE", 0), wide
-
-
 def _distinct_launch(info: ModuleInfo, module: ModuleType, arch_name: str, kernel_name: str, constexprs: dict,
-                 options: dict, index_dtype: str, kernel_hashes: dict[str, str], by_key: dict[str, Variant],
-                 proj: dict[str, set], reps: dict[tuple, str], axes: set[str]) -> Variant:
+                     options: dict, index_dtype: str, scalars: dict[str, int], kernel_hashes: dict[str, str],
+                     by_key: dict[str, Variant], proj: dict[str, set]) -> Variant:
     """The Variant of one distinct launch (shared with other modules' identical compiles)."""
     if kernel_name not in kernel_hashes:
         kernel_hashes[kernel_name] = getattr(module, kernel_name).cache_key
-    signature = kernel_signature(module, kernel_name, constexprs, index_dtype)
-    encoded = {k: _encode(v) for k, v in constexprs.items()}
-    divisible = divisible_args(signature)
+    signature, constants, divisible = kernel_signature(module, kernel_name, constexprs, index_dtype, scalars)
+    encoded = {k: _encode(v) for k, v in constants.items()}
     key = _variant_key(arch_name, kernel_hashes[kernel_name], encoded, signature, options, divisible)
     base = (info.layout, info.variant, info.kv_dtype, kernel_name, json.dumps(options, sort_keys=True))
-    cx, sg = json.dumps(encoded, sort_keys=True), json.dumps(signature, sort_keys=True)
-    proj["all"].add((*base, info.q_dtype, cx, sg))
-    for axis in COLLAPSIBLE_AXES:
-        proj[axis].add((*base, info.q_dtype, *_collapse_class(encoded, signature, {axis})))
-    proj["q_dtype"].add((*base, cx, sg.replace(f'"*{_TRITON_TYPES[info.q_dtype]}"', '"*q"')))
+    cx, sg, dv = json.dumps(encoded, sort_keys=True), json.dumps(signature, sort_keys=True), tuple(divisible)
+    proj["all"].add((*base, info.q_dtype, cx, sg, dv))
+    proj["index_dtype"].add((*base, info.q_dtype, cx, sg.replace('"*i64"', '"*i32"'), dv))
+    proj["q_dtype"].add((*base, cx, sg.replace(f'"*{_TRITON_TYPES[info.q_dtype]}"', '"*q"'), dv))
+    unspecialized = {k: ("i32" if k in scalars else v) for k, v in signature.items()}
+    proj["runtime int specialization"].add((*base, info.q_dtype,
+                                            json.dumps({k: v for k, v in encoded.items() if k in constexprs},
+                                                       sort_keys=True), json.dumps(unspecialized, sort_keys=True)))
+    proj["SCALES_ON_DEVICE"].add((*base, info.q_dtype,
+                                  json.dumps({k: v for k, v in encoded.items() if k != "SCALES_ON_DEVICE"},
+                                             sort_keys=True), sg.replace('"*fp32"', '"fp32"'),
+                                  tuple(d for d in dv if d not in _SCALE_ARGS)))
+    for name in scalars:  # one runtime int at a time (max_splits with the stride that equals it)
+        if name == "stride_pl_head":
+            continue
+        names = {name, "stride_pl_head"} if name == "max_splits" else {name}
+        one = {k: ("i32" if k in names else v) for k, v in signature.items()}
+        proj.setdefault(f"int {name}", set()).add(
+            (*base, info.q_dtype, json.dumps({k: v for k, v in encoded.items() if k not in names}, sort_keys=True),
+             json.dumps(one, sort_keys=True), tuple(d for d in dv if d not in names)))
     variant = by_key.get(key)
     if variant is None:
         variant = by_key[key] = Variant(key, info.uri, str(info.path), kernel_name, arch_name, encoded,
                                         dict(options), signature, divisible)
     variant.modules.add(info.uri)
-    if axes:
-        cls = (info.uri, arch_name, kernel_name, json.dumps(options, sort_keys=True),
-               *_collapse_class(encoded, signature, axes))
-        best = reps.get(cls)
-        if best is None or _rep_rank(encoded, signature) > _rep_rank(by_key[best].constexprs, by_key[best].signature):
-            reps[cls] = key
     return variant
 
 
-def enumerate_variants(modules: list[ModuleInfo], archs: list[str], collapse: Iterable[str] = (),
-                       launch_params_for: Callable[[ModuleType], Callable] | None = None) -> Enumeration:
+def enumerate_variants(modules: list[ModuleInfo], archs: list[str],
+                       launch_params_for: Callable[[ModuleType], Callable] | None = None,
+                       entries: Iterable[str] = ENTRIES, index_dtypes: Iterable[str] = INDEX_DTYPES) -> Enumeration:
     """Walk every module's domain on every arch it accepts and dedupe what it launches."""
-    axes = set(collapse)
-    unknown = axes - set(COLLAPSIBLE_AXES)
-    if unknown:
-        raise CheckError(f"--collapse {sorted(unknown)}: collapsible axes are {', '.join(COLLAPSIBLE_AXES)}")
     by_key: dict[str, Variant] = {}
     refused: list[Refusal] = []
     points: Counter = Counter()
     launches: Counter = Counter()
-    reps: dict[tuple, str] = {}
+    refused_points: Counter = Counter()
     # For the multipliers: distinct variants with each axis removed, per arch.
     projections: dict[str, dict[str, set]] = {}
+    first_index = next(d for d in INDEX_DTYPES if d in set(index_dtypes))
     for info in modules:
         module = load_module_file(info.path)
         params = (launch_params_for or module_launch_params)(module)
-        accepted = module_checked_archs(module)
+        accepted = tuple(module.CHECKED_ARCHS)
         kernel_hashes: dict[str, str] = {}
         for arch_name in archs:
             arch = ARCHS[arch_name]
@@ -450,45 +474,39 @@ def enumerate_variants(modules: list[ModuleInfo], archs: list[str], collapse: It
                                        "do not include it"))
                 continue
             if info.kv_dtype not in arch.kv_dtypes:
-                refused.append(Refusal(info.uri, arch_name, _KV_REFUSAL.get(info.kv_dtype, "KV dtype not stored")))
+                refused.append(Refusal(info.uri, arch_name, f"{info.kv_dtype} KV is not an FP8 format of {arch_name} "
+                                       f"(kgen/tables/targets.json: {list(arch.kv_dtypes[2:])})"))
                 continue
-            proj = projections.setdefault(arch_name, {a: set() for a in ("all", *COLLAPSIBLE_AXES, "q_dtype")})
+            proj = projections.setdefault(arch_name, {a: set() for a in AXES})
             # Launches repeat across the domain: the full typing and hashing runs once per distinct one.
             seen: dict[tuple, Variant] = {}
-            for point in domain(module, arch_name):
+            for point in domain(module, arch_name, entries, index_dtypes):
                 points[(info.uri, arch_name)] += 1
-                if point.index_dtype == INDEX_DTYPES[0]:  # launch_params does not see tensors' dtypes
-                    planned = params(arch_name, arch.num_sms, point.group, point.batch, point.draft, point.page_size)
+                if point.index_dtype == first_index:  # launch_params does not see tensors' dtypes
+                    scalars = runtime_scalars(module, arch_name, arch.num_sms, point)
+                    classes = tuple(sorted((k, jit_int_class(v)) for k, v in scalars.items()))
+                    planned = [(kernel_name, full, options)
+                               for kernel_name, constexprs, options in params(arch_name, arch.num_sms, point.group,
+                                                                              point.batch, point.draft,
+                                                                              point.page_size)
+                               for full in complete_launch(module, kernel_name, constexprs)]
+                if not planned:
+                    refused_points[(info.uri, arch_name)] += 1
                 for kernel_name, constexprs, options in planned:
                     launches[arch_name] += 1
                     fast = (kernel_name, point.index_dtype, tuple((k, str(v)) for k, v in constexprs.items()),
-                            tuple(options.items()))
+                            tuple(options.items()), classes)
                     variant = seen.get(fast)
                     if variant is None:
                         variant = seen[fast] = _distinct_launch(info, module, arch_name, kernel_name, constexprs,
-                                                                options, point.index_dtype, kernel_hashes, by_key,
-                                                                proj, reps, axes)
+                                                                options, point.index_dtype, scalars, kernel_hashes,
+                                                                by_key, proj)
                     variant.points.append(point)
 
     variants = list(by_key.values())
-    if axes:
-        variants = _fold_collapsed(by_key, reps, axes)
     multipliers = {arch: {axis: len(sets["all"]) / max(1, len(sets[axis])) for axis in sets if axis != "all"}
                    for arch, sets in projections.items()}
-    return Enumeration(variants, refused, points, launches, multipliers)
-
-
-def _fold_collapsed(by_key: dict[str, Variant], reps: dict[tuple, str], axes: set[str]) -> list[Variant]:
-    kept = {key: dataclasses.replace(by_key[key], points=list(by_key[key].points)) for key in reps.values()}
-    for variant in by_key.values():
-        cls = (variant.module, variant.arch, variant.kernel, json.dumps(variant.options, sort_keys=True),
-               *_collapse_class(variant.constexprs, variant.signature, axes))
-        rep = kept[reps[cls]]
-        if variant.key != rep.key:
-            rep.points.extend(variant.points)
-            rep.modules |= variant.modules
-            rep.represented += len(variant.points)
-    return list(kept.values())
+    return Enumeration(variants, refused, points, launches, multipliers, refused_points)
 
 
 # ---------------------------------------------------------------------------------------
@@ -751,7 +769,6 @@ class CheckReport:
     results: dict[str, dict]
     timing: dict[str, dict]
     archs: list[str]
-    collapse: list[str]
 
     def rows(self) -> list[dict]:
         rows = []
@@ -761,7 +778,7 @@ class CheckReport:
                          "constexprs": v.constexprs,
                          "options": v.options, "signature": v.signature, "key": v.key,
                          "domain": describe_points(v.points), "points": len(v.points),
-                         "represented": v.represented, "from_table": v.from_table, "result": r,
+                         "from_table": v.from_table, "result": r,
                          "problems": verdict(v, r), "spills": spill_note(v, r)})
         return rows
 
@@ -827,7 +844,7 @@ def format_failures(report: CheckReport) -> str:
 def to_json(report: CheckReport) -> dict:
     e = report.enumeration
     return {
-        "archs": report.archs, "collapse": report.collapse, "timing": report.timing,
+        "archs": report.archs, "timing": report.timing,
         "limits": {a: ARCHS[a].shared_limit for a in report.archs},
         "refused": [dataclasses.asdict(r) for r in e.refused],
         "domain_points": sum(e.points.values()), "launches": dict(e.launches),
@@ -840,9 +857,6 @@ def to_json(report: CheckReport) -> dict:
 def format_markdown(report: CheckReport) -> str:
     e = report.enumeration
     out = ["# kgen check", ""]
-    if report.collapse:
-        out += [f"Collapsed axes (each class compiled once, through its largest value): "
-                f"{', '.join(report.collapse)}.", ""]
     out += ["| arch | distinct variants | compiled | cached | wall s | launches walked | failing |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     fails = Counter(r["arch"] for r in report.failures())
@@ -873,15 +887,20 @@ def format_markdown(report: CheckReport) -> str:
 
 
 def plan_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterable[str] = (),
-               q_dtypes: Iterable[str] = (), variants: Iterable[str] = (), collapse: Iterable[str] = (),
+               q_dtypes: Iterable[str] = (), variants: Iterable[str] = (),
                generated: Path | None = None,
-               launch_params_for: Callable[[ModuleType], Callable] | None = None) -> Enumeration:
+               launch_params_for: Callable[[ModuleType], Callable] | None = None,
+               entries: Iterable[str] = ENTRIES, index_dtypes: Iterable[str] = INDEX_DTYPES) -> Enumeration:
     """The distinct variants to compile (nothing is compiled)."""
     unknown = [a for a in archs if a not in ARCHS]
     if unknown:
         raise CheckError(f"unknown arch {unknown}: kgen check knows {', '.join(ARCHS)}")
     modules = find_modules(generated, layouts, kv_dtypes, q_dtypes, variants)
-    return enumerate_variants(modules, archs, collapse, launch_params_for)
+    bad = sorted(set(entries) - set(ENTRIES)) + sorted(set(index_dtypes) - set(INDEX_DTYPES))
+    if bad or not entries or not index_dtypes:
+        raise CheckError(f"narrowing {bad or 'to nothing'}: entries are {', '.join(ENTRIES)}, index dtypes "
+                         f"{', '.join(INDEX_DTYPES)}")
+    return enumerate_variants(modules, archs, launch_params_for, entries, index_dtypes)
 
 
 def format_plan(enumeration: Enumeration, archs: list[str]) -> str:
@@ -894,16 +913,19 @@ def format_plan(enumeration: Enumeration, archs: list[str]) -> str:
         lines.append(f"{arch:7s} {enumeration.launches.get(arch, 0):9d} "
                      f"{sum(n for (a, _), n in counts.items() if a == arch):8d}  {kernels}; {mult}")
     lines.append(f"total {len(enumeration.variants)} distinct variants from {sum(enumeration.points.values())} "
-                 f"domain points; {len(enumeration.refused)} module x arch refused")
+                 f"domain points ({sum(enumeration.refused_points.values())} refused by launch_params: no program "
+                 f"fits); {len(enumeration.refused)} module x arch refused")
     return "\n".join(lines)
 
 
 def run_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterable[str] = (), jobs: int | None = None,
-              collapse: Iterable[str] = (), use_cache: bool = True, progress: bool = True,
+              use_cache: bool = True, progress: bool = True,
               generated: Path | None = None, q_dtypes: Iterable[str] = (), variants: Iterable[str] = (),
-              launch_params_for: Callable[[ModuleType], Callable] | None = None) -> CheckReport:
+              launch_params_for: Callable[[ModuleType], Callable] | None = None,
+              entries: Iterable[str] = ENTRIES, index_dtypes: Iterable[str] = INDEX_DTYPES) -> CheckReport:
     """Enumerate, compile (or read the cache) and judge every distinct variant."""
-    enumeration = plan_check(archs, layouts, kv_dtypes, q_dtypes, variants, collapse, generated, launch_params_for)
+    enumeration = plan_check(archs, layouts, kv_dtypes, q_dtypes, variants, generated, launch_params_for,
+                             entries, index_dtypes)
     cache = ResultCache(cache_dir() if use_cache else None)
     results, timing = compile_all(enumeration.variants, archs, jobs or os.cpu_count() or 1, cache, progress)
-    return CheckReport(enumeration, results, timing, list(archs), sorted(set(collapse)))
+    return CheckReport(enumeration, results, timing, list(archs))

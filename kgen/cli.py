@@ -89,7 +89,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     archs = split(args.arch) or list(check.ARCHS)
     selection = dict(layouts=split(args.layout), kv_dtypes=split(args.kv_dtype), q_dtypes=split(args.q_dtype),
-                     variants=split(args.variant), collapse=split(args.collapse))
+                     variants=split(args.variant), entries=split(args.entry) or check.ENTRIES,
+                     index_dtypes=split(args.index_dtype) or check.INDEX_DTYPES)
     if args.plan:
         print(check.format_plan(check.plan_check(archs, **selection), archs))
         return 0
@@ -168,9 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", action="append", help="only these KV dtypes (bf16, fp8, fp8_e4m3fnuz, ...)")
     p.add_argument("--q-dtype", action="append", help="only these query dtypes (bf16, fp16)")
     p.add_argument("--variant", action="append", help="only grouped or per_head modules")
-    p.add_argument("--collapse", action="append",
-                   help="group,page_size,index_dtype: compile one representative (the largest value) per class "
-                   "of variants differing only there; the report says so. Not a proof for the collapsed axes")
+    p.add_argument("--entry", action="append", help="narrow the domain to token-slot or paged calls (a narrowed "
+                   "run proves only that part)")
+    p.add_argument("--index-dtype", action="append", help="narrow the domain to int32 or int64 index tensors")
     p.add_argument("--jobs", type=int, default=None, help="compile processes (default: os.cpu_count())")
     p.add_argument("--json", help="write everything (every variant, its domain and numbers) to this file")
     p.add_argument("--report", help="write a Markdown report to this file")
