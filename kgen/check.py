@@ -306,6 +306,7 @@ def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str,
     table's row stride is the engine's max pages per request, arbitrary, so it stays unmarked).
     """
     kernel = getattr(module, kernel_name)
+    params = {p.name: p for p in getattr(kernel, "params", ())}
     scalars = scalars or {}
     q_type = "*" + _TRITON_TYPES[_torch_name(module.Q_DTYPE)]
     kv_type = "*" + _TRITON_TYPES[_torch_name(module.KV_DTYPE)]
@@ -336,13 +337,18 @@ def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str,
         else:
             raise CheckError(f"{module.URI}.{kernel_name}: parameter {name!r} has no known type; teach "
                              "kgen/check.py (kernel_signature) what it is before checking this module")
+        param = params.get(name)
+        if param is not None and param.do_not_specialize:
+            continue  # @triton.jit(do_not_specialize=...): the JIT compiles one variant for every value
+        aligned_ok = param is None or not param.do_not_specialize_on_alignment
         if name in scalars:
             cls = jit_int_class(scalars[name])
             if cls == "one":
                 signature[name], constants[name] = "constexpr", 1
-            elif cls == "div16":
+            elif cls == "div16" and aligned_ok:
                 divisible.append(name)
-        elif signature[name].startswith("*") or (name.startswith("stride_") and name != "stride_table"):
+        elif aligned_ok and (signature[name].startswith("*")
+                             or (name.startswith("stride_") and name != "stride_table")):
             divisible.append(name)
     return signature, constants, divisible
 

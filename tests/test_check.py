@@ -227,3 +227,18 @@ def test_cache_makes_a_rerun_compile_nothing(cache, monkeypatch):
     results, timing = check.compile_all(enum.variants, ["sm_90"], 1, store, progress=False)
     assert timing["sm_90"]["compiled"] == 0 and timing["sm_90"]["cached"] == len(enum.variants)
     assert all(r["cached"] for r in results.values())
+
+
+def test_do_not_specialize_parameters_keep_one_variant(gqa64):
+    name, constexprs, _ = gqa64.launch_params("sm_90", 132, 8, 1, 2)[0]
+    constexprs = check.complete_launch(gqa64, name, constexprs)[0]
+    kernel = getattr(gqa64, name)
+    param = next(p for p in kernel.params if p.name == "head_blocks")
+    try:
+        param.do_not_specialize = True
+        signature, constants, divisible = check.kernel_signature(gqa64, name, constexprs, "int32",
+                                                                 {"head_blocks": 1, "max_splits": 64})
+    finally:
+        param.do_not_specialize = False
+    assert signature["head_blocks"] == "i32" and "head_blocks" not in constants and "head_blocks" not in divisible
+    assert "max_splits" in divisible
