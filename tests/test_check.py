@@ -242,3 +242,24 @@ def test_do_not_specialize_parameters_keep_one_variant(gqa64):
         param.do_not_specialize = False
     assert signature["head_blocks"] == "i32" and "head_blocks" not in constants and "head_blocks" not in divisible
     assert "max_splits" in divisible
+
+
+def test_json_and_markdown_reports_carry_every_variant_and_the_failures(monkeypatch, cache):
+    def fake_compile_all(variants, archs, jobs, store, progress=True):
+        results = {v.key: {"shared": 300000 if v.kernel == "_verify_prefix_stage" else 64, "registers": 100,
+                           "spill_stores": 8, "spill_loads": 8, "stack_bytes": 0, "mma": {}, "error": None,
+                           "compile_s": 0.0, "cached": False} for v in variants}
+        return results, {a: {"variants": len(variants), "compiled": len(variants), "cached": 0, "wall_s": 0.0}
+                         for a in archs}
+
+    monkeypatch.setattr(check, "compile_all", fake_compile_all)
+    report = check.run_check(["sm_90"], layouts=["gqa64"], kv_dtypes=["bf16"], q_dtypes=["bf16"],
+                             variants=["grouped"], entries=["token-slot"], index_dtypes=["int32"], progress=False)
+    data = json.loads(json.dumps(check.to_json(report), default=sorted))
+    prefix = [v for v in data["variants"] if v["kernel"] == "_verify_prefix_stage"]
+    assert len(data["variants"]) == len(report.enumeration.variants)
+    assert data["failures"] == len(prefix) > 0
+    markdown = check.format_markdown(report)
+    assert f"## Failures ({len(prefix)})" in markdown and "shared memory 300000 B > 232448 B" in markdown
+    assert "8 B spill stores" in markdown  # merge stages: spills under the limit are listed, not hidden
+    assert f"FAIL ({len(prefix)})" in check.format_table(report)
