@@ -840,7 +840,8 @@ def format_failures(report: CheckReport) -> str:
     for r in report.failures():
         d = r["domain"]
         v = next(x for x in report.enumeration.variants if x.key == r["key"])
-        lines.append(f"FAIL {r['module']} {r['arch']} {r['kernel']}: {'; '.join(r['problems'])}\n"
+        modules = ", ".join(r["modules"]) or r["module"]  # one compile can serve several modules
+        lines.append(f"FAIL {modules} {r['arch']} {r['kernel']}: {'; '.join(r['problems'])}\n"
                      f"     at group {d['groups']}, draft length {d['draft']}, batch {d['batch']}, {d['entry']}, "
                      f"index {d['index']}, {d['config']} config\n"
                      f"     {_config_text(v)}")
