@@ -96,16 +96,20 @@ def _table_entry(tok, page_shift, BLOCK_TABLE: tl.constexpr):
     """Where in the request's table prefix token `tok` is listed: its page in a vLLM block
     table (page sizes are powers of two), its own slot in SGLang's kv_indices."""
     if BLOCK_TABLE:
-        return tok >> page_shift
-    return tok
+        entry = tok >> page_shift
+    else:
+        entry = tok
+    return entry
 
 
 @triton.jit
 def _page_slot(tok, page_shift, BLOCK_TABLE: tl.constexpr):
     """Position of prefix token `tok` inside its page (always 0 for token slots)."""
     if BLOCK_TABLE:
-        return tok & ((1 << page_shift) - 1)
-    return 0
+        slot = tok & ((1 << page_shift) - 1)
+    else:
+        slot = 0
+    return slot
 
 
 @triton.jit
@@ -166,8 +170,6 @@ def _verify_prefix_stage(
     qk_scale,
     k_scale,
     v_scale,
-    group,
-    head_blocks,
     max_splits,
     min_tokens_per_split,
     page_shift,
@@ -191,6 +193,7 @@ def _verify_prefix_stage(
     stride_po_split,
     stride_pl_tok,
     stride_pl_head,
+    GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     L_PAD: tl.constexpr,
     DRAFT_N: tl.constexpr,
@@ -213,8 +216,9 @@ def _verify_prefix_stage(
     pid_heads = tl.program_id(0)
     split = tl.program_id(1)
     batch = tl.program_id(2)
-    kv_head = pid_heads // head_blocks
-    head_block = pid_heads % head_blocks
+    HEAD_BLOCKS: tl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
+    kv_head = pid_heads // HEAD_BLOCKS
+    head_block = pid_heads % HEAD_BLOCKS
     if USE_PDL:
         # Launched early (programmatic dependent launch): wait until the kernels before us
         # (which write q, the draft K/V and the page table) are done. No early
@@ -236,8 +240,8 @@ def _verify_prefix_stage(
         rows = tl.arange(0, ROWS)
         head_in_group = head_block * BLOCK_H + rows // L_PAD
         draft_pos = rows % L_PAD
-        row_ok = (head_in_group < group) & (draft_pos < q_len)
-        q_head = (kv_head * group + head_in_group).to(tl.int64)
+        row_ok = (head_in_group < GROUP) & (draft_pos < q_len)
+        q_head = (kv_head * GROUP + head_in_group).to(tl.int64)
         q_tok = q_start + draft_pos
         offs_d = tl.arange(0, BLOCK_D)
         q_row_ptr = Q + q_tok[:, None] * stride_q_tok + q_head[:, None] * stride_q_head
@@ -285,21 +289,23 @@ def _verify_prefix_stage(
         # loads: row predicates on the loads cost registers (ptxas, sm_90a, GQA 256 group
         # 16 at 64-token tiles: 156 B of spills a thread with masks, 16 B clamped). Only an
         # empty split (an empty prefix) has no last token, and its loop never runs.
+        # Table entries are read as 32-bit words whatever the table's dtype: SGLang sends int64
+        # kv_indices, and 64-bit index arithmetic cost the loop ~8% more instructions (ptxas
+        # sm_90a, GQA 256 at batch 64). Page and slot numbers are below 2**31, so an int64
+        # entry's value is its low word (little-endian: word 2 * i).
+        INDEX_WORDS: tl.constexpr = Kv_Table.dtype.element_ty.primitive_bitwidth // 32
+        table_words = Kv_Table.to(tl.pointer_type(tl.int32)) + table_start * INDEX_WORDS
         offs_first = tl.minimum(split_start + tl.arange(0, BLOCK_N), split_end - 1)
-        page_next = tl.load(Kv_Table + table_start + _table_entry(offs_first, page_shift, BLOCK_TABLE),
-                            mask=offs_first >= 0, other=0).to(tl.int32)
+        page_next = tl.load(table_words + INDEX_WORDS * _table_entry(offs_first, page_shift, BLOCK_TABLE),
+                            mask=offs_first >= 0, other=0)
         for start_n in range(split_start, split_end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_ok = offs_n < split_end
             # Rows past the split read its last token again: finite data, scored -inf below.
             tok = tl.minimum(offs_n, split_end - 1)
             page = page_next.to(tl.int64)
-            # Table entries are read as int32 whatever the table's dtype: an int64 tile of them
-            # (SGLang sends int64) holds registers the K/V tiles need. A pool has fewer than
-            # 2**31 pages or slots; addresses are formed in int64 below.
-            page_next = tl.load(Kv_Table + table_start
-                                + _table_entry(tl.minimum(offs_n + BLOCK_N, split_end - 1), page_shift, BLOCK_TABLE))
-            page_next = page_next.to(tl.int32)
+            page_next = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(offs_n + BLOCK_N, split_end - 1),
+                                                                         page_shift, BLOCK_TABLE))
             slot = _page_slot(tok, page_shift, BLOCK_TABLE)
             # int64 addresses: a pool can hold more than 2**31 elements.
             k_row_ptr = K_Buffer + page * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
@@ -632,6 +638,7 @@ def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config):
     use_pdl = _use_pdl(arch, is_rocm)
     knobs = _backend_knobs(config, is_rocm)
     prefix = {
+        "GROUP": group,
         "BLOCK_H": block_h,
         "L_PAD": l_pad,
         "DRAFT_N": max(MIN_DOT, l_pad),
@@ -756,8 +763,6 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         sm_scale * _LOG2E,
         k_scale,
         v_scale,
-        group,
-        plan["head_blocks"],
         max_splits,
         plan["min_tokens"],
         plan["page_shift"],

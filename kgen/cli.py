@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "aborts the build before anything is written.")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 naming the files if generated/ is stale")
-    p.add_argument("--out", help="output directory (default: generated/ of the repository)")
+    p.add_argument("--out", help="output directory (default: generated/ of the source checkout; required "
+                   "outside one, then set KGEN_GENERATED_DIR to it so kgen.load finds the modules)")
     p.add_argument("--layouts", help="directory of layout specs (default: the shipped kgen/layouts)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_build)

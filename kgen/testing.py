@@ -2,7 +2,9 @@
 
 A ``VerifyCase`` holds every tensor ``verify_shared_kv_fwd`` takes. Pools are filled with
 random data (never zeros: zeros hide unwritten outputs) and the page table is a random
-permutation of slots unless ``shuffle=False``.
+permutation of slots unless ``shuffle=False``. ``poison_unnamed_slots`` puts NaN in every slot
+a case does not name and ``to_paged`` copies a case's prefixes into a vLLM-style paged cache
+(NaN wherever no prefix token lies), so that a kernel reading outside a request shows up.
 """
 
 from __future__ import annotations
@@ -120,6 +122,100 @@ def make_case(
         kv_indices=kv_indices, max_len_extend=max(draft_lens) if draft_lens else 0,
         k_scale=k_scale, v_scale=v_scale,
     )
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """An integer view of ``t``'s elements: torch has no masked fill or index put for float8, and
+    copies through the bits are exact for every dtype."""
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _nan_bits(dtype: torch.dtype) -> int:
+    """The bit pattern of NaN in ``dtype`` (float8 included), as an integer of its width."""
+    return int(_bits(torch.full((1,), float("nan")).to(dtype))[0])
+
+
+def nan_tensor(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A tensor of NaN in any float dtype, float8 included."""
+    out = torch.empty(tuple(shape), dtype=dtype, device=device)
+    _bits(out).fill_(_nan_bits(dtype))
+    return out
+
+
+def poison_unnamed_slots(case: VerifyCase) -> None:
+    """Put NaN in every pool slot ``case.kv_indices`` does not name, a new slot 0 among them
+    (``kv_indices`` moves up by one): a masked index load's ``other=0`` lands there. A kernel
+    that reads outside its request then writes NaN (0 x NaN = NaN in P.V)."""
+    k_old = case.k_buffer
+    k_pool = nan_tensor((k_old.shape[0] + 1, *k_old.shape[1:]), k_old.dtype, k_old.device)
+    case.kv_indices = case.kv_indices + 1
+    named = case.kv_indices.long()
+    _bits(k_pool)[named] = _bits(k_old)[named - 1]
+    if case.v_buffer.data_ptr() == k_old.data_ptr():  # absorbed MLA: V is K's latent columns
+        v_pool = k_pool[..., : case.v_buffer.shape[-1]]
+    else:
+        v_old = case.v_buffer
+        v_pool = nan_tensor((v_old.shape[0] + 1, *v_old.shape[1:]), v_old.dtype, v_old.device)
+        _bits(v_pool)[named] = _bits(v_old)[named - 1]
+    case.k_buffer, case.v_buffer = k_pool, v_pool
+
+
+@dataclass
+class PagedCache:
+    """A case's prefixes as a vLLM-style paged cache: ``[blocks, page, H_kv, D]`` pools, a block
+    table ``[batch, max_blocks]`` and the prefix lengths."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor
+    prefix_lens: torch.Tensor
+
+    def paged_args(self, case: VerifyCase, index_dtype: torch.dtype = torch.int32) -> tuple:
+        """Positional arguments of ``verify_paged_fwd`` (and ``why_not_paged``) for ``case``."""
+        return (case.q, case.k_extend, case.v_extend, case.o, self.k_cache, self.v_cache,
+                self.block_table.to(index_dtype), self.prefix_lens, case.qo_indptr, case.max_len_extend,
+                case.k_scale, case.v_scale, case.sm_scale)
+
+
+def to_paged(case: VerifyCase, page_size: int, spare_blocks: int = 2, seed: int = 0) -> PagedCache:
+    """The case's prefixes copied into pages of ``page_size`` tokens.
+
+    Blocks are a seeded random permutation of the cache (spare blocks among them); every
+    position no prefix token occupies holds NaN (a last page's tail, the spare blocks), and
+    the table's entries past a request's last block name a spare block.
+    """
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    if spare_blocks < 1:
+        raise ValueError(f"spare_blocks must be >= 1 (table padding names one), got {spare_blocks}")
+    device = case.k_buffer.device
+    bounds = case.kv_indptr.tolist()
+    prefix_lens = [bounds[b + 1] - bounds[b] for b in range(len(bounds) - 1)]
+    num_blocks = [-(-p // page_size) for p in prefix_lens]
+    total = sum(num_blocks) + spare_blocks
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(seed)).tolist()
+    width = max(num_blocks, default=0) + 1
+    rows, destination = [], []  # destination: flat position (block x page + offset) of each prefix token
+    for b, p in enumerate(prefix_lens):
+        blocks, order = order[: num_blocks[b]], order[num_blocks[b] :]
+        rows.append(blocks + [order[-1]] * (width - len(blocks)))  # padding names a spare block
+        destination += [blocks[t // page_size] * page_size + t % page_size for t in range(p)]
+    table = torch.tensor(rows, dtype=torch.int32).reshape(len(prefix_lens), width)
+    destination = torch.tensor(destination, dtype=torch.long, device=device)
+    slots = case.kv_indices.long()
+
+    def paged(pool: torch.Tensor) -> torch.Tensor:
+        cache = nan_tensor((total, page_size, *pool.shape[1:]), pool.dtype, device)
+        _bits(cache).view(total * page_size, *pool.shape[1:])[destination] = _bits(pool)[slots]
+        return cache
+
+    k_cache = paged(case.k_buffer)
+    if case.v_buffer.data_ptr() == case.k_buffer.data_ptr():  # absorbed MLA: V is K's latent columns
+        v_cache = k_cache[..., : case.v_buffer.shape[-1]]
+    else:
+        v_cache = paged(case.v_buffer)
+    return PagedCache(k_cache=k_cache, v_cache=v_cache, block_table=table.to(device),
+                      prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32, device=device))
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -238,3 +238,70 @@ def test_source_digest_names_the_code_that_ran(tmp_path: Path) -> None:
     assert cli.source_digest(tmp_path) == first
     (tmp_path / "generated" / "m.py").rename(tmp_path / "generated" / "n.py")  # same bytes, other name
     assert cli.source_digest(tmp_path) != first
+
+
+# ----------------------------------------------------------------- --index-dtype
+
+
+def test_index_dtype_option() -> None:
+    from kgen.bench.cases import parse_index_dtypes
+
+    assert {c.index_dtype for c in cli.select_cases(_parse("--quick"))} == {"int64"}  # SGLang's, by default
+    cases = cli.select_cases(_parse("--quick", "--index-dtype", "int64,int32"))
+    assert {(c.index_dtype, c.index_dtype_ab) for c in cases} == {("int64", "int32")}
+    assert parse_index_dtypes(["int32"]) == ("int32", None)
+    assert parse_index_dtypes(["int32", "int64"]) == ("int32", "int64")
+    for bad, pattern in ((["int16"], "choose from int64, int32"), (["int64,int32,int64", "int8"], "int8")):
+        with pytest.raises(cli.BenchUsageError, match=pattern):
+            parse_index_dtypes(bad)
+    assert run_bench(_parse("--list", "--index-dtype", "uint8")) == 2
+
+
+def test_resume_refuses_another_index_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prior = write_json(make_run(), tmp_path / "a" / JSON_NAME)  # int64
+    code = run_bench(_parse(*RESUME_CASES, "--index-dtype", "int32", "--resume", str(prior), "--out",
+                            str(tmp_path / "b"), "--no-plots"))  # fmt: skip
+    assert code == 2
+    assert "with --index-dtype int64, this run asks for int32" in capsys.readouterr().err
+
+
+def test_execute_with_an_index_dtype_ab_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--index-dtype int64,int32 through the real provider (reference-backed module, CPU):
+    each kgen kernel is checked on both page tables and timed with the timer's pair()."""
+    from test_bench_peers import ReferenceModule, fake_timer
+
+    from kgen.bench.peers import DeviceProvider
+    from kgen.bench.report import BenchMeta, render_markdown
+    from kgen.bench.timing import PairedTiming
+
+    class PairingFakeTimer:
+        def __init__(self) -> None:
+            self.pairs = 0
+
+        def __call__(self, fn, n_sets):  # noqa: ANN001, ANN204
+            return fake_timer(fn, n_sets)
+
+        def pair(self, fn_a, fn_b, n_sets):  # noqa: ANN001, ANN202
+            self.pairs += 1
+            fn_a(n_sets - 1)
+            fn_b(n_sets - 1)
+            return PairedTiming.from_samples([10.2, 10.1, 10.3, 10.0, 10.2], [10.0] * 5, n_sets, "fake")
+
+    args = _parse("--layout", "gqa128:8", "--kv-dtype", "bf16", "--batch", "2", "--prefix", "64", "--draft", "2",
+                  "--kernels", "grouped,per_head", "--index-dtype", "int64,int32", "--no-progress",
+                  "--flex-sweep", "none")  # fmt: skip
+    module = ReferenceModule()
+    provider = DeviceProvider(device="cpu", l2_bytes=1 << 16, compile_flex=False, select_timer=fake_timer,
+                              loader=lambda *a: module)  # fmt: skip
+    timer = PairingFakeTimer()
+    run = cli.execute(args, cli.select_cases(args), provider, timer, BenchMeta(gpu_name="cpu"), tmp_path)
+    (case,) = run.cases
+    assert case.status == "ok" and timer.pairs == 2  # grouped and per-head
+    assert set(module.index_dtypes) == {torch.int64, torch.int32}
+    ab = case.kernels["grouped"].index_ab
+    assert ab.dtype == "int32" and ab.ratio == pytest.approx(1.02) and ab.max_rel_err < 2e-2
+    assert case.kernels["grouped"].median_us == pytest.approx(10.2)
+    out = capsys.readouterr().out
+    assert "int64/int32=1.020" in out
+    assert "grouped kv_indices int64/int32: median 1.020 over 1 cases" in cli.summary_text(run)
+    assert "| grouped int64/int32 |" in render_markdown(run)

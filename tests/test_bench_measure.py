@@ -13,11 +13,20 @@ from kgen.bench.measure import (
     KernelResult,
     KernelRun,
     apply_sweep,
+    make_case_result,
     measure_kernel,
     run_matrix,
     run_sweep,
 )
-from kgen.bench.timing import Timing, launches_per_graph, percentile
+from kgen.bench.timing import (
+    MIN_ALTERNATIONS,
+    CudaGraphTimer,
+    PairedTiming,
+    Timing,
+    alternation_order,
+    launches_per_graph,
+    percentile,
+)
 from kgen.spec import load_layouts
 
 SPECS = load_layouts()
@@ -223,3 +232,156 @@ def test_timing_percentiles() -> None:
     assert percentile([7.0], 90) == 7.0
     with pytest.raises(ValueError):
         Timing.from_samples([])
+
+
+# ----------------------------------------------------------------- kv_indices A/B in alternation
+
+
+def test_alternation_order_flips_every_other_alternation() -> None:
+    assert alternation_order(2, 5) == [0, 1, 1, 0, 0, 1, 1, 0, 0, 1]
+    assert alternation_order(1, 3) == [0, 0, 0]
+
+
+class FakeClock:
+    """Milliseconds, advanced only by fake graph replays; events read it when recorded."""
+
+    def __init__(self) -> None:
+        self.now_ms = 0.0
+        self.log: list[str] = []
+        self.syncs = 0
+
+
+class FakeEvent:
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock, self.t = clock, None
+
+    def record(self) -> None:
+        self.t = self.clock.now_ms
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return end.t - self.t
+
+
+class FakeGraph:
+    """Each replay takes the next of ``durations_ms`` (warm replay first)."""
+
+    def __init__(self, clock: FakeClock, name: str, durations_ms: list[float]) -> None:
+        self.clock, self.name, self.durations = clock, name, list(durations_ms)
+
+    def replay(self) -> None:
+        self.clock.log.append(self.name)
+        self.clock.now_ms += self.durations.pop(0)
+
+
+class FakeGraphTimer(CudaGraphTimer):
+    """The real ``CudaGraphTimer`` logic (launch count, capture, alternation, statistics)
+    with its device operations on a fake clock."""
+
+    def __init__(self, durations: dict[str, list[float]], capture_fails: bool = False, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.clock, self.durations, self.capture_fails = FakeClock(), durations, capture_fails
+        self.captured: list[tuple[str, int]] = []
+
+    def _warm(self, fn, n_sets: int) -> None:  # noqa: ANN001
+        self.clock.log.append(f"warm {fn.name}")
+
+    def _estimate_us(self, fn, n_sets: int) -> float:  # noqa: ANN001
+        return fn.us
+
+    def _capture(self, fn, n_sets: int, n: int) -> FakeGraph:  # noqa: ANN001
+        if self.capture_fails:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        self.captured.append((fn.name, n))
+        return FakeGraph(self.clock, fn.name, self.durations[fn.name])
+
+    def _event(self) -> FakeEvent:
+        return FakeEvent(self.clock)
+
+    def _sync(self) -> None:
+        self.clock.syncs += 1
+
+
+def test_pair_alternates_graph_replays_and_takes_the_median_of_the_alternations() -> None:
+    # 4 sets; estimates 100 us (a) and 90 us (b): the faster one sets N = 12 launches for both
+    # (3 passes x 4 sets >= 1000 us). Replays in ms: warm replay first, then 5 alternations.
+    a_ms = [9.0, 1.2, 1.2, 1.8, 1.2, 1.2]  # a's 4th timed replay is slow (a hiccup)
+    b_ms = [9.0, 1.0, 1.1, 1.0, 1.2, 1.0]
+    timer = FakeGraphTimer({"a": a_ms, "b": b_ms}, replays=3, min_graph_us=1000.0)
+    paired = timer.pair(FakeLaunch("a", 100.0), FakeLaunch("b", 90.0), 4)
+    assert timer.captured == [("a", 12), ("b", 12)]
+    assert timer.clock.log == ["warm a", "warm b", "a", "b",  # warm-ups, then one replay per graph
+                               "a", "b", "b", "a", "a", "b", "b", "a", "a", "b"]  # fmt: skip
+    assert timer.clock.syncs == 2  # after the first replays, and once after all timed turns
+    per_launch = [[ms * 1e3 / 12 for ms in times[1:]] for times in (a_ms, b_ms)]
+    assert paired.a.median_us == pytest.approx(1.2e3 / 12) and paired.a.mode == "graph"
+    assert paired.b.median_us == pytest.approx(1.0e3 / 12) and paired.b.launches == 12
+    ratios = [x / y for x, y in zip(*per_launch, strict=True)]
+    assert list(paired.ratios) == pytest.approx(ratios)  # alternation i pairs a's and b's i-th turns
+    assert paired.ratio == pytest.approx(1.2)  # median of 1.2, 1.0909, 1.8, 1.0, 1.2: the hiccup is out
+    assert len(paired.ratios) == MIN_ALTERNATIONS  # --replays 3 still alternates 5 times
+
+
+class ClockLaunch(FakeLaunch):
+    """An eager launch that takes ``us`` on the fake clock."""
+
+    def __init__(self, name: str, us: float, clock: FakeClock) -> None:
+        super().__init__(name, us)
+        self.clock = clock
+
+    def __call__(self, i: int) -> None:
+        super().__call__(i)
+        self.clock.now_ms += self.us / 1e3
+
+
+def test_pair_alternates_eager_loops_when_capture_fails() -> None:
+    timer = FakeGraphTimer({}, capture_fails=True, replays=6, min_graph_us=100.0)
+    a, b = ClockLaunch("a", 60.0, timer.clock), ClockLaunch("b", 50.0, timer.clock)
+    paired = timer.pair(a, b, 2)
+    assert paired.a.mode == paired.b.mode == "eager" and len(paired.ratios) == 6
+    assert a.calls == b.calls == 6 * 2  # 2 launches per turn (one pass of 2 sets >= 100 us), 6 turns each
+    assert paired.ratio == pytest.approx(1.2)
+
+
+def test_single_timing_uses_the_same_replay_loop() -> None:
+    timer = FakeGraphTimer({"g": [5.0, 1.0, 2.0, 3.0]}, replays=3, min_graph_us=1000.0)
+    t = timer(FakeLaunch("g", 1000.0), 1)
+    assert timer.clock.log == ["warm g", "g", "g", "g", "g"]
+    assert (t.median_us, t.replays, t.launches, t.mode) == (2000.0, 3, 1, "graph")
+
+
+class FakePairTimer(FakeTimer):
+    def __init__(self, ratios: tuple[float, ...] = (1.01, 0.99, 1.02, 1.0, 1.03)) -> None:
+        super().__init__()
+        self.ratios = ratios
+        self.pairs: list[tuple[str, str, int]] = []
+
+    def pair(self, fn_a: FakeLaunch, fn_b: FakeLaunch, n_sets: int) -> PairedTiming:
+        self.pairs.append((fn_a.name, fn_b.name, n_sets))
+        b = [fn_b.us] * len(self.ratios)
+        return PairedTiming.from_samples([fn_b.us * r for r in self.ratios], b, n_sets, "fake")
+
+
+def _ab_run(alt_err: float = 1e-3) -> KernelRun:
+    alt = KernelRun(fn=FakeLaunch("grouped int32", 100.0), n_sets=3, check=lambda: alt_err, index_dtype="int32")
+    return KernelRun(fn=FakeLaunch("grouped int64", 101.0), n_sets=3, check=lambda: 1e-3, index_dtype="int64",
+                     alt=alt)  # fmt: skip
+
+
+def test_measure_kernel_times_both_index_dtypes_in_alternation() -> None:
+    timer = FakePairTimer()
+    res = measure_kernel(_ab_run(), timer, 10**6, COPY_GBPS, TOLERANCE_BF16)
+    assert timer.pairs == [("grouped int64", "grouped int32", 3)] and timer.seen == []
+    assert res.status == "ok" and res.median_us == pytest.approx(101.0)  # the int64 figure: median of 1.01 x 100
+    ab = res.index_ab
+    assert ab is not None and (ab.dtype, ab.status, ab.median_us, ab.alternations) == ("int32", "ok", 100.0, 5)
+    assert ab.ratio == pytest.approx(1.01) and ab.ratio_p10 == pytest.approx(0.994)
+    assert KernelResult.model_validate_json(res.model_dump_json()) == res
+
+
+def test_a_wrong_or_untimable_other_index_dtype() -> None:
+    wrong = measure_kernel(_ab_run(alt_err=0.5), FakePairTimer(), 10, None, TOLERANCE_BF16)
+    assert wrong.status == "ok" and wrong.index_ab.status == "failed"
+    case = make_case(SPECS["gqa128"], 8, "bfloat16", 4, 1024, 2, index_dtype_ab="int32")
+    assert make_case_result(case, {"grouped": wrong}).status == "FAILED"
+    no_pair = measure_kernel(_ab_run(), FakeTimer(), 10, None, TOLERANCE_BF16)
+    assert no_pair.status == "error" and "cannot time two index dtypes" in no_pair.note

@@ -56,8 +56,10 @@ class ReferenceModule:
 
     def __init__(self, causal: bool = True) -> None:
         self.causal = causal
+        self.index_dtypes: list[torch.dtype] = []
 
     def launch(self, q, k_ext, v_ext, o, k_buf, v_buf, qo, kvp, kvi, max_len, k_scale, v_scale):  # noqa: ANN001, ANN201
+        self.index_dtypes.append(kvi.dtype)
         kb = k_buf.float() if k_buf.element_size() == 1 else k_buf
         vb = v_buf.float() if v_buf.element_size() == 1 else v_buf
         if self.causal:
@@ -101,9 +103,9 @@ def test_inputs_are_a_shuffled_paged_pool() -> None:
     assert inp.qo_indptr.tolist() == [0, 4, 8] and inp.kv_indptr.tolist() == [0, 64, 128]
     assert inp.qo_indptr.dtype == inp.kv_indptr.dtype == torch.int32
     slots = torch.cat([s.kv_indices for s in inp.sets])
-    assert slots.dtype == torch.int32
+    assert slots.dtype == torch.int64  # what SGLang sends
     assert sorted(slots.tolist()) == list(range(3 * 2 * 64))  # disjoint sets cover the pool
-    assert not torch.equal(inp.sets[0].kv_indices, torch.arange(128, dtype=torch.int32))
+    assert not torch.equal(inp.sets[0].kv_indices, torch.arange(128, dtype=torch.int64))
     s = inp.sets[1]
     assert s.q.shape == (8, 16, 256) and s.q.dtype == torch.bfloat16
     assert s.k_extend.shape == s.v_extend.shape == (8, 1, 256)
@@ -224,6 +226,34 @@ def test_device_provider_end_to_end_on_cpu(tmp_path: Path) -> None:
     assert results[1].kernels["sdpa"].shared_from == results[0].key
 
 
+def test_inputs_for_an_index_dtype_ab_hold_one_permutation_in_both_dtypes() -> None:
+    case = make_case(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2, index_dtype="int64", index_dtype_ab="int32")
+    inp = build_inputs(case, "cpu", n_sets=2)
+    for s in inp.sets:
+        assert s.kv_indices.dtype == torch.int64 and s.kv_indices_ab.dtype == torch.int32
+        assert torch.equal(s.kv_indices, s.kv_indices_ab.long())
+        assert s.indices("int32") is s.kv_indices_ab and s.indices("int64") is s.kv_indices
+    plain = build_inputs(make_case(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2, index_dtype="int32"), "cpu", n_sets=2)
+    assert plain.sets[0].kv_indices_ab is None and torch.equal(plain.sets[0].kv_indices.long(), inp.sets[0].kv_indices)
+    with pytest.raises(ValueError, match="no int64 kv_indices"):
+        plain.sets[0].indices("int64")
+
+
+def test_kgen_run_launches_each_index_dtype_on_its_own_page_table() -> None:
+    case = make_case(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2, index_dtype="int64", index_dtype_ab="int32")
+    inp = build_inputs(case, "cpu", n_sets=2)
+    module = ReferenceModule()
+    run = kgen_run(case, inp, "grouped", loader=lambda *a: module)
+    assert run.index_dtype == "int64" and run.alt is not None and run.alt.index_dtype == "int32"
+    assert run.check() < TOLERANCE_BF16 and run.alt.check() < TOLERANCE_BF16
+    run.fn(1)
+    run.alt.fn(1)
+    assert module.index_dtypes == [torch.int64, torch.int32, torch.int64, torch.int32]
+    single = kgen_run(make_case(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2), build_inputs(
+        make_case(SPECS["gqa128"], 8, "bfloat16", 2, 32, 2), "cpu"), "grouped", loader=lambda *a: module)
+    assert single.alt is None and single.index_dtype == "int64"
+
+
 def test_device_provider_unknown_kernel() -> None:
     provider = DeviceProvider(device="cpu", compile_flex=False, loader=lambda *a: ReferenceModule())
     with provider(_case("gqa128", 8, "bfloat16", 1), frozenset({"triton"})) as runs:
@@ -238,12 +268,15 @@ from kgen.bench.inputs import build_inputs
 from kgen.bench.peers import kgen_run
 specs = load_layouts()
 out = {}
-for layout, group, kv, draft in json.loads(sys.argv[1]):
-    case = make_case(specs[layout], group, kv, 2, 80, draft)
+for n, (layout, group, kv, draft) in enumerate(json.loads(sys.argv[1])):
+    # int64 kv_indices (SGLang's); the first case also checks the int32 page table
+    case = make_case(specs[layout], group, kv, 2, 80, draft, index_dtype_ab=None if n else "int32")
     inputs = build_inputs(case, "cpu")
     for variant in ("grouped", "per_head"):
         run = kgen_run(case, inputs, variant)
         out[f"{case.key}/{variant}"] = run.error or run.check()
+        if run.alt is not None and variant == "grouped":
+            out[f"{case.key}/{variant}/int32"] = run.alt.check()
 print(json.dumps(out))
 """
 
@@ -257,7 +290,7 @@ def test_generated_kernels_pass_the_check_in_the_interpreter() -> None:
                           capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     errors = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(errors) == 4
+    assert len(errors) == 5
     for name, err in errors.items():
         assert isinstance(err, float) and err < TOLERANCE_BF16, (name, err)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kgen.bench.cases import build_matrix
-from kgen.bench.measure import KernelResult, SweepEntry, make_case_result
+from kgen.bench.measure import IndexAB, KernelResult, SweepEntry, make_case_result
 from kgen.bench.report import (
     BANDWIDTH_PNG,
     JSON_NAME,
@@ -21,6 +21,7 @@ from kgen.bench.report import (
     format_comparison,
     read_run,
     render_markdown,
+    run_to_json,
     speedup_summary,
     write_report,
 )
@@ -35,11 +36,13 @@ def _ok(us: float, **kw) -> KernelResult:  # noqa: ANN003
                         pct_copy=25.0 / us, max_rel_err=1e-3, **kw)  # fmt: skip
 
 
-def make_run(scale: float = 1.0, failed_key: str | None = None) -> BenchRun:
-    """A small run: 2 layouts x 2 dtypes x 2 batches x 2 prefixes x L 4, grouped = 10 us x batch."""
+def make_run(scale: float = 1.0, failed_key: str | None = None,
+             index_dtypes: tuple[str, str | None] = ("int64", None), ab_scale: float = 1.0) -> BenchRun:
+    """A small run: 2 layouts x 2 dtypes x 2 batches x 2 prefixes x L 4, grouped = 10 us x batch.
+    With two index dtypes the kgen kernels' other-dtype figure is ``ab_scale`` x theirs."""
     cases = build_matrix(SPECS, [("qwen3_5_gqa256", 16), ("mla_absorbed_512_64", 16)],
                          ["bfloat16", "float8_e4m3fn"], batches=[16, 64], prefixes=[1024, 16384],
-                         drafts=[4])  # fmt: skip
+                         drafts=[4], index_dtypes=index_dtypes)  # fmt: skip
     results = []
     for case in cases:
         base = 10.0 * case.batch * case.prefix / 1024 * scale
@@ -49,6 +52,12 @@ def make_run(scale: float = 1.0, failed_key: str | None = None) -> BenchRun:
             "flex": _ok(base * 2, choice="default"),
             "sdpa": _ok(base * 1.5, choice="gqa/flash"),
         }
+        if case.index_dtype_ab:
+            for name in ("grouped", "per_head"):
+                us = kernels[name].median_us * ab_scale
+                ab = IndexAB(dtype=case.index_dtype_ab, status="ok", median_us=us, ratio=1 / ab_scale,
+                             ratio_p10=0.99 / ab_scale, ratio_p90=1.01 / ab_scale, alternations=15)  # fmt: skip
+                kernels[name] = kernels[name].model_copy(update={"index_ab": ab})
         if case.key == failed_key:
             kernels["grouped"] = kernels["grouped"].model_copy(update={"status": "failed", "max_rel_err": 0.4})
         if case.layout.startswith("mla"):
@@ -210,3 +219,58 @@ def test_read_run_errors(tmp_path: Path) -> None:
     other.write_text(json.dumps({"schema": "kgen.block-config-table/1", "entries": []}))
     with pytest.raises(BenchReportError, match="not a kgen bench result"):
         read_run(other)
+
+
+# ----------------------------------------------------------------- kv_indices dtype
+
+
+def legacy(run: BenchRun, tmp_path: Path) -> BenchRun:
+    """``run`` as a file written before the index dtype was recorded (no such field)."""
+    raw = json.loads(run_to_json(run))
+    for c in raw["cases"]:
+        del c["case"]["index_dtype"], c["case"]["index_dtype_ab"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(raw))
+    return read_run(path)
+
+
+def test_json_and_markdown_record_the_index_dtype_per_case(tmp_path: Path) -> None:
+    run = make_run(index_dtypes=("int64", "int32"), ab_scale=1 / 1.004)
+    write_report(run, tmp_path, plots=False)
+    raw = json.loads((tmp_path / JSON_NAME).read_text())
+    first = raw["cases"][0]
+    assert (first["case"]["index_dtype"], first["case"]["index_dtype_ab"]) == ("int64", "int32")
+    ab = first["kernels"]["grouped"]["index_ab"]
+    assert ab["dtype"] == "int32" and ab["ratio"] == pytest.approx(1.004) and ab["median_us"] > 0
+    md = (tmp_path / MARKDOWN_NAME).read_text()
+    assert "| kv_indices |" in md and "| grouped int64/int32 | per-head int64/int32 |" in md
+    assert "| 16 | 1024 | 4 | int64 | 160.0 (152.0–176.0) |" in md and "| 1.004 (0.994–1.014) |" in md
+    assert "kgen grouped kv_indices int64/int32: median **1.004** over 16 cases" in md
+    plain = render_markdown(make_run())
+    assert "| 4 | int64 |" in plain and "int64/int32" not in plain
+    assert "| 4 | int32? |" in render_markdown(legacy(make_run(), tmp_path))
+
+
+def test_compare_judges_only_like_index_dtypes(tmp_path: Path) -> None:
+    old = legacy(make_run(), tmp_path)  # an int32 baseline that does not say so
+    assert old.cases[0].case.index_dtype is None and old.cases[0].case.indices == "int32"
+    int64 = compare_runs(make_run(scale=2.0), old)
+    assert int64.compared == 0 and int64.ok and len(int64.index_mismatch) == 16
+    text = format_comparison(int64)
+    assert "taken as int32" in text and "not compared, kv_indices dtype differs (16 cases; int64 here vs int32" in text
+    assert "--index-dtype int32 (or --index-dtype int64,int32)" in text
+    int32 = compare_runs(make_run(scale=2.0, index_dtypes=("int32", None)), old)
+    assert int32.compared == 32 and len(int32.regressions) == 32 and not int32.index_mismatch
+    # an A/B run is judged on its alternated int32 figure: 25% slower there is a regression
+    ab = compare_runs(make_run(index_dtypes=("int64", "int32"), ab_scale=1.25), old)
+    assert ab.compared == 32 and len(ab.regressions) == 32 and ab.via_ab == 16
+    assert "16 case(s) judged on this run's alternated figure" in format_comparison(ab)
+    same = compare_runs(make_run(index_dtypes=("int64", "int32"), ab_scale=1.25), make_run())
+    assert same.compared == 32 and same.ok and same.via_ab == 0  # int64 against int64
+
+
+def test_committed_baselines_read_as_int32() -> None:
+    root = Path(__file__).parents[1] / "benchmarks" / "baselines"
+    for name in ("h200.json", "h200_matrix.json"):
+        run = read_run(root / name)
+        assert {c.case.indices for c in run.cases} == {"int32"}

@@ -62,3 +62,22 @@ def test_precompile_runs_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert (report.jobs, report.workers, report.done, report.failed) == (2, 2, 1, 1)
     assert not report.timed_out and "precompiled 1/2 kernels in 2 worker processes" in report.note()
     assert precompile([], workers=4).jobs == 0
+
+
+def test_run_job_compiles_both_index_dtypes_of_an_ab(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An int64/int32 A/B needs both Triton specializations (the pointer dtype is part of it)."""
+    from dataclasses import asdict
+
+    import torch
+    from test_bench_peers import ReferenceModule
+
+    from kgen.bench import peers, warm
+    from kgen.bench.cases import make_case
+    from kgen.spec import load_layouts
+
+    module = ReferenceModule()
+    real = peers.kgen_run
+    monkeypatch.setattr(peers, "kgen_run", lambda case, inputs, variant: real(case, inputs, variant, lambda *a: module))
+    case = make_case(load_layouts()["gqa128"], 8, "bfloat16", 1, 32, 2, index_dtype_ab="int32")
+    warm.run_job(warm.WarmJob("grouped", asdict(case)), "cpu")
+    assert module.index_dtypes == [torch.int64, torch.int32]

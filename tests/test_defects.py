@@ -18,10 +18,11 @@ import torch
 from test_runtime_support import make_case, to_pages
 
 import kgen
-from kgen.blockconfig import DEFAULTS_FILE, TABLE_DIR, read_defaults, read_table
+from kgen.blockconfig import DEFAULTS_FILE, TABLE_DIR, read_defaults, read_table, shipped_tables
 from kgen.cli import build_parser, main
 from kgen.errors import SpecError, TableError, UsageError
 from kgen.spec import LAYOUT_README, LAYOUT_README_NAME, AttentionShape, Dtypes, LayoutSpec, parse_layout
+from kgen.targets import read_targets
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -144,9 +145,9 @@ def test_wrong_types_in_the_defaults_are_refused(tmp_path):
 
 def test_shipped_tables_and_defaults_are_strictly_valid():
     read_defaults()
-    for path in sorted(TABLE_DIR.glob("*.json")):
-        if path != DEFAULTS_FILE:
-            read_table(path)
+    read_targets()
+    for path in shipped_tables().values():
+        read_table(path)
 
 
 # ----------------------------------------------------------------- kgen explain arguments

@@ -7,12 +7,16 @@ import types
 import pytest
 import torch
 
+from kgen.env import env_flag
 from kgen.plan import module_uri
 from kgen.runtime import device as device_mod
 from kgen.runtime.gate import (
     GateDecision,
+    GateQuery,
     Inventory,
+    Switches,
     decide_path,
+    env_switches,
     explain_gate,
     gate_from_env,
     scan_inventory,
@@ -50,10 +54,15 @@ def inventory(**changes) -> Inventory:
     return Inventory(**base)
 
 
+def query(model=QWEN, topk=1, group=16, kv_heads=1, **dtypes) -> GateQuery:
+    return GateQuery(topk=topk, group_size=group, num_local_kv_heads=kv_heads, **model, **dtypes)
+
+
 def decide(arch="gfx950", model=QWEN, topk=1, group=16, kv_heads=1, inv=None, **kw) -> GateDecision:
+    switch_kw = {k: kw.pop(k) for k in ("enabled", "force_path", "interpreter") if k in kw}
     return decide_path(
-        device_arch=arch, topk=topk, group_size=group, num_local_kv_heads=kv_heads,
-        inventory=inv or inventory(), **model, **kw,
+        query(model, topk, group, kv_heads, **kw), device_arch=arch, inventory=inv or inventory(),
+        switches=Switches(**switch_kw),
     )  # fmt: skip
 
 
@@ -110,9 +119,7 @@ def test_topk_above_one_is_not_grouped(topk):
 
 def test_kgen_disable_turns_everything_off():
     env = {"KGEN_DISABLE": "1"}
-    d = gate_from_env(
-        group_size=16, num_local_kv_heads=1, topk=1, device_arch="gfx950", env=env, inventory=inventory(), **QWEN
-    )
+    d = gate_from_env(query(), device_arch="gfx950", env=env, inventory=inventory())
     assert d.path == "general" and "disabled" in d.reason
     assert decide(enabled=False).path == "general"
 
@@ -123,9 +130,7 @@ def test_kgen_disable_turns_everything_off():
 @pytest.mark.parametrize("forced", ["grouped", "per_head", "general"])
 def test_force_path_from_env(forced):
     env = {"KGEN_FORCE_PATH": forced}
-    d = gate_from_env(
-        group_size=16, num_local_kv_heads=1, topk=2, device_arch=None, env=env, inventory=inventory(), **QWEN
-    )
+    d = gate_from_env(query(topk=2), device_arch=None, env=env, inventory=inventory())
     assert d.path == forced and "KGEN_FORCE_PATH" in d.reason
     assert d.layout == "qwen3_5_gqa256"
 
@@ -318,5 +323,21 @@ def test_detect_arch_with_mocked_devices(monkeypatch, hip, props, arch):
 def test_detect_arch_without_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert device_mod.detect_arch() is None
-    d = gate_from_env(group_size=16, num_local_kv_heads=1, topk=1, env={}, inventory=inventory(), **QWEN)
+    d = gate_from_env(query(), env={}, inventory=inventory())
     assert d.path == "general" and "no GPU" in d.reason
+
+
+def test_arch_of_reads_torch_device_properties():
+    cuda = types.SimpleNamespace(major=9, minor=0, name="H200")
+    rocm = types.SimpleNamespace(major=9, minor=4, gcnArchName="gfx942:sramecc+:xnack-", name="MI300X")
+    assert device_mod.arch_of(cuda, is_hip=False) == "sm_90"
+    assert device_mod.arch_of(rocm, is_hip=True) == "gfx942"
+    with pytest.raises(ValueError, match="gcnArchName"):
+        device_mod.arch_of(cuda, is_hip=True)
+
+
+@pytest.mark.parametrize(("value", "on"), [("1", True), (" TRUE ", True), ("on", True), ("0", False), ("", False)])
+def test_switches_parse_flags_one_way(value, on):
+    switches = env_switches({"KGEN_DISABLE": value, "TRITON_INTERPRET": value})
+    assert switches == Switches(enabled=not on, force_path=None, interpreter=on)
+    assert env_flag("X", {"X": value}) is on

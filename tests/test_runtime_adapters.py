@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -18,6 +19,7 @@ from test_runtime_support import (
 from kgen.plan import module_uri
 from kgen.reference import reference_verify
 from kgen.runtime.adapters import SGLangVerify, dtype_name, sglang_verify_for, vllm_verify_for
+from kgen.runtime.call import VerifyCall
 from kgen.runtime.chain import VerifyChain
 from kgen.runtime.gate import Inventory
 from kgen.spec import load_layouts
@@ -47,7 +49,9 @@ def sglang_args(case, o, **kw):
 
 
 def test_sglang_signature_is_the_module_contract():
+    assert [f.name for f in dataclasses.fields(VerifyCall)] == SGLANG_PARAMS
     assert list(inspect.signature(SGLangVerify.__call__).parameters)[1:] == SGLANG_PARAMS
+    assert list(inspect.signature(VerifyChain.__call__).parameters)[1:] == SGLANG_PARAMS
     if not REAL:
         import kgen
 
@@ -129,3 +133,14 @@ def test_factory_with_real_modules_in_the_interpreter():
     args, _ = sglang_args(case, o)
     assert adapter(*args) is True and adapter.chain.last_path == "grouped"
     torch.testing.assert_close(o.float().cpu(), ref(case).cpu(), atol=2e-2, rtol=2e-2)
+
+
+def test_verify_call_names_sglang_arguments_when_misused():
+    case = make_case([5], [2])
+    call = VerifyCall.from_sglang(*case.flat_args(case.out()), None, True, None, case.max_len, sm_scale=0.5)
+    assert call.as_sglang_args()[12:16] == (case.max_len, 1.0, 1.0, 0.5)
+    assert call.features.plain
+    with pytest.raises(TypeError, match="SGLang's verify arguments are \\(q_extend, k_extend"):
+        VerifyCall.from_sglang(*case.flat_args(case.out()), bogus=1)
+    with pytest.raises(TypeError, match="at most 23 arguments, got 24"):
+        VerifyCall.from_sglang(*range(24))

@@ -9,14 +9,9 @@ import torch
 from test_runtime_support import brute_force, make_case, to_pages, tree_mask
 
 from kgen.reference import reference_verify
-from kgen.runtime.general import (
-    Features,
-    GeneralPath,
-    PagedPrefix,
-    attend,
-    check_chain_mask,
-    general_verify,
-)
+from kgen.runtime.attend import GeneralPath, PagedPrefix, attend, general_verify
+from kgen.runtime.call import Features, PagedCall
+from kgen.runtime.validate import check_chain_mask
 
 TOL = dict(atol=2e-5, rtol=2e-5)
 
@@ -71,7 +66,9 @@ def test_pool_is_never_gathered_whole():
     pages = to_pages(case, 16)
     o = case.out()
     prefix = Spy(pages["k_cache"], pages["v_cache"], pages["block_table"], pages["prefix_lens"], 2)
-    attend(case.q, case.k, case.v, o, case.qo_indptr, prefix, chunk_tokens=4096, token_budget=256)
+    call = PagedCall(case.q, case.k, case.v, o, pages["k_cache"], pages["v_cache"], pages["block_table"],
+                     pages["prefix_lens"], case.qo_indptr)  # fmt: skip
+    attend(call, prefix, chunk_tokens=4096, token_budget=256)
     assert max(seen) <= 256 and len(seen) >= 1000 // 128
     torch.testing.assert_close(o, ref(case), **TOL)
 
@@ -196,16 +193,20 @@ def test_paged_matches_flat(page):
     case = make_case([70, 0, 131, 16], [3, 1, 4, 2], h_kv=2, group=4, d_qk=16, d_v=16, seed=page)
     pages = to_pages(case, page)
     o = case.out()
-    GeneralPath(chunk_tokens=32).run_paged(
-        case.q, case.k, case.v, o, pages["k_cache"], pages["v_cache"], pages["block_table"],
-        pages["prefix_lens"], case.qo_indptr,
+    GeneralPath(chunk_tokens=32).run(
+        PagedCall(
+            case.q, case.k, case.v, o, pages["k_cache"], pages["v_cache"], pages["block_table"],
+            pages["prefix_lens"], case.qo_indptr,
+        )
     )  # fmt: skip
     torch.testing.assert_close(o, ref(case), **TOL)
     feats = Features(sliding_window_size=20, logit_cap=3.0, sinks=torch.zeros(8))
     o2 = case.out()
-    GeneralPath(chunk_tokens=32).run_paged(
-        case.q, case.k, case.v, o2, pages["k_cache"], pages["v_cache"], pages["block_table"],
-        pages["prefix_lens"], case.qo_indptr, features=feats,
+    GeneralPath(chunk_tokens=32).run(
+        PagedCall(
+            case.q, case.k, case.v, o2, pages["k_cache"], pages["v_cache"], pages["block_table"],
+            pages["prefix_lens"], case.qo_indptr, features=feats,
+        )
     )  # fmt: skip
     want = brute_force(case, sliding_window_size=20, logit_cap=3.0, sinks=torch.zeros(8))
     torch.testing.assert_close(o2.double(), want, atol=3e-5, rtol=3e-5)

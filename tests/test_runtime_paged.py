@@ -16,8 +16,8 @@ from test_runtime_support import (
 
 from kgen.reference import reference_verify
 from kgen.runtime.adapters import VLLMVerify, vllm_window
+from kgen.runtime.call import Features
 from kgen.runtime.chain import VerifyChain
-from kgen.runtime.general import Features
 
 REAL = real_module_reason()
 needs_real = pytest.mark.skipif(bool(REAL), reason=REAL or "generated modules present")

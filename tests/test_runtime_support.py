@@ -1,7 +1,7 @@
 """Shared helpers for the runtime tests (no tests here): cases, a brute-force oracle, fakes.
 
 ``brute_force`` is written row by row from SGLang's extend-attention semantics, apart
-from both ``kgen.reference`` (causal only) and ``kgen.runtime.general`` (chunked, batched),
+from both ``kgen.reference`` (causal only) and ``kgen.runtime.attend`` (chunked, batched),
 so the general path is checked against something that shares none of its code.
 """
 
@@ -285,10 +285,11 @@ class FakeModule:
         self.accepted += 1
         if self.compute:
             from kgen.reference import reference_verify
+            from kgen.runtime.call import VerifyCall
 
-            q, k, v, o, kb, vb, qo, kvp, kvi = args[:9]
-            ks, vs = args[13], args[14]
-            o.copy_(reference_verify(q, k, v, kb, vb, qo, kvp, kvi, ks, vs, kwargs.get("sm_scale")).to(o.dtype))
+            c = VerifyCall.from_sglang(*args, **kwargs)
+            o = reference_verify(*c.tensors[:3], *c.tensors[4:], c.k_scale, c.v_scale, c.sm_scale)
+            c.o_extend.copy_(o.to(c.o_extend.dtype))
         return True
 
     def verify_paged_fwd(self, q, k, v, o, k_cache, v_cache, block_table, prefix_lens, qo, max_len,
@@ -298,10 +299,13 @@ class FakeModule:
             return False
         self.accepted += 1
         if self.compute:
-            from kgen.runtime.general import GeneralPath
+            from kgen.runtime.attend import GeneralPath
+            from kgen.runtime.call import PagedCall
 
-            GeneralPath().run_paged(
-                q, k, v, o, k_cache, v_cache, block_table, prefix_lens, qo, k_scale, v_scale, sm_scale
+            GeneralPath().run(
+                PagedCall(
+                    q, k, v, o, k_cache, v_cache, block_table, prefix_lens, qo, max_len, k_scale, v_scale, sm_scale
+                )
             )
         return True
 

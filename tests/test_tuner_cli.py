@@ -124,3 +124,74 @@ def test_synthetic_run_without_out_writes_no_table(tmp_path: Path, capsys: pytes
     assert run_tune(parse(*argv)) == 0
     assert "no table written" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tune.db"]
+
+
+# ----------------------------------------------------------------- the storage URL's password
+
+SECRET = "s3cr3t-Pw"
+PG_URL = f"postgresql+psycopg2://kgen:{SECRET}@127.0.0.1:1/kgen"  # port 1: nothing listens
+DRY = ["--dry-run", "--arch", "sm_90", "--layout", "gqa64", "--group", "8", "--bucket", "b1-8"]
+
+
+def test_dry_run_shows_the_storage_without_its_password(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_tune(parse(*DRY, "--storage", PG_URL)) == 0
+    out = capsys.readouterr().out
+    assert SECRET not in out
+    assert "storage: postgresql+psycopg2://kgen:***@127.0.0.1:1/kgen  (from --storage)" in out
+
+
+def test_storage_from_the_environment_and_the_flag_wins(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("KGEN_TUNE_STORAGE", PG_URL)
+    assert run_tune(parse(*DRY)) == 0
+    out = capsys.readouterr().out
+    assert "kgen:***@127.0.0.1:1/kgen  (from $KGEN_TUNE_STORAGE)" in out and SECRET not in out
+    flag = f"sqlite:///{tmp_path / 'flag.db'}"
+    assert run_tune(parse(*DRY, "--storage", flag)) == 0
+    assert f"storage: {flag}  (from --storage)" in capsys.readouterr().out
+    monkeypatch.delenv("KGEN_TUNE_STORAGE")
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path))
+    assert run_tune(parse(*DRY)) == 0
+    assert f"storage: sqlite:///{tmp_path}/tune.db  (from default)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        PG_URL,  # unreachable server
+        f"postgresql+psycopg2://kgen:{SECRET}@127.0.0.1:1/kgen?sslmode=bogus-mode",
+        f"postgresql//kgen:{SECRET}@127.0.0.1:1/kgen",  # not a URL
+        f"nosuchdialect://kgen:{SECRET}@127.0.0.1:1/kgen",  # no such driver
+        "postgresql+psycopg2://kgen:s3cr@t-Pw@127.0.0.1:1/kgen",  # a raw '@' in the password
+    ],
+)
+def test_storage_errors_do_not_show_the_password(url: str, tmp_path: Path) -> None:
+    argv = ["--objective", "synthetic", "--arch", "sm_90", "--layout", "gqa64", "--kv-dtype", "bf16", "--group",
+            "8", "--bucket", "b1-8", "--trials", "2", "--no-progress", "--storage", url]  # fmt: skip
+    with pytest.raises(KgenError) as info:
+        run_tune(parse(*argv))
+    text = str(info.value)
+    assert "storage" in text
+    for piece in (SECRET, "s3cr@t-Pw", "s3cr", "t-Pw"):
+        assert piece not in text, text
+
+
+def test_redact_url_forms() -> None:
+    from kgen.tuner.study import redact_url, scrub_secret
+
+    assert redact_url("sqlite:////tmp/tune.db") == "sqlite:////tmp/tune.db"
+    assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert redact_url("postgresql://u:p%40ss@h/db") == "postgresql://u:***@h/db"
+    assert redact_url("postgresql://u:pa@ss@h/db") == "postgresql://u:***@h/db"
+    assert redact_url("garbage u:pw@h") == "garbage u:***@h"
+    assert scrub_secret("auth failed for p@ss at postgresql://u:p%40ss@h/db", "postgresql://u:p%40ss@h/db") == (
+        "auth failed for *** at postgresql://u:***@h/db"
+    )
+
+
+def test_help_names_the_storage_variable() -> None:
+    parser = argparse.ArgumentParser(prog="kgen")
+    sub = parser.add_subparsers(dest="command")
+    text = add_tune_parser(sub).format_help()
+    assert "KGEN_TUNE_STORAGE" in text and "--report" in text

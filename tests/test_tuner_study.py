@@ -8,12 +8,14 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
 import pytest
 
 from kgen.spec import load_layouts
+from kgen.tuner.report import format_report, record_table_write, study_report
 from kgen.tuner.space import default_config, load_spaces
 from kgen.tuner.study import (
     BackendSpec,
@@ -101,9 +103,26 @@ def finished(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=DONE)
 
 
-def run_until(cmd: list[str], env: dict[str, str], storage: str, name: str, count: int, sig: int) -> tuple[int, str]:
+def default_sigint() -> None:
+    """In the child, before Python starts: SIGINT as a terminal's foreground job has it.
+    A pytest started as a background job (`pytest &` in a script) ignores SIGINT, its
+    children inherit SIG_IGN, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def ignored_sigint() -> None:
+    """In the child: SIGINT ignored, as `kgen tune ... &` in a script (or under a parent
+    that ignores it) starts."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def run_until(
+    cmd: list[str], env: dict[str, str], storage: str, name: str, count: int, sig: int,
+    preexec: Callable[[], None] = default_sigint,
+) -> tuple[int, str]:  # fmt: skip
     """Start the tuner, wait for ``count`` finished trials in the storage, send ``sig``."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=preexec)  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while len(finished(storage, name)) < count:
@@ -151,13 +170,17 @@ def test_study_resumes_after_sigkill_and_ctrl_c_without_losing_finished_trials(t
 # ----------------------------------------------------------------- workers
 
 
-def run_two_workers(storage: str, trials: int) -> optuna.Study:
+def run_two_workers(storage: str, trials: int, gpus: tuple[str | None, ...] = ("3", "5")) -> optuna.Study:
+    """Two worker processes on one study, each started pinned to a (fake) GPU: the
+    synthetic backend opens no device, but each trial records the CUDA_VISIBLE_DEVICES
+    its process saw."""
     job = job_for(fresh_bucket())
     space = build_space(job, SPACES)
     # Trials long enough that the second spawned worker (seconds to import torch on a busy
     # 2-core machine) starts before the first has finished the whole budget alone.
     backend = BackendSpec(kind="synthetic", synthetic_delay_s=0.25)
-    specs = [WorkerSpec(job, SPACES, WORKLOADS, backend, storage, trials, None, 0, i, None) for i in range(2)]
+    specs = [WorkerSpec(job, SPACES, WORKLOADS, backend, storage, trials, None, 0, i, gpu)
+             for i, gpu in enumerate(gpus)]
     return run_workers(specs, space, enqueue=(default_config(job.layout, 8),), progress=False, poll_s=0.2)
 
 
@@ -169,6 +192,12 @@ def check_shared(study: optuna.Study, trials: int) -> None:
     assert workers == {0, 1}, "both worker processes ran trials of the one study"
     assert len({t.user_attrs.get("pid") for t in done}) == 2
     assert study.trials[0].user_attrs.get("enqueued") is not None  # the default came first
+    # each worker process ran pinned to its own device
+    assert {(t.user_attrs["worker"], t.user_attrs["visible_devices"]) for t in done} == {(0, "3"), (1, "5")}
+    report = study_report(study, expect_workers=2)
+    assert report.problems == [], format_report(report)
+    assert len(report.devices) == 2 and report.finished == len(done)
+    assert [len(nums) for nums in report.enqueued.values()] == [1]
 
 
 def test_two_worker_processes_share_one_sqlite_study(tmp_path: Path) -> None:
@@ -184,8 +213,9 @@ def test_ctrl_c_stops_worker_processes_cleanly(tmp_path: Path) -> None:
     cmd = [*tune_cmd(storage, 500, 0.1), "--workers", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=default_sigint,
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         # Six trials, from both workers: on a loaded machine the second worker can start
@@ -215,3 +245,139 @@ def test_ctrl_c_stops_worker_processes_cleanly(tmp_path: Path) -> None:
 )
 def test_two_worker_processes_share_one_postgres_study() -> None:
     check_shared(run_two_workers(os.environ["KGEN_TEST_POSTGRES_URL"], 40), 40)
+
+
+# ----------------------------------------------------------------- SIGINT ignored at start
+
+
+def test_tuner_started_with_sigint_ignored_still_stops_cleanly_on_sigint(tmp_path: Path) -> None:
+    """`kgen tune ... &` in a script starts with SIGINT ignored; `kill -INT PID` must still
+    stop it after the running trial (kgen tune restores the default handler)."""
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    job = job_for()
+    name = study_name(job, build_space(job, SPACES))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rc, out = run_until(tune_cmd(storage, 500, 0.05), env, storage, name, 4, signal.SIGINT, preexec=ignored_sigint)
+    assert rc == 130 and "run the same command again to resume" in out
+    study = optuna.load_study(study_name=name, storage=storage)
+    assert {t.state.name for t in study.trials} == {"COMPLETE"} and len(study.trials) < 500
+
+
+def test_sigint_to_the_parent_alone_stops_its_workers(tmp_path: Path) -> None:
+    """Started with SIGINT ignored and signalled by pid (not the process group): the parent
+    passes the stop on, each worker finishes its running trial, nothing is lost."""
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    job = job_for()
+    name = study_name(job, build_space(job, SPACES))
+    cmd = [*tune_cmd(storage, 500, 0.1), "--workers", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=ignored_sigint,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while (len(done := finished(storage, name)) < 6
+               or {t.user_attrs.get("worker") for t in done} != {0, 1}):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the workers made no progress"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)  # the whole budget would take ~25 s more
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 130, out
+    study = optuna.load_study(study_name=name, storage=storage)
+    assert {t.state.name for t in study.trials} == {"COMPLETE"}
+    assert len(study.trials) < 100
+
+
+# ----------------------------------------------------------------- the report
+
+
+def report_study() -> tuple[optuna.Study, TuneJob]:
+    job = job_for()
+    space = build_space(job, SPACES)
+    from kgen.tuner.study import open_study
+
+    study = open_study(job, space, optuna.storages.InMemoryStorage(), enqueue=(default_config(job.layout, 8),))
+    return study, job
+
+
+def add(study: optuna.Study, state: str, params: dict, value: float | None = 10.0, **attrs: object) -> None:
+    dist = {k: optuna.distributions.CategoricalDistribution([v]) for k, v in params.items()}
+    st = optuna.trial.TrialState[state]
+    study.add_trial(optuna.trial.create_trial(state=st, params=params, distributions=dist,
+                                              value=value if st.name == "COMPLETE" else None,
+                                              user_attrs={"host": "h", "pid": 1, **attrs}))  # fmt: skip
+
+
+def test_report_finds_lost_trials_double_measurements_and_double_writes(tmp_path: Path) -> None:
+    study, _ = report_study()
+    add(study, "COMPLETE", {"a": 1}, worker=0, gpu="0", visible_devices="0", gpu_uuid="GPU-aaa")
+    add(study, "PRUNED", {"a": 2}, worker=1, gpu="1", visible_devices="1", gpu_uuid="GPU-bbb")
+    clean = study_report(study, expect_workers=2)
+    assert len(clean.devices) == 2 and clean.finished == 2 and clean.problems == []
+    assert study_report(study, expect_workers=3).problems == ["2 worker(s) finished trials, 3 expected",
+                                                              "trials ran on 2 distinct GPU(s), 3 expected"]
+    add(study, "COMPLETE", {"a": 1}, worker=1, gpu="1", visible_devices="1")  # measured again
+    add(study, "COMPLETE", {"a": 1}, worker=1, repeat_of_earlier_trial=True)  # answered, not measured
+    add(study, "FAIL", {"a": 3}, worker=0)
+    record_table_write(study, tmp_path / "t.json", 4, 2)
+    record_table_write(study, tmp_path / "t.json", 4, 2)
+    report = study_report(study, expect_workers=2)
+    problems = report.problems
+    assert report.repeats_answered == 1 and report.lost == [5]  # trial 0 is the enqueued default, still waiting
+    assert any("measured more than once: [1, 3]" in p for p in problems)
+    assert any("[5] FAILED and were not retried" in p for p in problems)
+    assert any("wrote the table more than once" in p for p in problems)
+    text = format_report(report)
+    assert "table writes: 2" in text and "GPU-aaa" in text and "PROBLEM:" in text
+
+
+def test_tune_with_two_workers_writes_the_table_once_and_reports(tmp_path: Path) -> None:
+    from kgen.blockconfig import read_table
+    from kgen.tuner.cli import main
+
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    out = tmp_path / "sm_90.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [*tune_cmd(storage, 16, 0.25), "--workers", "2", "--out", str(out)]
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "table writes: 1" in run.stdout and "checks: all passed" in run.stdout
+    assert read_table(out).metadata.trials >= 16
+    job = job_for()
+    name = study_name(job, build_space(job, SPACES))
+    study = optuna.load_study(study_name=name, storage=storage)
+    writes = study.user_attrs["table_writes"]
+    assert len(writes) == 1 and writes[0]["path"] == str(out) and writes[0]["workers"] == 2
+    assert main(["tune", "--report", "--workers", "2", "--storage", storage]) == 0
+    assert main(["tune", "--report", "--workers", "3", "--storage", storage]) == 1
+
+
+@pytest.mark.gpu
+def test_two_gpu_workers_share_one_study_on_two_devices(tmp_path: Path) -> None:
+    """`kgen tune --workers 2` on a machine with two GPUs: one study, both devices ran
+    trials (two GPU UUIDs), nothing lost or measured twice, the table written once."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two visible GPUs")
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    out = tmp_path / "table.json"
+    cmd = [sys.executable, "-m", "kgen.tuner.cli", "tune", "--workers", "2", "--layout", "gqa64", "--kv-dtype",
+           "bf16", "--group", "8", "--bucket", "b9-32", "--trials", "12", "--timeout", "240", "--storage", storage,
+           "--out", str(out), "--no-progress"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "checks: all passed" in run.stdout, run.stdout[-3000:]
+    (study_summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=study_summary.study_name, storage=storage)
+    done = study.get_trials(deepcopy=False, states=DONE)
+    assert len({t.user_attrs["gpu_uuid"] for t in done}) == 2, "both GPUs ran trials"
+    report = study_report(study, expect_workers=2)
+    assert report.problems == [] and len(report.table_writes) == 1, format_report(report)

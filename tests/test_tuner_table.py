@@ -75,9 +75,12 @@ def test_write_read_round_trip_with_metadata_and_measurements(tmp_path: Path) ->
     )
     assert back.lookup("gqa128", "bfloat16", 8, 5000).config == DEFAULT  # the open-ended last bucket
     assert back.lookup("gqa128", "bfloat16", 8, 20) is None  # bucket not tuned in this run
-    write_results(out, "sm_90", "NVIDIA H200", [result("b9-32")])
+    assert meta.note == ("kgen tune on NVIDIA H200: 2 entries measured in this run from 2 studies "
+                         "(200 finished trials, 1 worker)")
+    write_results(out, "sm_90", "NVIDIA H200", [result("b9-32")], workers=2)
     merged = read_table(out)
     assert merged.metadata.trials == 300 and len(merged.entries) == 3
+    assert merged.metadata.note.endswith("from 1 study (100 finished trials, 2 workers)")
 
 
 def test_merge_replaces_matching_buckets_and_keeps_the_rest() -> None:

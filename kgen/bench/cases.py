@@ -47,6 +47,12 @@ HEADLINE_SHAPES = ((64, 16384, 4), (16, 1024, 4))
 
 Q_BYTES = 2  # queries, draft K/V and the output are bfloat16 in every case
 
+# The page table's dtype: SGLang passes kv_indices as int64, so that is what a case times
+# unless told otherwise. Results written before the dtype was recorded used int32.
+INDEX_DTYPES = ("int64", "int32")
+DEFAULT_INDEX_DTYPE = "int64"
+LEGACY_INDEX_DTYPE = "int32"
+
 
 class BenchUsageError(KgenError, ValueError):
     """A bench option names an unknown layout, group, dtype or size."""
@@ -67,6 +73,16 @@ class Case:
     v_dim: int
     separate_v: bool
     kv_heads: int = 1
+    # kv_indices dtype of the kgen kernels' figures; None: a result written before it was
+    # recorded (those used int32, see ``indices``).
+    index_dtype: str | None = None
+    # The other dtype, timed in alternation with ``index_dtype`` (``--index-dtype a,b``).
+    index_dtype_ab: str | None = None
+
+    @property
+    def indices(self) -> str:
+        """The kv_indices dtype the case's kgen figures were measured with."""
+        return self.index_dtype or LEGACY_INDEX_DTYPE
 
     @property
     def num_q_heads(self) -> int:
@@ -111,6 +127,8 @@ def make_case(
     prefix: int,
     draft: int,
     kv_heads: int = 1,
+    index_dtype: str = DEFAULT_INDEX_DTYPE,
+    index_dtype_ab: str | None = None,
 ) -> Case:
     shape = spec.attention
     return Case(
@@ -124,6 +142,8 @@ def make_case(
         v_dim=shape.v_head_dim,
         separate_v=shape.v_source == "v_buffer",
         kv_heads=kv_heads,
+        index_dtype=index_dtype,
+        index_dtype_ab=index_dtype_ab,
     )
 
 
@@ -233,6 +253,20 @@ def parse_kv_dtypes(values: Iterable[str] | None) -> list[str]:
         raise BenchUsageError(str(exc)) from None
 
 
+def parse_index_dtypes(values: Iterable[str] | None) -> tuple[str, str | None]:
+    """``--index-dtype``: one dtype (the figures), or two (the first's figures, and both
+    timed in alternation for their ratio). Default: int64, what SGLang sends."""
+    entries = list(dict.fromkeys(split_list(values)))
+    unknown = [e for e in entries if e not in INDEX_DTYPES]
+    if unknown:
+        raise BenchUsageError(f"--index-dtype {unknown}: choose from {', '.join(INDEX_DTYPES)}")
+    if not entries:
+        return DEFAULT_INDEX_DTYPE, None
+    if len(entries) > 2:
+        raise BenchUsageError(f"--index-dtype takes one or two dtypes, got {entries}")
+    return entries[0], (entries[1] if len(entries) == 2 else None)
+
+
 def build_matrix(
     specs: Mapping[str, LayoutSpec],
     layout_groups: Sequence[tuple[str, int]] = DEFAULT_LAYOUT_GROUPS,
@@ -242,6 +276,7 @@ def build_matrix(
     drafts: Sequence[int] | None = None,
     quick: bool = False,
     kv_heads: int = 1,
+    index_dtypes: tuple[str, str | None] = (DEFAULT_INDEX_DTYPE, None),
 ) -> list[Case]:
     """Every combination, ordered layout, group, dtype, batch, prefix, draft: cases that
     share compiled kernels run back to back, and the BF16 case of a shape runs before its
@@ -260,7 +295,8 @@ def build_matrix(
             for batch in batches:
                 for prefix in prefixes:
                     for draft in drafts:
-                        cases.append(make_case(spec, group, kv_dtype, batch, prefix, draft, kv_heads))
+                        cases.append(make_case(spec, group, kv_dtype, batch, prefix, draft, kv_heads,
+                                               *index_dtypes))  # fmt: skip
     return cases
 
 

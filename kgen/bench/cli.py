@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from kgen.bench.cases import (
+    INDEX_DTYPES,
     KERNELS,
     BenchUsageError,
     Case,
     build_matrix,
     format_case_list,
+    parse_index_dtypes,
     parse_kv_dtypes,
     parse_layout_groups,
     parse_sizes,
@@ -41,6 +43,7 @@ from kgen.bench.report import (
     BenchRun,
     compare_runs,
     format_comparison,
+    index_ab_summary,
     merge_runs,
     read_run,
     speedup_summary,
@@ -61,6 +64,8 @@ EPILOG = """examples:
   kgen bench --layout qwen3_5_gqa256:16 --kv-dtype bf16 --batch 64 --prefix 16K --draft 4
   kgen bench --compare benchmarks/baselines/h200.json exit 1 on a >10% kgen slowdown
   kgen bench --from-json bench-out/bench.json --compare benchmarks/baselines/h200.json
+  kgen bench --index-dtype int64,int32 --layout qwen3_5_gqa256:16 --batch 64 --prefix 4K,16K --draft 4
+                                                      int64 vs int32 kv_indices, alternated graph replays
   kgen bench --list                                   the cases, no GPU needed
   kgen bench --time-limit 500 --out a; kgen bench --resume a/bench.json --out a
                                                       a matrix longer than one sitting"""
@@ -93,6 +98,14 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     )
     sel.add_argument("--draft", action="append", metavar="L", help="draft lengths (default 1,2,4)")
     sel.add_argument("--kv-heads", type=int, default=1, help="KV heads per rank (default 1)")
+    sel.add_argument(
+        "--index-dtype",
+        action="append",
+        metavar="|".join(INDEX_DTYPES),
+        help="kv_indices dtype of the kgen kernels (default int64, what SGLang sends); two, e.g. int64,int32: "
+        "the first's figures, and both timed in alternation in one process (CUDA-graph replays, the median "
+        "of at least 5 alternations) with their ratio per case",
+    )
     sel.add_argument(
         "--quick", action="store_true", help="the fast subset: batch 16,64 x prefix 1K,16K x L 4 (32 cases)"
     )
@@ -196,6 +209,7 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
         drafts=drafts,
         quick=args.quick,
         kv_heads=args.kv_heads,
+        index_dtypes=parse_index_dtypes(args.index_dtype),
     )
 
 
@@ -252,6 +266,8 @@ def case_line(res: CaseResult) -> str:
     if g is None or not g.timed:
         return f"{head} grouped {g.status if g else '-'}"
     pct = f" {g.pct_copy:5.1f}% copy" if g.pct_copy is not None else ""
+    if g.index_ab is not None and g.index_ab.ratio is not None:
+        pct += f" {res.case.indices}/{g.index_ab.dtype}={g.index_ab.ratio:.3f}"
     ups = " ".join(f"x{k}={v:.2f}" for k, v in res.speedup.items())
     bad = " ".join(
         f"{k} {r.status} ({(r.note or str(r.max_rel_err))[:60]})" for k, r in res.kernels.items() if r.status != "ok"
@@ -265,6 +281,8 @@ def summary_text(run: BenchRun) -> str:
     lines = [f"{len(run.cases)} cases, {len(failed)} FAILED, {skipped} skipped"]
     for name, (g, n) in speedup_summary(run.cases).items():
         lines.append(f"  grouped vs {name}: {g:.2f}x geometric mean over {n} cases")
+    for kernel, (title, mid, worst, key, n) in index_ab_summary(run.cases).items():
+        lines.append(f"  {kernel} kv_indices {title}: median {mid:.3f} over {n} cases, largest {worst:.3f} at {key}")
     lines += [f"  FAILED: {key}" for key in failed]
     return "\n".join(lines)
 
@@ -308,11 +326,11 @@ def collect_meta(args: argparse.Namespace, copy_gbps: float, copy_bytes: int) ->
     import torch
     import triton
 
+    from kgen.bench.timing import CudaGraphTimer
+    from kgen.runtime.device import arch_of
+
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    if torch.version.hip:
-        arch = str(props.gcnArchName).split(":")[0]
-    else:
-        arch = f"sm_{props.major}{props.minor}"
+    arch = arch_of(props)
     commit, dirty = _git_state()
     return BenchMeta(
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -336,6 +354,7 @@ def collect_meta(args: argparse.Namespace, copy_gbps: float, copy_bytes: int) ->
             "replays": args.replays,
             "min_graph_us": args.min_graph_us,
             "l2_rotate_factor": 2.0,
+            "index_ab_alternations": CudaGraphTimer(replays=args.replays).alternations,
         },  # fmt: skip
         flex_sweep=flex_sweep_mode(args),
     )
@@ -364,6 +383,7 @@ def measure_or_resume(args: argparse.Namespace, cases: Sequence[Case], out_dir: 
     if not args.resume:
         return measure(args, cases, out_dir)
     prior = read_run(args.resume)
+    _same_index_dtypes(prior, cases, args.resume)
     done = {c.key for c in prior.cases if c.status != "skipped"}
     todo = [c for c in cases if c.key not in done]
     print(f"resuming {args.resume}: {len(cases) - len(todo)} of {len(cases)} cases measured there", flush=True)
@@ -371,6 +391,17 @@ def measure_or_resume(args: argparse.Namespace, cases: Sequence[Case], out_dir: 
         return merge_runs(prior, BenchRun(meta=prior.meta), cases, args.resume)
     return measure(args, todo, out_dir, finish=lambda new: merge_runs(_same_gpu(prior, new, args.resume), new,
                                                                        cases, args.resume))
+
+
+def _same_index_dtypes(prior: BenchRun, cases: Sequence[Case], source: str) -> None:
+    """A resume keeps the earlier run's cases: they must have timed the same kv_indices dtypes."""
+    wanted = {c.key: (c.indices, c.index_dtype_ab) for c in cases}
+    for r in prior.cases:
+        want = wanted.get(r.key)
+        if r.status != "skipped" and want is not None and (r.case.indices, r.case.index_dtype_ab) != want:
+            have = ",".join(d for d in (r.case.indices, r.case.index_dtype_ab) if d)
+            raise BenchUsageError(f"--resume {source} measured {r.key} with --index-dtype {have}, this run asks for "
+                                  f"{','.join(d for d in want if d)}: resume with the same --index-dtype")  # fmt: skip
 
 
 def _same_gpu(prior: BenchRun, new: BenchRun, source: str) -> BenchRun:

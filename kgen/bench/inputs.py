@@ -2,10 +2,12 @@
 
 The generated kernels read SGLang's token-slot pool: ``k_buffer [slots, H_kv, D_qk]``,
 ``v_buffer [slots, H_kv, D_v]`` (absorbed MLA: a view of K's first D_v columns),
-``kv_indices`` int32 into it. The page table is a random permutation of the slots, as in
-a long-running server, not ``arange`` (which would flatter any kernel with perfectly
-sequential reads). Each input set owns its own slots, queries and outputs; together the
-sets exceed twice the L2 so a replayed graph reads K/V from HBM every launch.
+``kv_indices`` into it, in the case's index dtype (int64 unless asked: SGLang's), plus
+the same indices in the other dtype when the case times both in alternation. The page
+table is a random permutation of the slots, as in a long-running server, not ``arange``
+(which would flatter any kernel with perfectly sequential reads). Each input set owns its
+own slots, queries and outputs; together the sets exceed twice the L2 so a replayed graph
+reads K/V from HBM every launch.
 
 The peers read the same values gathered into dense ``[bs, H, S, D]`` bf16 tensors (FP8
 pool values dequantized with the case's scales), built outside any timed region.
@@ -46,7 +48,15 @@ class InputSet:
     k_extend: torch.Tensor  # [bs*L, H_kv, D_qk] bf16
     v_extend: torch.Tensor  # [bs*L, H_kv, D_v] bf16 (MLA: view of k_extend)
     o: torch.Tensor  # [bs*L, H_q, D_v] bf16
-    kv_indices: torch.Tensor  # [bs*P] int32, this set's slots in shuffled order
+    kv_indices: torch.Tensor  # [bs*P] in case.indices' dtype, this set's slots in shuffled order
+    kv_indices_ab: torch.Tensor | None = None  # the same slots in case.index_dtype_ab
+
+    def indices(self, dtype: str) -> torch.Tensor:
+        """This set's page table in ``dtype`` (the case's or its A/B's)."""
+        for table in (self.kv_indices, self.kv_indices_ab):
+            if table is not None and table.dtype == getattr(torch, dtype):
+                return table
+        raise ValueError(f"this input set has no {dtype} kv_indices (built for {self.kv_indices.dtype})")
 
 
 @dataclass
@@ -96,7 +106,10 @@ def _random_pool(
     return out
 
 
-def _draft_set(case: Case, kv_indices: torch.Tensor, gen: torch.Generator, device: torch.device) -> InputSet:
+def _draft_set(
+    case: Case, kv_indices: torch.Tensor, gen: torch.Generator, device: torch.device,
+    kv_indices_ab: torch.Tensor | None = None,
+) -> InputSet:  # fmt: skip
     bs, L, hq, hkv = case.batch, case.draft, case.num_q_heads, case.kv_heads
     bf16 = torch.bfloat16
     shared = torch.randn(bs, 1, 1, case.qk_dim, generator=gen, device=device) * draft_affinity(case)
@@ -109,12 +122,13 @@ def _draft_set(case: Case, kv_indices: torch.Tensor, gen: torch.Generator, devic
     else:
         v_ext = k_ext[..., : case.v_dim]
     o = torch.full((bs * L, hq, case.v_dim), float("nan"), dtype=bf16, device=device)
-    return InputSet(q=q, k_extend=k_ext, v_extend=v_ext, o=o, kv_indices=kv_indices)
+    return InputSet(q=q, k_extend=k_ext, v_extend=v_ext, o=o, kv_indices=kv_indices, kv_indices_ab=kv_indices_ab)
 
 
 def build_inputs(case: Case, device: str | torch.device, n_sets: int = 1, seed: int = 0) -> CaseInputs:
     """One pool holding ``n_sets`` x batch x prefix slots, each set's slots a disjoint slice
-    of one random permutation."""
+    of one random permutation (the same permutation whatever the index dtype, so two
+    dtypes time the same reads)."""
     dev = torch.device(device)
     gen = _case_generator(case, dev, seed)
     kv_dtype = getattr(torch, case.kv_dtype)
@@ -126,9 +140,16 @@ def build_inputs(case: Case, device: str | torch.device, n_sets: int = 1, seed: 
         v_buffer = _random_pool(slots, case.kv_heads, case.v_dim, kv_dtype, v_scale, gen, dev)
     else:
         v_buffer = k_buffer[..., : case.v_dim]
-    perm = torch.randperm(slots, generator=gen, device=dev).to(torch.int32)
+    order = torch.randperm(slots, generator=gen, device=dev)
+    perm = order.to(getattr(torch, case.indices))
+    perm_ab = order.to(getattr(torch, case.index_dtype_ab)) if case.index_dtype_ab else None
+    del order
     steps = torch.arange(case.batch + 1, dtype=torch.int32, device=dev)
-    sets = [_draft_set(case, perm[s * per_set : (s + 1) * per_set], gen, dev) for s in range(n_sets)]
+
+    def part(table: torch.Tensor | None, s: int) -> torch.Tensor | None:
+        return None if table is None else table[s * per_set : (s + 1) * per_set]
+
+    sets = [_draft_set(case, part(perm, s), gen, dev, part(perm_ab, s)) for s in range(n_sets)]
     return CaseInputs(
         case=case,
         k_buffer=k_buffer,

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kgen.bench.cases import HEADLINE_KERNEL, KERNELS, KGEN_KERNELS, PEER_KERNELS, Case, min_bytes
-from kgen.bench.timing import Launch, Timer, Timing
+from kgen.bench.timing import Launch, PairedTiming, Timer, Timing, percentile
 
 # Max |out - ref| / max |ref| allowed: bf16 outputs round at ~4e-3, the P.V product runs in
 # bf16; FP8 adds the dequantized-operand path of the kernel under test.
@@ -55,6 +55,28 @@ class KernelRun:
     note: str = ""
     unsupported: str | None = None
     error: str | None = None
+    index_dtype: str | None = None  # the kv_indices dtype fn launches with (kgen kernels)
+    alt: KernelRun | None = None  # the same kernel on the other kv_indices dtype, timed in alternation
+
+
+class IndexAB(BaseModel):
+    """A kgen kernel on the case's other kv_indices dtype, timed in alternation with the
+    case's own (``--index-dtype a,b``): its time, and the median over the alternations
+    of (case's dtype time / this dtype's time)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: str
+    status: KernelStatus
+    median_us: float | None = None
+    p10_us: float | None = None
+    p90_us: float | None = None
+    ratio: float | None = None
+    ratio_p10: float | None = None
+    ratio_p90: float | None = None
+    alternations: int | None = None
+    max_rel_err: float | None = None
+    note: str = ""
 
 
 class KernelResult(BaseModel):
@@ -77,6 +99,7 @@ class KernelResult(BaseModel):
     scratch_bytes: int | None = None
     note: str = ""
     shared_from: str | None = None
+    index_ab: IndexAB | None = None
 
     @property
     def timed(self) -> bool:
@@ -136,11 +159,24 @@ def _timed_result(base: dict[str, Any], timing: Timing, nbytes: int, copy_gbps: 
     )
 
 
+def _checked(run: KernelRun, tolerance: float) -> tuple[KernelStatus, float | None, str]:
+    """(status, max rel error, note) of ``run.check``: ok, failed (beyond tolerance or not
+    finite) or error (it raised)."""
+    if run.check is None:
+        return "ok", None, ""
+    try:
+        err = float(run.check())
+    except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+        return "error", None, f"check: {_short(exc)}"
+    return ("failed" if not math.isfinite(err) or err > tolerance else "ok"), err, ""
+
+
 def measure_kernel(
     run: KernelRun, timer: Timer, nbytes: int, copy_gbps: float | None, tolerance: float
 ) -> KernelResult:
     """Check once, then time. A wrong result is still timed (status ``failed``), so the
-    report shows how fast the wrong kernel was; an exception ends the kernel (``error``)."""
+    report shows how fast the wrong kernel was; an exception ends the kernel (``error``).
+    With ``run.alt`` both index dtypes are checked and timed in alternation (``timer.pair``)."""
     base: dict[str, Any] = {
         "choice": run.choice,
         "scratch_bytes": run.scratch_bytes,
@@ -151,20 +187,55 @@ def measure_kernel(
         return KernelResult(status="error", **{**base, "note": run.error})
     if run.unsupported is not None or run.fn is None:
         return KernelResult(status="unsupported", **{**base, "note": run.unsupported or "no kernel"})
-    status: KernelStatus = "ok"
+    status, err, note = _checked(run, base["tolerance"])
+    if status == "error":
+        return KernelResult(status="error", **{**base, "note": note})
     if run.check is not None:
-        try:
-            err = float(run.check())
-        except Exception as exc:  # noqa: BLE001 - reported, the run goes on
-            return KernelResult(status="error", **{**base, "note": f"check: {_short(exc)}"})
         base["max_rel_err"] = err
-        if not math.isfinite(err) or err > base["tolerance"]:
-            status = "failed"
+    if run.alt is not None and run.alt.fn is not None:
+        return _measure_pair(run, run.alt, timer, {**base, "status": status}, nbytes, copy_gbps)
     try:
         timing = timer(run.fn, run.n_sets)
     except Exception as exc:  # noqa: BLE001
         return KernelResult(status="error", **{**base, "note": f"timing: {_short(exc)}"})
     return _timed_result({**base, "status": status}, timing, nbytes, copy_gbps)
+
+
+def _measure_pair(
+    run: KernelRun, alt: KernelRun, timer: Timer, base: dict[str, Any], nbytes: int, copy_gbps: float | None
+) -> KernelResult:
+    """``run`` and ``alt`` timed in alternation; ``run``'s figures plus ``index_ab``."""
+    dtype = alt.index_dtype or "?"
+    pair = getattr(timer, "pair", None)
+    if pair is None:
+        note = f"timing: {type(timer).__name__} cannot time two index dtypes in alternation"
+        return KernelResult(**{**base, "status": "error", "note": note})
+    ab_status, ab_err, ab_note = _checked(alt, base["tolerance"])
+    if ab_status == "error":  # the other dtype does not run: time this one alone
+        ab = IndexAB(dtype=dtype, status="error", note=ab_note)
+        try:
+            timing = timer(run.fn, run.n_sets)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001
+            return KernelResult(**{**base, "status": "error", "note": f"timing: {_short(exc)}", "index_ab": ab})
+        return _timed_result(base, timing, nbytes, copy_gbps).model_copy(update={"index_ab": ab})
+    try:
+        paired: PairedTiming = pair(run.fn, alt.fn, run.n_sets)
+    except Exception as exc:  # noqa: BLE001
+        return KernelResult(**{**base, "status": "error", "note": f"timing: {_short(exc)}"})
+    ordered = sorted(paired.ratios)
+    ab = IndexAB(
+        dtype=dtype,
+        status=ab_status,
+        median_us=paired.b.median_us,
+        p10_us=paired.b.p10_us,
+        p90_us=paired.b.p90_us,
+        ratio=paired.ratio,
+        ratio_p10=percentile(ordered, 10),
+        ratio_p90=percentile(ordered, 90),
+        alternations=len(paired.ratios),
+        max_rel_err=ab_err,
+    )
+    return _timed_result(base, paired.a, nbytes, copy_gbps).model_copy(update={"index_ab": ab})
 
 
 def speedups(kernels: Mapping[str, KernelResult]) -> dict[str, float]:
@@ -181,8 +252,14 @@ def speedups(kernels: Mapping[str, KernelResult]) -> dict[str, float]:
 
 
 def case_status(kernels: Mapping[str, KernelResult]) -> Literal["ok", "FAILED"]:
-    """FAILED when a kgen kernel is wrong or broke; a peer's trouble is its own row."""
-    bad = any(kernels[k].status in ("failed", "error") for k in KGEN_KERNELS if k in kernels)
+    """FAILED when a kgen kernel is wrong or broke (with either kv_indices dtype of an A/B);
+    a peer's trouble is its own row."""
+    bad = any(
+        kernels[k].status in ("failed", "error")
+        or (kernels[k].index_ab is not None and kernels[k].index_ab.status in ("failed", "error"))  # type: ignore[union-attr]
+        for k in KGEN_KERNELS
+        if k in kernels
+    )
     return "FAILED" if bad else "ok"
 
 

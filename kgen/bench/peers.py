@@ -67,10 +67,10 @@ def device_facts(device: torch.device) -> tuple[str, int]:
     """(arch, multiprocessor count) as the generated modules name them."""
     if device.type != "cuda":
         return "interpreter", 4
+    from kgen.runtime.device import arch_of
+
     props = torch.cuda.get_device_properties(device)
-    if torch.version.hip:
-        return str(props.gcnArchName).split(":")[0], props.multi_processor_count
-    return f"sm_{props.major}{props.minor}", props.multi_processor_count
+    return arch_of(props), props.multi_processor_count
 
 
 def scratch_bytes_of(module: ModuleType, case: Case, arch: str, num_sms: int) -> int | None:
@@ -112,38 +112,50 @@ def config_label(module: ModuleType, case: Case, arch: str) -> str:
 
 
 def kgen_run(case: Case, inputs: CaseInputs, variant: str, loader: Loader | None = None) -> KernelRun:
-    """The generated module's ``launch`` on set ``i``; the check NaN-fills o first."""
+    """The generated module's ``launch`` on set ``i`` with the case's kv_indices dtype; the
+    check NaN-fills o first. A case with ``index_dtype_ab`` also gets ``alt``: the same
+    launch on the other dtype's page table, timed in alternation with this one."""
     try:
         module = (loader or _default_loader)(case.layout, case.kv_dtype, variant)
     except Exception as exc:  # noqa: BLE001
         return KernelRun(error=f"load {variant}: {_short(exc)}")
     arch, num_sms = device_facts(inputs.k_buffer.device)
 
-    def fn(i: int) -> None:
-        s = inputs.sets[i]
-        module.launch(
-            s.q, s.k_extend, s.v_extend, s.o, inputs.k_buffer, inputs.v_buffer,
-            inputs.qo_indptr, inputs.kv_indptr, s.kv_indices, case.draft,
-            inputs.k_scale, inputs.v_scale,
-        )  # fmt: skip
+    def launcher(dtype: str) -> tuple[Callable[[int], None], Callable[[], float]]:
+        def fn(i: int) -> None:
+            s = inputs.sets[i]
+            module.launch(
+                s.q, s.k_extend, s.v_extend, s.o, inputs.k_buffer, inputs.v_buffer,
+                inputs.qo_indptr, inputs.kv_indptr, s.indices(dtype), case.draft,
+                inputs.k_scale, inputs.v_scale,
+            )  # fmt: skip
 
-    def check() -> float:
-        s0 = inputs.sets[0]
-        s0.o.fill_(float("nan"))
-        fn(0)
-        rows = inputs.check_requests * case.draft
-        return max_rel_error(s0.o[:rows], inputs.reference())
+        def check() -> float:
+            s0 = inputs.sets[0]
+            s0.o.fill_(float("nan"))
+            fn(0)
+            rows = inputs.check_requests * case.draft
+            return max_rel_error(s0.o[:rows], inputs.reference())
+
+        return fn, check
 
     try:
         scratch = scratch_bytes_of(module, case, arch, num_sms)
     except Exception:  # noqa: BLE001 - reported as unknown
         scratch = None
+    fn, check = launcher(case.indices)
+    alt = None
+    if case.index_dtype_ab:
+        fn_ab, check_ab = launcher(case.index_dtype_ab)
+        alt = KernelRun(fn=fn_ab, n_sets=inputs.n_sets, check=check_ab, index_dtype=case.index_dtype_ab)
     return KernelRun(
         fn=fn,
         n_sets=inputs.n_sets,
         check=check,
         choice=config_label(module, case, arch),
         scratch_bytes=scratch,
+        index_dtype=case.indices,
+        alt=alt,
     )
 
 

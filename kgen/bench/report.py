@@ -4,13 +4,15 @@ The JSON is the one source: the Markdown and the plots are rendered from it (``k
 --from-json`` re-renders them), and a baseline such as ``benchmarks/baselines/h200.json``
 is simply a committed bench.json. Cases are matched by ``key``
 (``layout/gGROUP/kvtag/bsB/pP/LL``), so a ``--quick`` run compares against a full baseline
-on the cases they share.
+on the cases they share, and only where both measured the same kv_indices dtype (a case
+written before the dtype was recorded counts as int32, what the bench used then).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kgen.bench import SCHEMA
-from kgen.bench.cases import HEADLINE_KERNEL, KERNELS, KGEN_KERNELS, Case
+from kgen.bench.cases import HEADLINE_KERNEL, KERNELS, KGEN_KERNELS, LEGACY_INDEX_DTYPE, Case
 from kgen.bench.measure import CaseResult, KernelResult, SweepEntry
 from kgen.errors import KgenError
 from kgen.spec import KV_DTYPES
@@ -222,6 +224,9 @@ def _header(run: BenchRun) -> list[str]:
     if summary:
         parts = [f"{KERNEL_TITLES.get(k, k)} **{g:.2f}x** ({n} cases)" for k, (g, n) in summary.items()]
         lines.append("- grouped kernel speed-up (geometric mean) over: " + ", ".join(parts))
+    for kernel, (title, mid, worst, key, n) in index_ab_summary(run.cases).items():
+        lines.append(f"- {KERNEL_TITLES[kernel]} kv_indices {title}: median **{mid:.3f}** over {n} cases "
+                     f"(largest {worst:.3f} at {key}), each the median of alternated graph replays")  # fmt: skip
     for note in m.notes:
         lines.append(f"- {note}")
     return lines
@@ -246,14 +251,41 @@ def _group_title(c: CaseResult) -> str:
     return f"{c.case.layout}, group {c.case.group}, KV {tag}{extra}"
 
 
-def _case_row(c: CaseResult) -> str:
+def _index_cell(case: Case) -> str:
+    """The kv_indices dtype of a case's kgen figures; "int32?" where the file did not record it."""
+    return case.index_dtype or f"{LEGACY_INDEX_DTYPE}?"
+
+
+def _ratio_cell(res: KernelResult | None) -> str:
+    ab = res.index_ab if res is not None else None
+    if ab is None:
+        return "-"
+    if ab.ratio is None:
+        return ab.status
+    spread = ""
+    if ab.ratio_p10 is not None and ab.ratio_p90 is not None:
+        spread = f" ({ab.ratio_p10:.3f}–{ab.ratio_p90:.3f})"
+    return ("FAILED " if ab.status != "ok" else "") + f"{ab.ratio:.3f}{spread}"
+
+
+def _ab_title(run: BenchRun) -> str | None:
+    """"int64/int32" when the run timed two index dtypes in alternation."""
+    for c in run.cases:
+        if c.case.index_dtype_ab:
+            return f"{c.case.indices}/{c.case.index_dtype_ab}"
+    return None
+
+
+def _case_row(c: CaseResult, ab: bool = False) -> str:
     k = c.kernels
     g = k.get("grouped")
+    ratios = [_ratio_cell(g), _ratio_cell(k.get("per_head"))] if ab else []
     cells = [
-        str(c.case.batch), str(c.case.prefix), str(c.case.draft),
+        str(c.case.batch), str(c.case.prefix), str(c.case.draft), _index_cell(c.case),
         _cell_us(g) + (f" ({_fmt(g.p10_us)}–{_fmt(g.p90_us)})" if g and g.timed else ""),
         _fmt(g.gbps, 0) if g else "-",
         _fmt(g.pct_copy, 1) if g else "-",
+        *ratios,
         _cell_us(k.get("per_head")),
         _cell_choice(k.get("flex")),
         _cell_choice(k.get("sdpa")),
@@ -265,22 +297,27 @@ def _case_row(c: CaseResult) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-_TABLE_HEAD = [
-    "| batch | prefix | L | grouped µs (p10–p90) | GB/s | % copy | per-head µs | FlexAttention µs "
-    "| SDPA µs | × per-head | × flex | × SDPA | scratch MiB | max rel err (grouped / per-head) "
-    "| status |",
-    "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | --- |",
-]
+def _table_head(ab: str | None) -> list[str]:
+    """The case table's header; with an A/B of index dtypes, the two ratio columns (median
+    over the alternations, p10–p90)."""
+    ratios = [f"grouped {ab}", f"per-head {ab}"] if ab else []
+    names = ["batch", "prefix", "L", "kv_indices", "grouped µs (p10–p90)", "GB/s", "% copy", *ratios,
+             "per-head µs", "FlexAttention µs", "SDPA µs", "× per-head", "× flex", "× SDPA", "scratch MiB",
+             "max rel err (grouped / per-head)", "status"]  # fmt: skip
+    align = {"kv_indices": "---", "FlexAttention µs": "---", "SDPA µs": "---", "status": "---",
+             "max rel err (grouped / per-head)": "---"}  # fmt: skip
+    return ["| " + " | ".join(names) + " |", "| " + " | ".join(align.get(n, "---:") for n in names) + " |"]
 
 
 def _case_tables(run: BenchRun) -> list[str]:
     lines: list[str] = []
     title = None
+    ab = _ab_title(run)
     for c in run.cases:
         if _group_title(c) != title:
             title = _group_title(c)
-            lines += ["", f"## {title}", "", *_TABLE_HEAD]
-        lines.append(_case_row(c))
+            lines += ["", f"## {title}", "", *_table_head(ab)]
+        lines.append(_case_row(c, ab is not None))
     return lines
 
 
@@ -324,6 +361,10 @@ _METHOD = [
     "case of one shape.",
     "- `× peer` = peer time / grouped time. max rel err = max|out − ref| / max|ref| on the first "
     "two requests against `kgen.reference.reference_verify`; above the tolerance the case is FAILED.",
+    "- `kv_indices`: the page table's dtype in the kgen kernels' figures (SGLang sends int64; `int32?`: "
+    "a result that did not record it, int32 then). A column `a/b` is a's time over b's for the same kernel "
+    "and inputs, the median of the per-alternation ratios of CUDA-graph replays alternated in one process "
+    "(p10–p90 in brackets).",
 ]
 
 
@@ -489,10 +530,26 @@ class Comparison:
     regressions: list[Regression] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # in the baseline, not measured now
     new: list[str] = field(default_factory=list)  # measured now, not in the baseline
+    # kv_indices dtype differs: (key, this run's, the baseline's); not judged
+    index_mismatch: list[tuple[str, str, str]] = field(default_factory=list)
+    legacy_baseline: int = 0  # baseline cases that did not record their index dtype
+    via_ab: int = 0  # cases judged on this run's alternated figure (the baseline's dtype)
 
     @property
     def ok(self) -> bool:
         return not self.regressions
+
+
+def figure_for(res: KernelResult, case: Case, dtype: str) -> tuple[float | None, str] | None:
+    """(median µs, status) of ``res`` measured with kv_indices ``dtype``: the main figure,
+    or the alternated one of an A/B; None when the case did not time that dtype."""
+    if case.indices == dtype:
+        return (res.median_us if res.timed else None), res.status
+    ab = res.index_ab
+    if ab is not None and ab.dtype == dtype:
+        timed = ab.median_us is not None and ab.median_us > 0
+        return (ab.median_us if timed else None), ab.status
+    return None
 
 
 def compare_runs(
@@ -502,7 +559,11 @@ def compare_runs(
     kernels: Sequence[str] = KGEN_KERNELS,
 ) -> Comparison:
     """A kgen kernel more than ``threshold`` slower than in the baseline, or no longer
-    running correctly, is a regression. Peers are not judged (their speed is torch's)."""
+    running correctly, is a regression. Peers are not judged (their speed is torch's).
+
+    Like is compared with like: a case is judged only on a figure of the baseline's
+    kv_indices dtype (this run's main figure, or its alternated one with ``--index-dtype
+    a,b``); otherwise it is listed as not compared."""
     result = Comparison(threshold=threshold)
     now = current.by_key()
     for key, base in baseline.by_key().items():
@@ -510,16 +571,27 @@ def compare_runs(
         if cur is None or cur.status == "skipped":
             result.missing.append(key)
             continue
+        want = base.case.indices
+        result.legacy_baseline += base.case.index_dtype is None
+        judged = False
         for kernel in kernels:
             b = base.kernels.get(kernel)
             c = cur.kernels.get(kernel)
             if b is None or b.status != "ok" or not b.timed or c is None or c.status == "skipped":
                 continue
+            got = figure_for(c, cur.case, want)
+            if got is None:
+                if not any(m[0] == key for m in result.index_mismatch):
+                    result.index_mismatch.append((key, cur.case.indices, want))
+                continue
+            us, status = got
+            judged = True
             result.compared += 1
-            if c.status != "ok" or not c.timed:
-                result.regressions.append(Regression(key, kernel, b.median_us, None, c.status))  # type: ignore[arg-type]
-            elif c.median_us > b.median_us * (1.0 + threshold):  # type: ignore[operator]
-                result.regressions.append(Regression(key, kernel, b.median_us, c.median_us))  # type: ignore[arg-type]
+            if status != "ok" or us is None:
+                result.regressions.append(Regression(key, kernel, b.median_us, None, status))  # type: ignore[arg-type]
+            elif us > b.median_us * (1.0 + threshold):  # type: ignore[operator]
+                result.regressions.append(Regression(key, kernel, b.median_us, us))  # type: ignore[arg-type]
+        result.via_ab += judged and cur.case.indices != want
     base_keys = baseline.by_key()
     result.new = [c.key for c in current.cases if c.key not in base_keys and c.status != "skipped"]
     return result
@@ -530,9 +602,23 @@ def format_comparison(cmp: Comparison, baseline_name: str = "baseline") -> str:
         f"compare with {baseline_name}: {cmp.compared} kernel/case pairs compared, "
         f"threshold {cmp.threshold * 100:.0f}% slower"
     ]
+    if cmp.legacy_baseline:
+        lines.append(f"note: {cmp.legacy_baseline} baseline case(s) do not record their kv_indices dtype "
+                     f"(written before kgen bench recorded it): taken as {LEGACY_INDEX_DTYPE}")  # fmt: skip
+    if cmp.via_ab:
+        lines.append(f"{cmp.via_ab} case(s) judged on this run's alternated figure of the baseline's kv_indices dtype")
     if cmp.regressions:
         lines.append(f"REGRESSIONS ({len(cmp.regressions)}):")
         lines += [f"  {r.describe()}" for r in cmp.regressions]
+    if cmp.index_mismatch:
+        pairs = sorted({(now, base) for _, now, base in cmp.index_mismatch})
+        what = ", ".join(f"{now} here vs {base} in the baseline" for now, base in pairs)
+        shown = ", ".join(k for k, _, _ in cmp.index_mismatch[:5]) + (" ..." if len(cmp.index_mismatch) > 5 else "")
+        want = pairs[0][1]
+        lines.append(
+            f"warning: not compared, kv_indices dtype differs ({len(cmp.index_mismatch)} cases; {what}): {shown}; "
+            f"measure with --index-dtype {want} (or --index-dtype {pairs[0][0]},{want}) to compare them"
+        )
     if cmp.missing:
         shown = ", ".join(cmp.missing[:5]) + (" ..." if len(cmp.missing) > 5 else "")
         lines.append(f"not measured in this run ({len(cmp.missing)} baseline cases): {shown}")
@@ -543,3 +629,19 @@ def format_comparison(cmp: Comparison, baseline_name: str = "baseline") -> str:
         lines.append("warning: no case of this run has a baseline figure")
     lines.append("verdict: " + ("PASS" if cmp.ok else "FAIL"))
     return "\n".join(lines)
+
+
+def index_ab_summary(cases: Sequence[CaseResult]) -> dict[str, tuple[str, float, float, str, int]]:
+    """Per kgen kernel with an A/B of index dtypes: ("a/b", median of the cases' ratios,
+    the largest ratio, its case key, number of cases)."""
+    out: dict[str, tuple[str, float, float, str, int]] = {}
+    for kernel in KGEN_KERNELS:
+        pts: list[tuple[float, str, str]] = []
+        for c in cases:
+            ab = c.kernels[kernel].index_ab if kernel in c.kernels else None
+            if ab is not None and ab.ratio is not None:
+                pts.append((ab.ratio, c.key, f"{c.case.indices}/{ab.dtype}"))
+        if pts:
+            worst = max(pts)
+            out[kernel] = (pts[0][2], statistics.median(p[0] for p in pts), worst[0], worst[1], len(pts))
+    return out

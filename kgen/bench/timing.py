@@ -10,6 +10,12 @@ of the driver is out of the figure (as in a serving engine that replays graphs),
 rotation makes every launch read its K/V from HBM. N is chosen so that one replay lasts at
 least ``min_graph_us``, which keeps the events' resolution out of the figure too.
 
+``CudaGraphTimer.pair`` times two launches of the same kernel (the int64 and the int32
+page table, say) in one process: one graph each, replayed in alternation, so clock and
+temperature drift hit both alike; the ratio is the median of the per-alternation ratios.
+``alternate`` is that loop, with the events and the synchronization injected (CPU tests
+drive it with a fake clock).
+
 torch is imported inside the functions: this module is imported by CPU-only code.
 """
 
@@ -54,6 +60,85 @@ class Timer(Protocol):
     """Times ``fn`` over ``n_sets`` rotated input sets; raises when it cannot run."""
 
     def __call__(self, fn: Launch, n_sets: int) -> Timing: ...
+
+
+# The fewest alternations a paired timing uses, whatever --replays says.
+MIN_ALTERNATIONS = 5
+
+
+@dataclass(frozen=True)
+class PairedTiming:
+    """Two launches timed in alternation: ``a`` and ``b`` over the same alternations, and
+    ``ratios[i]`` = a's time / b's time in alternation ``i``."""
+
+    a: Timing
+    b: Timing
+    ratios: tuple[float, ...]
+
+    @property
+    def ratio(self) -> float:
+        """The median of the per-alternation ratios: each ratio compares two replays a
+        millisecond apart, so drift over the run cancels."""
+        return percentile(sorted(self.ratios), 50)
+
+    @classmethod
+    def from_samples(cls, a_us: Sequence[float], b_us: Sequence[float], launches: int, mode: str) -> PairedTiming:
+        if len(a_us) != len(b_us) or not a_us:
+            raise ValueError(f"paired samples must be non-empty and of one length, got {len(a_us)} and {len(b_us)}")
+        return cls(
+            a=Timing.from_samples(a_us, launches, mode),
+            b=Timing.from_samples(b_us, launches, mode),
+            ratios=tuple(x / y for x, y in zip(a_us, b_us, strict=True)),
+        )
+
+
+class PairTimer(Protocol):
+    """A timer that can also time two launches in alternation (``CudaGraphTimer``)."""
+
+    def __call__(self, fn: Launch, n_sets: int) -> Timing: ...
+
+    def pair(self, fn_a: Launch, fn_b: Launch, n_sets: int) -> PairedTiming: ...
+
+
+class Event(Protocol):
+    def record(self) -> None: ...
+
+    def elapsed_time(self, end: Event) -> float: ...
+
+
+def alternation_order(runs: int, alternations: int) -> list[int]:
+    """The order of the turns: every run once per alternation, forwards in even
+    alternations and backwards in odd ones (a b, b a, a b, ...), so that neither run
+    always goes first."""
+    order: list[int] = []
+    for i in range(alternations):
+        turn = list(range(runs))
+        order += turn if i % 2 == 0 else turn[::-1]
+    return order
+
+
+def alternate(
+    runs: Sequence[Callable[[], object]],
+    alternations: int,
+    launches: int,
+    new_event: Callable[[], Event],
+    synchronize: Callable[[], None],
+) -> list[list[float]]:
+    """Each run once per alternation (``alternation_order``), each turn between two events
+    (milliseconds, as CUDA events report); all turns are queued, then one synchronization.
+    Returns, per run, microseconds per launch of each of its turns, in alternation order."""
+    marks: list[tuple[int, Event, Event]] = []
+    for r in alternation_order(len(runs), alternations):
+        start, end = new_event(), new_event()
+        start.record()
+        runs[r]()
+        end.record()
+        marks.append((r, start, end))
+    synchronize()
+    samples: list[list[float]] = [[] for _ in runs]
+    for r, start, end in marks:
+        samples[r].append(start.elapsed_time(end) * 1e3 / launches)
+    return samples
 
 
 def percentile(ordered: Sequence[float], pct: float) -> float:
@@ -110,6 +195,8 @@ class CudaGraphTimer:
 
     When capture fails (a kernel that is not graph safe) the same loop runs eagerly and the
     Timing says ``mode="eager"``, so the report shows which figures include launch overhead.
+    The device operations (``_warm``, ``_estimate_us``, ``_capture``, ``_event``, ``_sync``)
+    are methods, so a test can replace them with a fake clock.
     """
 
     replays: int = 20
@@ -118,22 +205,51 @@ class CudaGraphTimer:
     max_launches: int = 512
 
     def __call__(self, fn: Launch, n_sets: int) -> Timing:
-        import torch
-
         self._warm(fn, n_sets)
         est_us = self._estimate_us(fn, n_sets)
         n = launches_per_graph(n_sets, est_us, self.min_graph_us, self.max_launches)
         try:
             graph = self._capture(fn, n_sets, n)
         except Exception:  # noqa: BLE001 - capture refused: time the same loop eagerly
-            torch.cuda.synchronize()
+            self._sync()
             return self._replay(lambda: [fn(j % n_sets) for j in range(n)], n, "eager")
         try:
             graph.replay()
-            torch.cuda.synchronize()
+            self._sync()
             return self._replay(graph.replay, n, "graph")
         finally:
             del graph
+
+    @property
+    def alternations(self) -> int:
+        return max(MIN_ALTERNATIONS, self.replays)
+
+    def pair(self, fn_a: Launch, fn_b: Launch, n_sets: int) -> PairedTiming:
+        """``fn_a`` and ``fn_b`` (the same kernel on two forms of the same inputs), one graph
+        of N launches each (N from the faster estimate, so both replays last at least
+        ``min_graph_us``), replayed in alternation ``alternations`` times: a b, b a, ...
+        Eager, for both, when either graph cannot be captured."""
+        self._warm(fn_a, n_sets)
+        self._warm(fn_b, n_sets)
+        est_us = min(self._estimate_us(fn_a, n_sets), self._estimate_us(fn_b, n_sets))
+        n = launches_per_graph(n_sets, est_us, self.min_graph_us, self.max_launches)
+        graphs = []
+        try:
+            graphs = [self._capture(fn, n_sets, n) for fn in (fn_a, fn_b)]
+        except Exception:  # noqa: BLE001 - capture refused: alternate the eager loops
+            graphs = []
+            self._sync()
+            runs = [lambda fn=fn: [fn(j % n_sets) for j in range(n)] for fn in (fn_a, fn_b)]
+            a_us, b_us = alternate(runs, self.alternations, n, self._event, self._sync)
+            return PairedTiming.from_samples(a_us, b_us, n, "eager")
+        try:
+            for graph in graphs:
+                graph.replay()
+            self._sync()
+            a_us, b_us = alternate([g.replay for g in graphs], self.alternations, n, self._event, self._sync)
+            return PairedTiming.from_samples(a_us, b_us, n, "graph")
+        finally:
+            del graphs
 
     def _warm(self, fn: Launch, n_sets: int) -> None:
         """Eager warm-up on a side stream (compiles, autotunes, allocates workspaces), as
@@ -171,18 +287,20 @@ class CudaGraphTimer:
                 fn(j % n_sets)
         return graph
 
-    def _replay(self, run: Callable[[], object], n: int, mode: str) -> Timing:
+    @staticmethod
+    def _event() -> Event:
         import torch
 
-        events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(self.replays)
-        ]
-        for start, end in events:
-            start.record()
-            run()
-            end.record()
+        return torch.cuda.Event(enable_timing=True)
+
+    @staticmethod
+    def _sync() -> None:
+        import torch
+
         torch.cuda.synchronize()
-        samples = [start.elapsed_time(end) * 1e3 / n for start, end in events]
+
+    def _replay(self, run: Callable[[], object], n: int, mode: str) -> Timing:
+        (samples,) = alternate([run], self.replays, n, self._event, self._sync)
         return Timing.from_samples(samples, n, mode)
 
 

@@ -101,6 +101,8 @@ def run_job(job: WarmJob, device: str) -> None:
     if run.fn is None:
         raise RuntimeError(run.unsupported or run.error or "no kernel")
     run.fn(0)
+    if run.alt is not None and run.alt.fn is not None:  # the A/B's other kv_indices dtype
+        run.alt.fn(0)
 
 
 def worker_main(path: str, device: str) -> int:

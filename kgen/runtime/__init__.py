@@ -12,29 +12,38 @@ from kgen.runtime.adapters import (
     VLLMVerify,
     get_chain,
     sglang_verify_for,
+    verify_chain_for,
     vllm_verify_for,
 )
+from kgen.runtime.attend import GeneralPath, general_verify
+from kgen.runtime.call import Features, PagedCall, VerifyCall
 from kgen.runtime.chain import VerifyChain
-from kgen.runtime.device import arch_from_properties, detect_arch
+from kgen.runtime.device import arch_from_properties, arch_of, detect_arch
 from kgen.runtime.gate import (
     GateDecision,
+    GateQuery,
     Inventory,
+    Switches,
     decide_path,
     explain_gate,
     gate_from_env,
     scan_inventory,
 )
-from kgen.runtime.general import Features, GeneralPath, general_verify
 
 __all__ = [
     "Features",
     "GateDecision",
+    "GateQuery",
     "GeneralPath",
     "Inventory",
+    "PagedCall",
     "SGLangVerify",
+    "Switches",
     "VLLMVerify",
+    "VerifyCall",
     "VerifyChain",
     "arch_from_properties",
+    "arch_of",
     "decide_path",
     "detect_arch",
     "explain_gate",
@@ -43,5 +52,6 @@ __all__ = [
     "get_chain",
     "scan_inventory",
     "sglang_verify_for",
+    "verify_chain_for",
     "vllm_verify_for",
 ]

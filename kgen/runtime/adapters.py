@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
+from kgen.runtime.call import Features, PagedCall, Scale, VerifyCall, sglang_signature
 from kgen.runtime.chain import Loader, VerifyChain
-from kgen.runtime.gate import DETECT, GateDecision, Inventory, PathName, gate_from_env
-from kgen.runtime.general import Features, Scale
+from kgen.runtime.gate import DETECT, GateDecision, GateQuery, Inventory, PathName, gate_from_env
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
@@ -48,46 +49,18 @@ class SGLangVerify:
         self.defer_general = defer_general
         self.decision = decision
 
-    def __call__(
-        self,
-        q_extend: torch.Tensor,
-        k_extend: torch.Tensor,
-        v_extend: torch.Tensor,
-        o_extend: torch.Tensor,
-        k_buffer: torch.Tensor,
-        v_buffer: torch.Tensor,
-        qo_indptr: torch.Tensor,
-        kv_indptr: torch.Tensor,
-        kv_indices: torch.Tensor,
-        custom_mask: torch.Tensor | None,
-        is_causal: bool,
-        mask_indptr: torch.Tensor | None,
-        max_len_extend: int,
-        k_scale: Scale = None,
-        v_scale: Scale = None,
-        sm_scale: float | None = None,
-        logit_cap: float = 0.0,
-        skip_prefix_custom_mask: bool = True,
-        sliding_window_size: int = -1,
-        sinks: torch.Tensor | None = None,
-        window_kv_offsets: torch.Tensor | None = None,
-        xai_temperature_len: int = -1,
-        max_bs: int | None = None,
-    ) -> bool:
+    @sglang_signature
+    def __call__(self, *args: Any, **kwargs: Any) -> bool:
         """Write ``o_extend``; True when written (always, unless ``defer_general``).
 
+        SGLang's arguments (``VerifyCall``'s fields, positional or by name):
         ``q_extend``/``o_extend`` are ``[T, H_q, D]`` views (``q.view(-1, tp_q_head_num,
         qk_head_dim)``); ``k_scale``/``v_scale`` are SGLang's descales (None when not fp8).
         """
-        args = (
-            q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
-            kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
-            sm_scale, logit_cap, skip_prefix_custom_mask, sliding_window_size, sinks,
-            window_kv_offsets, xai_temperature_len, max_bs,
-        )  # fmt: skip
+        call = VerifyCall.from_sglang(*args, **kwargs)
         if self.defer_general:
-            return self.chain.try_kernels(*args) is not None
-        self.chain(*args)
+            return self.chain.try_call(call) is not None
+        self.chain.run(call)
         return True
 
 
@@ -152,35 +125,12 @@ class VLLMVerify:
             sinks=sinks,
             logit_cap=float(logits_soft_cap or 0.0),
         )
-        return self.chain.paged(
-            query, key, value, output, key_cache, value_cache, block_table[:bs], prefix_lens,
-            query_start_loc, max_query_len, k_scale, v_scale, softmax_scale, features=features,
+        return self.chain.run_paged(
+            PagedCall(
+                query, key, value, output, key_cache, value_cache, block_table[:bs], prefix_lens,
+                query_start_loc, max_query_len, k_scale, v_scale, softmax_scale, features=features,
+            )
         )  # fmt: skip
-
-
-def _decide(
-    model_arch: str,
-    num_q_heads: int,
-    num_kv_heads: int,
-    qk_dim: int,
-    v_dim: int,
-    pe_dim: int,
-    topk: int,
-    kv_dtype: str,
-    q_dtype: str,
-    device_arch: object,
-    env: Mapping[str, str] | None,
-    inventory: Inventory | None,
-) -> GateDecision:
-    if num_kv_heads < 1 or num_q_heads % num_kv_heads:
-        raise ValueError(
-            f"query heads per rank ({num_q_heads}) must be a multiple of KV heads per rank ({num_kv_heads})"
-        )
-    return gate_from_env(
-        model_arch=model_arch, topk=topk, qk_dim=qk_dim, pe_dim=pe_dim, v_dim=v_dim,
-        group_size=num_q_heads // num_kv_heads, num_local_kv_heads=num_kv_heads,
-        kv_dtype=kv_dtype, q_dtype=q_dtype, device_arch=device_arch, env=env, inventory=inventory,
-    )  # fmt: skip
 
 
 def _chain_for(decision: GateDecision, kv: str, q: str, topk: int, loader: Loader | None) -> VerifyChain:
@@ -189,7 +139,7 @@ def _chain_for(decision: GateDecision, kv: str, q: str, topk: int, loader: Loade
     return VerifyChain(decision.layout, kv, q, start=decision.path, loader=loader, topk=topk)
 
 
-def sglang_verify_for(
+def verify_chain_for(
     *,
     model_arch: str,
     num_q_heads: int,
@@ -200,44 +150,39 @@ def sglang_verify_for(
     topk: int = 1,
     kv_dtype: torch.dtype | str = "bfloat16",
     q_dtype: torch.dtype | str = "bfloat16",
-    defer_general: bool = False,
     loader: Loader | None = None,
     device_arch: str | None | object = DETECT,
     env: Mapping[str, str] | None = None,
     inventory: Inventory | None = None,
-) -> SGLangVerify:
-    """Gate + chain + SGLang adapter for one model on this rank (call once at start-up).
+) -> tuple[VerifyChain, GateDecision]:
+    """Gate + chain for one model on this rank (call once at start-up); the adapters wrap the chain.
 
     Head counts are TP-local (``tp_q_head_num``, ``tp_k_head_num``); ``model_arch`` is
     ``hf_config.architectures[0]``; ``qk_dim`` is the full K width (MLA: 576, pe 64).
+    ``device_arch``, ``env`` and ``inventory`` replace the detected GPU, ``os.environ`` and
+    the scanned modules/tables (tests).
     """
+    if num_kv_heads < 1 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"query heads per rank ({num_q_heads}) must be a multiple of KV heads per rank ({num_kv_heads})"
+        )
     kv, q = dtype_name(kv_dtype), dtype_name(q_dtype)
-    decision = _decide(
-        model_arch, num_q_heads, num_kv_heads, qk_dim, v_dim, pe_dim, topk, kv, q, device_arch, env, inventory
-    )
-    chain = _chain_for(decision, kv, q, topk, loader)
+    query = GateQuery(
+        model_arch=model_arch, topk=topk, qk_dim=qk_dim, pe_dim=pe_dim, v_dim=v_dim,
+        group_size=num_q_heads // num_kv_heads, num_local_kv_heads=num_kv_heads, kv_dtype=kv, q_dtype=q,
+    )  # fmt: skip
+    decision = gate_from_env(query, device_arch=device_arch, env=env, inventory=inventory)
+    return _chain_for(decision, kv, q, topk, loader), decision
+
+
+def sglang_verify_for(*, defer_general: bool = False, **model: Any) -> SGLangVerify:
+    """Gate + chain + SGLang adapter: ``verify_chain_for``'s keywords, plus ``defer_general``
+    (True: return False when no kernel accepts, so SGLang runs its own ``extend_attention_fwd``)."""
+    chain, decision = verify_chain_for(**model)
     return SGLangVerify(chain, defer_general=defer_general, decision=decision)
 
 
-def vllm_verify_for(
-    *,
-    model_arch: str,
-    num_q_heads: int,
-    num_kv_heads: int,
-    qk_dim: int,
-    v_dim: int,
-    pe_dim: int = 0,
-    topk: int = 1,
-    kv_dtype: torch.dtype | str = "bfloat16",
-    q_dtype: torch.dtype | str = "bfloat16",
-    loader: Loader | None = None,
-    device_arch: str | None | object = DETECT,
-    env: Mapping[str, str] | None = None,
-    inventory: Inventory | None = None,
-) -> VLLMVerify:
-    """Gate + chain + vLLM adapter for one model on this rank (call once at start-up)."""
-    kv, q = dtype_name(kv_dtype), dtype_name(q_dtype)
-    decision = _decide(
-        model_arch, num_q_heads, num_kv_heads, qk_dim, v_dim, pe_dim, topk, kv, q, device_arch, env, inventory
-    )
-    return VLLMVerify(_chain_for(decision, kv, q, topk, loader), decision=decision)
+def vllm_verify_for(**model: Any) -> VLLMVerify:
+    """Gate + chain + vLLM adapter: ``verify_chain_for``'s keywords."""
+    chain, decision = verify_chain_for(**model)
+    return VLLMVerify(chain, decision=decision)

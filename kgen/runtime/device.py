@@ -10,11 +10,9 @@ path never queries the driver.
 from __future__ import annotations
 
 import functools
-import os
+from typing import Any
 
 import torch
-
-INTERPRETER_ENV = "TRITON_INTERPRET"
 
 
 def arch_from_properties(*, is_hip: bool, gcn_arch_name: str | None = None, major: int = 0, minor: int = 0) -> str:
@@ -33,16 +31,23 @@ def arch_from_properties(*, is_hip: bool, gcn_arch_name: str | None = None, majo
     return f"sm_{major}{minor}"
 
 
-@functools.lru_cache(maxsize=16)
-def _detect_cached(index: int) -> str | None:
-    props = torch.cuda.get_device_properties(index)
-    is_hip = getattr(torch.version, "hip", None) is not None
+def arch_of(props: Any, is_hip: bool | None = None) -> str:
+    """The table name of a device from ``torch.cuda.get_device_properties(...)`` (or a
+    stand-in with ``gcnArchName`` / ``major`` / ``minor``). ``is_hip`` defaults to this
+    torch build's (``torch.version.hip``)."""
+    if is_hip is None:
+        is_hip = getattr(torch.version, "hip", None) is not None
     return arch_from_properties(
         is_hip=is_hip,
         gcn_arch_name=getattr(props, "gcnArchName", None),
-        major=props.major,
-        minor=props.minor,
+        major=getattr(props, "major", 0),
+        minor=getattr(props, "minor", 0),
     )
+
+
+@functools.lru_cache(maxsize=16)
+def _detect_cached(index: int) -> str | None:
+    return arch_of(torch.cuda.get_device_properties(index))
 
 
 def detect_arch(device: torch.device | int | None = None) -> str | None:
@@ -63,12 +68,3 @@ def detect_arch(device: torch.device | int | None = None) -> str | None:
             return None
         index = device.index if device.index is not None else torch.cuda.current_device()
     return _detect_cached(index)
-
-
-def interpreter_enabled(env: dict[str, str] | None = None) -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``).
-
-    It must be set before ``triton`` is imported; this only reports the variable.
-    """
-    env = os.environ if env is None else env
-    return env.get(INTERPRETER_ENV, "0").strip().lower() in ("1", "true", "yes", "on")

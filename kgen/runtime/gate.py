@@ -10,9 +10,9 @@ and "exactly one TP-local KV head" in ``if`` chains. kgen generalizes it:
 - several TP-local KV heads are fine (the kernel has a program group per KV head), the
   decision follows the layout and the reason says so.
 
-``decide_path`` is pure: everything it needs (device arch, model numbers, what modules and
-tables exist, the enable/force switches) comes in as arguments, so it is unit-tested with
-mocked values. ``gate_from_env`` is the thin wrapper that reads the environment, the GPU
+``decide_path`` is pure: everything it needs (the model as a ``GateQuery``, the device
+arch, what modules and tables exist, the enable/force ``Switches``) comes in as arguments,
+so it is unit-tested with mocked values. ``gate_from_env`` is the thin wrapper that reads the environment, the GPU
 and the disk; ``explain_gate`` renders the same decision, step by step, for ``kgen explain``.
 
 The gate only picks where the chain *starts*; every kernel still checks each call with
@@ -29,14 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from kgen.env import env_flag
 from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, layouts_for_architecture
 
 PathName = Literal["grouped", "per_head", "general"]
 PATHS: tuple[PathName, ...] = get_args(PathName)
 DISABLE_ENV = "KGEN_DISABLE"
 FORCE_ENV = "KGEN_FORCE_PATH"
+INTERPRETER_ENV = "TRITON_INTERPRET"
 INTERPRETER_ARCH = "interpreter"
-_TRUE = ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,39 @@ class GateDecision:
     path: PathName
     layout: str | None
     reason: str
+
+
+@dataclass(frozen=True)
+class GateQuery:
+    """One model on one rank, as the engine knows it at start-up.
+
+    ``qk_dim`` is the whole K width (nope + pe), ``group_size`` the query heads per KV head
+    on this rank, ``num_local_kv_heads`` the KV heads on this rank (TP-local).
+    """
+
+    model_arch: str
+    topk: int
+    qk_dim: int
+    pe_dim: int
+    v_dim: int
+    group_size: int
+    num_local_kv_heads: int
+    kv_dtype: str = "bfloat16"
+    q_dtype: str = "bfloat16"
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        """(qk, pe, v) widths."""
+        return self.qk_dim, self.pe_dim, self.v_dim
+
+
+@dataclass(frozen=True)
+class Switches:
+    """The operator's switches: kgen on or off, a forced path, Triton's CPU interpreter."""
+
+    enabled: bool = True
+    force_path: str | None = None
+    interpreter: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,30 +195,16 @@ def _device_label(device_arch: str | None, interpreter: bool) -> str | None:
 
 
 def _decide(
-    trace: _Trace,
-    *,
-    device_arch: str | None,
-    model_arch: str,
-    topk: int,
-    qk_dim: int,
-    pe_dim: int,
-    v_dim: int,
-    group_size: int,
-    num_local_kv_heads: int,
-    enabled: bool,
-    kv_dtype: str,
-    q_dtype: str,
-    force_path: str | None,
-    interpreter: bool,
-    inventory: Inventory,
+    trace: _Trace, query: GateQuery, device_arch: str | None, switches: Switches, inventory: Inventory
 ) -> GateDecision:
-    _check_numbers(topk, group_size, num_local_kv_heads)
+    _check_numbers(query.topk, query.group_size, query.num_local_kv_heads)
+    force_path = switches.force_path
     if force_path is not None and force_path not in PATHS:
         raise ValueError(f"{FORCE_ENV}={force_path!r} is not a path; use one of {', '.join(PATHS)}")
-    if not enabled:
+    if not switches.enabled:
         return trace.done("general", None, f"kgen is disabled ({DISABLE_ENV}=1 or enabled=False)")
 
-    spec, why = _resolve_layout(trace, model_arch, (qk_dim, pe_dim, v_dim), inventory.layouts)
+    spec, why = _resolve_layout(trace, query.model_arch, query.dims, inventory.layouts)
     trace.note(why)
     layout = spec.name if spec else None
     if force_path is not None:
@@ -194,33 +214,26 @@ def _decide(
             f"forced by {FORCE_ENV}={force_path} (debugging); kernels still refuse what they "
             "cannot handle and the chain falls through",
         )
-    arch = _device_label(device_arch, interpreter)
+    arch = _device_label(device_arch, switches.interpreter)
     if arch is None:
         return trace.done("general", layout, "no GPU: the Triton kernels need one (or TRITON_INTERPRET=1)")
     if arch == INTERPRETER_ARCH:
         trace.note("no GPU, TRITON_INTERPRET=1: kernels run in Triton's CPU interpreter (tests only)")
-    if topk != 1:
+    if query.topk != 1:
         return trace.done(
             "general",
             layout,
-            f"topk={topk}: the draft is a tree with a custom mask; the fast kernels verify a "
+            f"topk={query.topk}: the draft is a tree with a custom mask; the fast kernels verify a "
             "causal chain (topk=1) only",
         )
     if spec is None:
         return trace.done("general", None, why)
-    return _decide_for_layout(trace, spec, arch, kv_dtype, q_dtype, group_size, num_local_kv_heads, inventory)
+    return _decide_for_layout(trace, spec, arch, query, inventory)
 
 
-def _decide_for_layout(
-    trace: _Trace,
-    spec: LayoutSpec,
-    arch: str,
-    kv_dtype: str,
-    q_dtype: str,
-    group_size: int,
-    num_local_kv_heads: int,
-    inv: Inventory,
-) -> GateDecision:
+def _decide_for_layout(trace: _Trace, spec: LayoutSpec, arch: str, query: GateQuery, inv: Inventory) -> GateDecision:
+    kv_dtype, q_dtype, group_size = query.kv_dtype, query.q_dtype, query.group_size
+    num_local_kv_heads = query.num_local_kv_heads
     kv = _canonical_or_none(kv_dtype, KV_DTYPES, "KV")
     q = _canonical_or_none(q_dtype, Q_DTYPES, "query")
     if kv not in spec.dtypes.kv or q not in spec.dtypes.q:
@@ -263,65 +276,36 @@ def _fallback(trace: _Trace, layout: str, why: str, per_head_ok: bool, per_head_
 
 
 def decide_path(
-    *,
-    device_arch: str | None,
-    model_arch: str,
-    topk: int,
-    qk_dim: int,
-    pe_dim: int,
-    v_dim: int,
-    group_size: int,
-    num_local_kv_heads: int,
-    inventory: Inventory,
-    enabled: bool = True,
-    kv_dtype: str = "bfloat16",
-    q_dtype: str = "bfloat16",
-    force_path: str | None = None,
-    interpreter: bool = False,
+    query: GateQuery, *, device_arch: str | None, inventory: Inventory, switches: Switches = Switches()
 ) -> GateDecision:
     """Pure: the path the verify chain should start on for one model on one device.
 
     ``device_arch`` is ``"gfx950"``, ``"sm_90"``... or None without a GPU (then only
-    ``interpreter=True`` lets the kernels run, on CPU). ``qk_dim`` is the whole K width
-    (nope + pe), ``group_size`` the query heads per KV head on this rank. Raises
-    ValueError only for impossible numbers (topk < 1, ...) or an unknown forced path.
+    ``switches.interpreter`` lets the kernels run, on CPU). Raises ValueError only for
+    impossible numbers (topk < 1, ...) or an unknown forced path.
     """
-    return _decide(
-        _Trace(),
-        device_arch=device_arch,
-        model_arch=model_arch,
-        topk=topk,
-        qk_dim=qk_dim,
-        pe_dim=pe_dim,
-        v_dim=v_dim,
-        group_size=group_size,
-        num_local_kv_heads=num_local_kv_heads,
-        enabled=enabled,
-        kv_dtype=kv_dtype,
-        q_dtype=q_dtype,
-        force_path=force_path,
-        interpreter=interpreter,
-        inventory=inventory,
-    )
+    return _decide(_Trace(), query, device_arch, switches, inventory)
 
 
 # --------------------------------------------------------------------------- impure edge
 
 
-def generated_dir() -> Path:
-    """Where generated modules live (``kgen.loader.generated_dir``: one definition)."""
-    from kgen.loader import generated_dir as loader_dir
-
-    return Path(loader_dir())
-
-
 def scan_inventory(directory: Path | None = None, env: Mapping[str, str] | None = None) -> Inventory:
-    """Read layouts, the generated modules' names and the block-config tables from disk."""
+    """Read layouts, the generated modules' names and the block-config tables from disk.
+
+    Modules are those ``kgen.load`` finds (its search path, ``$KGEN_GENERATED_DIR`` first),
+    or only those in ``directory`` when given.
+    """
     from kgen.blockconfig import read_defaults, resolve_tables
+    from kgen.loader import available_modules, search_path
     from kgen.spec import load_layouts
 
-    directory = directory or generated_dir()
-    uris = frozenset(p.stem for p in Path(directory).glob("verify_*.py"))
+    if directory is not None:
+        uris = frozenset(p.stem for p in Path(directory).glob("verify_*.py"))
+        where = str(directory)
+    else:
+        uris = frozenset(available_modules(env))
+        where = os.pathsep.join(str(d) for d in search_path(env) if d.is_dir())
     entries: set[tuple[str, str, str, int]] = set()
     tuned: set[str] = set()
     notes: list[str] = []
@@ -343,7 +327,7 @@ def scan_inventory(directory: Path | None = None, env: Mapping[str, str] | None 
         table_entries=frozenset(entries),
         tuned_arches=frozenset(tuned),
         has_default_config=has_default,
-        generated_dir=str(directory),
+        generated_dir=where,
         notes=tuple(notes),
     )
 
@@ -354,94 +338,51 @@ def cached_inventory() -> Inventory:
     return scan_inventory()
 
 
-def env_switches(env: Mapping[str, str] | None = None) -> tuple[bool, str | None, bool]:
-    """(enabled, forced path, interpreter) from ``KGEN_DISABLE``, ``KGEN_FORCE_PATH``,
-    ``TRITON_INTERPRET``."""
+def env_switches(env: Mapping[str, str] | None = None) -> Switches:
+    """The switches from ``KGEN_DISABLE``, ``KGEN_FORCE_PATH`` and ``TRITON_INTERPRET``."""
     env = os.environ if env is None else env
-    enabled = env.get(DISABLE_ENV, "").strip().lower() not in _TRUE
-    force = env.get(FORCE_ENV, "").strip().lower() or None
-    interpreter = env.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
-    return enabled, force, interpreter
+    return Switches(
+        enabled=not env_flag(DISABLE_ENV, env),
+        force_path=env.get(FORCE_ENV, "").strip().lower() or None,
+        interpreter=env_flag(INTERPRETER_ENV, env),
+    )
 
 
 # Default of `device_arch`: detect the GPU (pass None explicitly for "no GPU").
 DETECT = object()
 
 
+def _arch(device_arch: str | None | object) -> str | None:
+    from kgen.runtime.device import detect_arch
+
+    return detect_arch() if device_arch is DETECT else device_arch  # type: ignore[return-value]
+
+
 def gate_from_env(
+    query: GateQuery,
     *,
-    model_arch: str,
-    topk: int,
-    qk_dim: int,
-    pe_dim: int,
-    v_dim: int,
-    group_size: int,
-    num_local_kv_heads: int,
-    kv_dtype: str = "bfloat16",
-    q_dtype: str = "bfloat16",
     enabled: bool = True,
     device_arch: str | None | object = DETECT,
     env: Mapping[str, str] | None = None,
     inventory: Inventory | None = None,
 ) -> GateDecision:
-    """``decide_path`` with the switches read from the environment, the arch detected and
-    the inventory scanned (once per process). Call it at engine start-up, not per step."""
-    from kgen.runtime.device import detect_arch
-
-    env_enabled, force, interpreter = env_switches(env)
-    arch = detect_arch() if device_arch is DETECT else device_arch
+    """``decide_path`` with the switches read from the environment (``enabled=False`` turns
+    kgen off whatever they say), the arch detected and the inventory scanned (once per
+    process). Call it at engine start-up, not per step."""
+    switches = env_switches(env)
     return decide_path(
-        device_arch=arch,  # type: ignore[arg-type]
-        model_arch=model_arch,
-        topk=topk,
-        qk_dim=qk_dim,
-        pe_dim=pe_dim,
-        v_dim=v_dim,
-        group_size=group_size,
-        num_local_kv_heads=num_local_kv_heads,
+        query,
+        device_arch=_arch(device_arch),
         inventory=inventory if inventory is not None else cached_inventory(),
-        enabled=enabled and env_enabled,
-        kv_dtype=kv_dtype,
-        q_dtype=q_dtype,
-        force_path=force,
-        interpreter=interpreter,
+        switches=Switches(switches.enabled and enabled, switches.force_path, switches.interpreter),
     )
 
 
-def _explain_one(
-    *,
-    arch: str | None,
-    model_arch: str,
-    topk: int,
-    dims: tuple[int, int, int],
-    group_size: int,
-    num_local_kv_heads: int,
-    kv_dtype: str,
-    q_dtype: str,
-    switches: tuple[bool, str | None, bool],
-    inventory: Inventory,
-) -> list[str]:
+def _explain_one(query: GateQuery, arch: str | None, switches: Switches, inventory: Inventory) -> list[str]:
     trace = _Trace()
-    enabled, force, interpreter = switches
-    decision = _decide(
-        trace,
-        device_arch=arch,
-        model_arch=model_arch,
-        topk=topk,
-        qk_dim=dims[0],
-        pe_dim=dims[1],
-        v_dim=dims[2],
-        group_size=group_size,
-        num_local_kv_heads=num_local_kv_heads,
-        enabled=enabled,
-        kv_dtype=kv_dtype,
-        q_dtype=q_dtype,
-        force_path=force,
-        interpreter=interpreter,
-        inventory=inventory,
-    )
+    decision = _decide(trace, query, arch, switches, inventory)
     order = PATHS[PATHS.index(decision.path) :]
-    lines = [f"  group {group_size}, {num_local_kv_heads} TP-local KV head(s):"]
+    lines = [f"  group {query.group_size}, {query.num_local_kv_heads} TP-local KV head(s):"]
     lines += [f"    - {line}" for line in trace.lines]
     lines.append(f"    decision: {decision.path} (layout {decision.layout})")
     lines.append(f"    chain: {' -> '.join(order)} (first whose can_handle accepts runs)")
@@ -480,10 +421,8 @@ def explain_gate(
     ``group_size`` every group size of that layout is explained. The environment switches,
     the device and the inventory are read like ``gate_from_env`` does.
     """
-    from kgen.runtime.device import detect_arch
-
     inv = inventory if inventory is not None else cached_inventory()
-    arch = detect_arch() if device_arch is DETECT else device_arch
+    arch = _arch(device_arch)
     switches = env_switches(env)
     if None in (qk_dim, pe_dim, v_dim) or group_size is None:
         (dq, dp, dv), groups = _default_dims(model_arch, inv)
@@ -491,26 +430,18 @@ def explain_gate(
     else:
         dims, groups = (qk_dim, pe_dim, v_dim), ()
     group_list = (group_size,) if group_size is not None else groups
-    enabled, force, interpreter = switches
     lines = [
         f"kgen gate for {model_arch} (topk={topk}, qk {dims[0]}, pe {dims[1]}, v {dims[2]}, "
         f"KV {kv_dtype}, query {q_dtype})",
-        f"  device: {arch or 'none'}{' (TRITON_INTERPRET=1)' if interpreter else ''}",
-        f"  switches: {DISABLE_ENV}={'0' if enabled else '1'}, {FORCE_ENV}={force or '-'}",
+        f"  device: {arch or 'none'}{' (TRITON_INTERPRET=1)' if switches.interpreter else ''}",
+        f"  switches: {DISABLE_ENV}={'0' if switches.enabled else '1'}, {FORCE_ENV}={switches.force_path or '-'}",
         f"  generated modules: {len(inv.available_uris)} in {inv.generated_dir or '?'}",
     ]
     lines += [f"  {note}" for note in inv.notes]
     for g in group_list:
-        lines += _explain_one(
-            arch=arch,  # type: ignore[arg-type]
-            model_arch=model_arch,
-            topk=topk,
-            dims=dims,  # type: ignore[arg-type]
-            group_size=g,
-            num_local_kv_heads=num_local_kv_heads,
-            kv_dtype=kv_dtype,
-            q_dtype=q_dtype,
-            switches=switches,
-            inventory=inv,
-        )
+        query = GateQuery(
+            model_arch=model_arch, topk=topk, qk_dim=dims[0], pe_dim=dims[1], v_dim=dims[2],  # type: ignore[arg-type]
+            group_size=g, num_local_kv_heads=num_local_kv_heads, kv_dtype=kv_dtype, q_dtype=q_dtype,
+        )  # fmt: skip
+        lines += _explain_one(query, arch, switches, inv)
     return "\n".join(lines)

@@ -12,6 +12,8 @@ Modules, from data to decisions:
 - ``study``: study names, storage (SQLite in the cache dir or any RDB URL), resuming,
   budgets and worker processes;
 - ``results``: re-measurement, the tuned-vs-default decision, and merging into the table;
+- ``report``: ``kgen tune --report``: per study, the trials of each worker and GPU, lost
+  or twice-measured trials and the table writes, read back from the storage;
 - ``cli``: ``add_tune_parser`` / ``run_tune`` for the main CLI.
 
 Nothing here imports torch at import time: dry runs and the synthetic objective run

@@ -8,6 +8,7 @@ kgen.tuner.cli tune ...`` runs the same command on its own.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,14 +19,17 @@ from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, load_lay
 from kgen.tuner.errors import TuneError
 from kgen.tuner.space import SPACES_FILE, SpacesFile, arch_profile, default_config, load_spaces
 from kgen.tuner.study import (
+    STORAGE_ENV,
     BackendSpec,
     Interrupted,
     StopRequest,
     TuneJob,
     WorkerSpec,
     build_space,
-    default_storage_url,
     make_backend,
+    redact_url,
+    resolve_storage,
+    restore_sigint,
     run_inprocess,
     run_workers,
     stop_on_sigint,
@@ -40,9 +44,12 @@ EPILOG = """\
 examples:
   kgen tune --dry-run --arch sm_90                      # the space and workloads, no GPU
   kgen tune --layout qwen3_5_gqa256 --kv-dtype bf16 --group 8 --trials 150
-  kgen tune --workers 8 --storage postgresql+psycopg2://user:pw@db/kgen
+  KGEN_TUNE_STORAGE=postgresql+psycopg2://user:pw@db/kgen kgen tune --workers 8
+  kgen tune --report --workers 2                        # who ran which trials, from the storage
 The study resumes where it stopped when the same command runs again (Ctrl-C is safe).
-See docs/tuning.md.
+The storage URL comes from --storage, else $KGEN_TUNE_STORAGE (keeps a password out of
+the process list and the shell history), else an SQLite file in the cache dir; a
+password is printed as ***. See docs/tuning.md.
 """
 
 
@@ -82,7 +89,15 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     io.add_argument(
         "--storage",
         metavar="URL",
-        help="Optuna RDB URL (default: sqlite file in the kgen cache dir; $KGEN_CACHE_DIR overrides the dir)",
+        help=f"Optuna RDB URL; default ${STORAGE_ENV}, else an sqlite file in the kgen cache dir "
+        "($KGEN_CACHE_DIR overrides the dir). The flag wins over the environment",
+    )
+    io.add_argument(
+        "--report",
+        action="store_true",
+        help="no tuning: for every kgen study in the storage, the trials per worker and GPU, lost or "
+        "twice-measured trials and the table writes; exit 1 when a check fails (--workers N: "
+        "expect N workers on N GPUs)",
     )
     io.add_argument("--out", type=Path, metavar="PATH", help="table to write (default kgen/tables/<arch>.json)")
     io.add_argument("--dry-run", action="store_true", help="print the space and workloads; touch no GPU, write nothing")
@@ -181,9 +196,13 @@ def _enqueue(job: TuneJob) -> tuple[BlockConfig, ...]:
 # --------------------------------------------------------------------------- dry run
 
 
-def dry_run(jobs: list[TuneJob], spaces: SpacesFile, storage: str, out: Path | None, budget: str = "") -> str:
-    """The spaces, workloads, defaults and study names, as text; no GPU, no writes."""
-    lines = [f"storage: {storage}", f"table:   {out or '(none: synthetic objective without --out)'}", ""]
+def dry_run(
+    jobs: list[TuneJob], spaces: SpacesFile, storage: str, out: Path | None, budget: str = "", source: str = ""
+) -> str:
+    """The spaces, workloads, defaults and study names, as text; no GPU, no writes. The
+    storage URL is shown with its password as ***."""
+    shown = redact_url(storage) + (f"  (from {source})" if source else "")
+    lines = [f"storage: {shown}", f"table:   {out or '(none: synthetic objective without --out)'}", ""]
     shown: set[tuple[str, str, int]] = set()
     for job in jobs:
         space = build_space(job, spaces)
@@ -303,21 +322,64 @@ def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+def run_report(storage: str, expect_workers: int) -> int:
+    """``kgen tune --report``: the report of every kgen study in the storage; 1 when a
+    check fails or there is no study."""
+    from kgen.tuner.report import format_report, storage_reports
+    from kgen.tuner.study import make_storage
+
+    reports = storage_reports(make_storage(storage), expect_workers)
+    if not reports:
+        print(f"no kgen tune study in {redact_url(storage)}")
+        return 1
+    print("\n\n".join(format_report(r) for r in reports))
+    return 1 if any(r.problems for r in reports) else 0
+
+
+def _record_writes(storage: str, results: list[JobResult], out: Path, workers: int) -> None:
+    """Note the table write in each study it came from (``--report`` shows it)."""
+    import optuna
+
+    from kgen.tuner.report import record_table_write
+    from kgen.tuner.study import make_storage
+
+    store = make_storage(storage)
+    for r in results:
+        record_table_write(optuna.load_study(study_name=r.study_name, storage=store), out, r.finished, workers)
+
+
+def _print_reports(storage: str, results: list[JobResult], workers: int) -> None:
+    """After a multi-worker run: who ran the trials of each study."""
+    import optuna
+
+    from kgen.tuner.report import format_report, study_report
+    from kgen.tuner.study import make_storage
+
+    store = make_storage(storage)
+    for r in results:
+        print(format_report(study_report(optuna.load_study(study_name=r.study_name, storage=store), workers)))
+
+
 def run_tune(args: argparse.Namespace) -> int:
     """Run ``kgen tune``; returns the exit status (130 after Ctrl-C, with work kept)."""
     from kgen.tuner.results import format_results, write_results
 
     _check_args(args)
+    storage, source = resolve_storage(args.storage, dict(os.environ))
+    if args.report:
+        _require_optuna()
+        _quiet_optuna()
+        return run_report(storage, args.workers)
     spaces, workloads = load_spaces(args.spaces), load_workloads(args.workloads)
     arch, gpu_name = _device(args)
     jobs = plan_jobs(args, arch, spaces, workloads)
-    storage = args.storage or default_storage_url()
     out = _default_out(args, arch)
     if args.dry_run:
         budget = f"{args.trials} finished trials each" + (f", at most {args.timeout:g} s each" if args.timeout else "")
-        print(dry_run(jobs, spaces, storage, out, budget))
+        print(dry_run(jobs, spaces, storage, out, budget, source))
         return 0
     _require_optuna()
+    restore_sigint()  # started with SIGINT ignored (`cmd &` in a script): Ctrl-C must still stop it cleanly
     gpus = _gpus(args)
     _quiet_optuna()
     results, status = [], 0
@@ -328,17 +390,21 @@ def run_tune(args: argparse.Namespace) -> int:
     except (Interrupted, KeyboardInterrupt):
         status = 130
         print(
-            f"\ninterrupted: finished trials are kept in {storage}; run the same command again to resume",
+            f"\ninterrupted: finished trials are kept in {redact_url(storage)}; "
+            "run the same command again to resume",
             file=sys.stderr,
         )
     if results:
         print(format_results(results))
         if out is not None:
             note = SYNTHETIC_NOTE if args.objective == "synthetic" else ""
-            _table, changed = write_results(out, arch, gpu_name, results, note)
+            _table, changed = write_results(out, arch, gpu_name, results, note, workers=args.workers)
+            _record_writes(storage, results, out, args.workers)
             print(f"{'wrote' if changed else 'unchanged:'} {out}")
         else:
             print("synthetic objective: no table written (pass --out PATH to write one)")
+        if args.workers > 1:
+            _print_reports(storage, results, args.workers)
     return status
 
 

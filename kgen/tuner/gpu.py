@@ -48,23 +48,25 @@ class DeviceInfo:
     num_sms: int
     l2_bytes: int
     total_memory: int
+    uuid: str | None = None  # tells two physical GPUs apart (``kgen tune --report``)
 
 
 def device_info_from_props(props: Any, hip: bool) -> DeviceInfo:
     """Map torch's device properties to an arch name: CUDA compute capability 9.0 ->
     ``sm_90``, 10.0 -> ``sm_100``; ROCm ``gcnArchName`` ``gfx942:sramecc+:xnack-`` -> ``gfx942``."""
-    if hip:
-        arch = str(getattr(props, "gcnArchName", "")).split(":")[0]
-        if not arch.startswith("gfx"):
-            raise TuneError(f"cannot read the gfx arch of {props.name!r}; pass --arch gfxNNN")
-    else:
-        arch = f"sm_{props.major}{props.minor}"
+    from kgen.runtime.device import arch_of  # the one probe; imports torch, as props already did
+
+    try:
+        arch = arch_of(props, is_hip=hip)
+    except ValueError as exc:
+        raise TuneError(f"cannot read the arch of {props.name!r} ({exc}); pass --arch (gfxNNN or sm_NN)") from None
     return DeviceInfo(
         arch=arch,
         name=str(props.name),
         num_sms=int(props.multi_processor_count),
         l2_bytes=int(getattr(props, "L2_cache_size", 0) or 50 << 20),
         total_memory=int(props.total_memory),
+        uuid=str(getattr(props, "uuid", "") or "") or None,
     )
 
 

@@ -250,10 +250,11 @@ def tune_metadata(arch: str, gpu_name: str, trials: int, previous: TableMetadata
 
 
 def write_results(
-    path: Path, arch: str, gpu_name: str, results: list[JobResult], note: str = ""
+    path: Path, arch: str, gpu_name: str, results: list[JobResult], note: str = "", workers: int = 1
 ) -> tuple[TableFile, bool]:
     """Merge the results into the table at ``path`` (created if absent) and write it
-    atomically. Returns the table and whether the file changed."""
+    atomically. Returns the table and whether the file changed. The default note names
+    how many studies, finished trials and workers the new entries come from."""
     path = Path(path)
     previous = read_table(path) if path.exists() else None
     if previous is not None and previous.arch != arch:
@@ -261,11 +262,15 @@ def write_results(
     new = [e for e in (entry_for(r) for r in results) if e is not None]
     entries = merge_entries(list(previous.entries) if previous else [], new)
     carried = sum(1 for e in entries if e.measured is None)
+    trials = sum(r.finished for r in results)
     if not note:
-        note = f"kgen tune on {gpu_name}: {len(new)} {'entry' if len(new) == 1 else 'entries'} measured in this run"
+        note = (
+            f"kgen tune on {gpu_name}: {len(new)} {'entry' if len(new) == 1 else 'entries'} measured in this run "
+            f"from {len(results)} {'study' if len(results) == 1 else 'studies'} ({trials} finished trials, "
+            f"{workers} {'worker' if workers == 1 else 'workers'})"
+        )
         if carried:
             note += f"; {carried} entries without 'measured' were carried over untuned"
-    trials = sum(r.finished for r in results)
     meta = tune_metadata(arch, gpu_name, trials, previous.metadata if previous else None, note)
     table = TableFile.model_validate(
         {

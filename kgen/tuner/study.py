@@ -94,6 +94,71 @@ def default_storage_url(env: dict[str, str] | None = None) -> str:
     return f"sqlite:///{cache_dir(env) / 'tune.db'}"
 
 
+STORAGE_ENV = "KGEN_TUNE_STORAGE"
+
+
+def resolve_storage(flag: str | None, env: dict[str, str] | None = None) -> tuple[str, str]:
+    """The storage URL and where it came from: ``--storage``, else ``$KGEN_TUNE_STORAGE``
+    (a password there stays out of the process list and the shell history), else the
+    SQLite file in the cache dir."""
+    env = os.environ if env is None else env
+    if flag:
+        return flag, "--storage"
+    if env.get(STORAGE_ENV):
+        return env[STORAGE_ENV], f"${STORAGE_ENV}"
+    return default_storage_url(env), "default"
+
+
+def _userinfo_secret(url: str) -> tuple[int, int] | None:
+    """Where the password of ``scheme://user:password@host...`` sits, reading the password
+    up to the *last* ``@`` of the URL: a password with an unescaped ``@`` is hidden whole
+    (SQLAlchemy would take its tail for the host). None when there is no password."""
+    at = url.rfind("@")
+    scheme = url.find("://")
+    if scheme >= 0:
+        start = scheme + 3
+        colon = url.find(":", start, at) if at > start else -1
+        if colon < 0 or "/" in url[start:colon]:
+            return None
+    else:  # not a URL: the password runs from the first ':' to the last '@'
+        colon = url.find(":", 0, at) if at > 0 else -1
+        if colon < 0:
+            return None
+    return colon + 1, at
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password shown as ``***``, for printing and error messages.
+    SQLAlchemy renders it where it parses the URL the same way (one ``@``); anything else
+    (an unparsable URL, a password with a raw ``@``, no SQLAlchemy) is cut by position."""
+    if url.count("@") == 1:
+        try:
+            from sqlalchemy.engine import make_url
+
+            return make_url(url).render_as_string(hide_password=True)
+        except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: cut it by position
+            pass
+    span = _userinfo_secret(url)
+    return url if span is None else f"{url[: span[0]]}***{url[span[1] :]}"
+
+
+def scrub_secret(text: str, url: str) -> str:
+    """``text`` (an exception message) with ``url`` redacted and its password, raw or
+    URL-decoded, replaced by ``***`` wherever it appears alone."""
+    from urllib.parse import unquote
+
+    out = text.replace(url, redact_url(url))
+    span = _userinfo_secret(url)
+    if span is not None:
+        secret = url[span[0] : span[1]]
+        # A raw '@' splits the password where a driver reads the URL: its pieces show up alone.
+        pieces = [p for p in secret.split("@") if len(p) >= 3] if "@" in secret else []
+        for form in sorted({secret, unquote(secret), *pieces}, key=len, reverse=True):
+            if form:
+                out = out.replace(form, "***")
+    return out
+
+
 def make_storage(url: str) -> optuna.storages.RDBStorage:
     """An RDB storage with heartbeats: a trial whose process died is marked failed after
     the grace period and re-enqueued once, so a crash loses at most the trial it killed."""
@@ -118,11 +183,14 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
             )
         except ImportError as exc:
             raise TuneError(
-                f"storage {url!r} needs a database driver that is not installed ({exc}); "
-                "for PostgreSQL: pip install 'kgen[postgres]'"
+                f"storage {redact_url(url)!r} needs a database driver that is not installed "
+                f"({scrub_secret(str(exc), url)}); for PostgreSQL: pip install 'kgen[postgres]'"
             ) from None
         except Exception as exc:
-            raise TuneError(f"cannot open the study storage {url!r}: {type(exc).__name__}: {exc}") from None
+            raise TuneError(
+                f"cannot open the study storage {redact_url(url)!r}: {type(exc).__name__}: "
+                f"{scrub_secret(str(exc), url)}"
+            ) from None
 
 
 def _retry_stale_trials() -> dict[str, Any]:
@@ -207,14 +275,29 @@ def best_value(study: optuna.Study) -> float | None:
 
 @dataclass
 class StopRequest:
-    """Set by the first Ctrl-C: finish the running trial, then stop (see ``stop_on_sigint``)."""
+    """Set by the first Ctrl-C: finish the running trial, then stop (see ``stop_on_sigint``).
+
+    ``shared`` (a multiprocessing Event) carries the request between the parent and its
+    worker processes, so a SIGINT sent to the parent alone (``kill -INT PID``) stops the
+    workers too, after their running trial."""
 
     requested: bool = False
     notices: list[str] = field(default_factory=list)
+    shared: Any = None
+
+    def request(self) -> None:
+        self.requested = True
+        if self.shared is not None:
+            self.shared.set()
+
+    def is_requested(self) -> bool:
+        if not self.requested and self.shared is not None and self.shared.is_set():
+            self.requested = True
+        return self.requested
 
     def callback(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """An Optuna callback: end the optimize loop once a stop is requested."""
-        if self.requested:
+        if self.is_requested():
             study.stop()
 
 
@@ -222,25 +305,40 @@ class Interrupted(Exception):
     """The user asked to stop; finished trials are in the storage."""
 
 
+def restore_sigint() -> bool:
+    """Give SIGINT back its default meaning (KeyboardInterrupt) where the process started
+    with it ignored: a ``cmd &`` in a script, or a parent that ignores it, hands its
+    children SIG_IGN, and Python then installs no handler. ``kgen tune`` stops cleanly and
+    resumes, so Ctrl-C and ``kill -INT PID`` must reach it. Returns whether it changed
+    anything (only the main thread can)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        return False
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return True
+
+
 @contextlib.contextmanager
 def stop_on_sigint(
     notice: str | None = "stopping after the running trial; Ctrl-C again to stop now",
+    stop: StopRequest | None = None,
 ) -> Iterator[StopRequest]:
     """The first Ctrl-C lets the running trial finish and commit, then stops the study
     cleanly; the second raises KeyboardInterrupt at once. A trial cut mid-way is lost
     anyway, and interrupting a database write can leave its lock held for the busy
     timeout, so the clean path is the default. Outside the main thread, or where SIGINT is
-    ignored (a background job), no handler is installed."""
-    stop = StopRequest()
+    ignored (``restore_sigint`` was not called), no handler is installed."""
+    stop = stop if stop is not None else StopRequest()
     main = threading.current_thread() is threading.main_thread()
-    if not main or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # e.g. a `cmd &` job
+    if not main or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield stop
         return
 
     def handler(signum: int, frame: object) -> None:
         if stop.requested:
             raise KeyboardInterrupt
-        stop.requested = True
+        stop.request()
         if notice:
             print(f"\n{notice}", file=sys.stderr, flush=True)
 
@@ -299,7 +397,7 @@ def optimize(
 
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     remaining = n_trials - len(finished_trials(study))
-    if remaining <= 0 or (stop is not None and stop.requested):
+    if remaining <= 0 or (stop is not None and stop.is_requested()):
         return
     budget = MaxTrialsCallback(n_trials, states=states)
     study.optimize(
@@ -336,7 +434,7 @@ def run_inprocess(
         optimize(study, objective, n_trials, timeout, callbacks=[bar], stop=stop)
     finally:
         bar.close()
-    if stop is not None and stop.requested:
+    if stop is not None and stop.is_requested():
         raise Interrupted(study.study_name)
     return study
 
@@ -400,19 +498,44 @@ class WorkerSpec:
 
 
 def worker_tags(worker: int, gpu: str | None) -> dict[str, object]:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "worker": worker, "gpu": gpu}
+    """What each trial records about the process that ran it (``kgen tune --report`` counts
+    trials per worker and GPU from these): ``visible_devices`` is the process's own
+    CUDA_VISIBLE_DEVICES, so a worker that was not pinned shows it."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "worker": worker,
+        "gpu": gpu,
+        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
 
 
-def worker_main(spec: WorkerSpec, queue_drained: Any = None) -> None:
-    """Entry point of one worker process: pick its GPU first, then join the study.
+def device_tags() -> dict[str, object]:
+    """The GPU this process sees as device 0: its name and UUID (two workers on one
+    physical GPU would show the same UUID)."""
+    from kgen.tuner.gpu import detect_device
+
+    device = detect_device()
+    return {"gpu_name": device.name, "gpu_uuid": device.uuid}
+
+
+def worker_main(spec: WorkerSpec, queue_drained: Any = None, stop_event: Any = None) -> None:
+    """Entry point of one worker process: check its GPU pinning, then join the study.
+
+    The parent starts the process with CUDA_VISIBLE_DEVICES set to the worker's GPU (so
+    nothing imported before this function can open another device); a mismatch is an
+    error, not a silent second worker on the first GPU.
 
     ``queue_drained`` (an Event) holds back every worker but the first until the enqueued
     trials are taken: Optuna pops a waiting trial without a row lock on SQLite
     (optuna/optuna#4621), so two workers could run the same one and the second fail to
-    tell it ("Cannot tell a COMPLETE trial").
+    tell it ("Cannot tell a COMPLETE trial"). ``stop_event`` is the parent's stop request.
     """
-    if spec.gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = spec.gpu
+    if spec.gpu is not None and os.environ.get("CUDA_VISIBLE_DEVICES") != spec.gpu:
+        raise TuneError(
+            f"worker {spec.worker} was started with CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}, not its GPU {spec.gpu!r}"
+        )
     import optuna
 
     from kgen.tuner.objective import make_objective
@@ -421,11 +544,32 @@ def worker_main(spec: WorkerSpec, queue_drained: Any = None) -> None:
     space = build_space(spec.job, spec.spaces)
     backend = make_backend(spec.backend, spec.job, space, spec.workloads)
     study = open_study(spec.job, space, spec.storage, seed=spec.seed, worker=spec.worker)
-    objective = make_objective(space, backend, worker_tags(spec.worker, spec.gpu))
-    with stop_on_sigint(notice=None) as stop:  # the parent tells the user
-        while queue_drained is not None and not queue_drained.wait(0.05) and not stop.requested:
+    tags = worker_tags(spec.worker, spec.gpu)
+    if spec.backend.kind == "gpu":
+        tags.update(device_tags())
+    objective = make_objective(space, backend, tags)
+    with stop_on_sigint(notice=None, stop=StopRequest(shared=stop_event)) as stop:  # the parent tells the user
+        while queue_drained is not None and not queue_drained.wait(0.05) and not stop.is_requested():
             pass
         optimize(study, objective, spec.n_trials, spec.timeout, stop=stop)
+
+
+@contextlib.contextmanager
+def _pinned_env(gpu: str | None) -> Iterator[None]:
+    """CUDA_VISIBLE_DEVICES=gpu in this process's environment while a spawned child starts
+    (it inherits the environment at start), restored afterwards."""
+    if gpu is None:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 def run_workers(
@@ -437,22 +581,32 @@ def run_workers(
     stop: StopRequest | None = None,
 ) -> optuna.Study:
     """Start one process per spec on one study (the parent enqueues the defaults first, so
-    workers never race to enqueue them), show progress, and wait for all of them.
+    workers never race to enqueue them), each pinned to its GPU, show progress, and wait
+    for all of them.
 
     Ctrl-C reaches the workers too (one process group): each finishes its running trial
-    and exits; then this raises ``Interrupted``. A second Ctrl-C ends them at once.
+    and exits; then this raises ``Interrupted``. A stop requested in the parent alone
+    (``kill -INT`` of its pid) is passed on to the workers; a second Ctrl-C ends them at once.
     """
     first = specs[0]
     study = open_study(first.job, space, first.storage, seed=first.seed, enqueue=enqueue)
     ctx = multiprocessing.get_context("spawn")  # CUDA cannot survive fork
     queue_drained = ctx.Event()  # the first worker has taken every enqueued trial
-    procs = [ctx.Process(target=worker_main, args=(s, queue_drained if i else None), name=f"kgen-tune-{s.worker}")
-             for i, s in enumerate(specs)]
+    stop_event = ctx.Event()  # a stop requested in the parent or in any worker
+    procs = [
+        ctx.Process(
+            target=worker_main, args=(s, queue_drained if i else None, stop_event), name=f"kgen-tune-{s.worker}"
+        )
+        for i, s in enumerate(specs)
+    ]
     bar = ProgressBar(first.n_trials, len(finished_trials(study)), first.job.label(), enabled=progress)
     try:
-        for p in procs:
-            p.start()
+        for p, s in zip(procs, specs, strict=True):
+            with _pinned_env(s.gpu):
+                p.start()
         while any(p.is_alive() for p in procs):
+            if stop is not None and stop.is_requested():
+                stop_event.set()
             if not queue_drained.is_set() and (not procs[0].is_alive() or not waiting_trials(study)):
                 queue_drained.set()
             bar.show(len(finished_trials(study)), best_value(study))
@@ -463,13 +617,13 @@ def run_workers(
         raise
     finally:
         bar.close()
-    if stop is not None and stop.requested:
+    if stop is not None and (stop.is_requested() or stop_event.is_set()):
         raise Interrupted(study.study_name)
     bad = [(p.name, p.exitcode) for p in procs if p.exitcode != 0]
     if bad:
         raise TuneError(
             f"worker(s) {bad} exited with an error (see above); finished trials are kept in "
-            f"{first.storage}: run the same command again to resume"
+            f"{redact_url(first.storage)}: run the same command again to resume"
         )
     return study
 

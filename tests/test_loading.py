@@ -1,0 +1,120 @@
+"""kgen.load only imports generated modules: it never runs the generator, and says how to build what is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kgen
+from kgen import loader
+from kgen.cli import main as kgen_main
+from kgen.errors import UsageError
+from kgen.passes import context
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATED = ROOT / "generated"
+BUILD_MODULES = ("kgen.passes", "kgen.build", "jinja2")
+
+
+def run_python(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", loader.GENERATED_ENV)}
+    return {**env, "TRITON_INTERPRET": "1", **extra}
+
+
+LOADS_WITHOUT_BUILDING = """
+import sys
+import kgen
+from kgen.runtime import VerifyChain
+m = kgen.load("gqa64", "bf16")
+chain = VerifyChain("qwen3_5_gqa256", "bf16", "bf16")
+assert all(level.module is not None for level in chain.levels), chain.describe()
+bad = sorted(n for n in sys.modules if n.split(".")[0] == "jinja2" or n.startswith(("kgen.passes", "kgen.build")))
+print(m.__file__)
+print(bad)
+"""
+
+
+def test_load_in_a_fresh_interpreter_imports_no_build_code(tmp_path):
+    out = run_python(LOADS_WITHOUT_BUILDING, clean_env(PYTHONPATH=str(ROOT)), tmp_path)
+    assert out.returncode == 0, out.stderr
+    path, bad = out.stdout.splitlines()
+    assert Path(path) == GENERATED / "verify_gqa64__kv_bf16__q_bf16.py"
+    assert bad == "[]", f"kgen.load imported build code: {bad}"
+
+
+def test_generated_dir_env_comes_first_and_holds_several_dirs(tmp_path):
+    first, second = tmp_path / "empty", tmp_path / "mine"
+    second.mkdir()
+    name = "verify_gqa64__kv_bf16__q_bf16.py"
+    (second / name).write_text((GENERATED / name).read_text() + '\nFROM_KGEN_GENERATED_DIR = True\n')
+    env = clean_env(PYTHONPATH=str(ROOT), KGEN_GENERATED_DIR=os.pathsep.join([str(first), str(second)]))
+    code = "import kgen; m = kgen.load('gqa64', 'bf16'); print(m.__file__, m.FROM_KGEN_GENERATED_DIR)"
+    out = run_python(code, env, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(second / name), "True"]
+
+
+def test_search_path_order(monkeypatch, tmp_path):
+    monkeypatch.setenv(loader.GENERATED_ENV, os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")]))
+    assert loader.search_path() == (tmp_path / "a", tmp_path / "b", GENERATED, loader.INSTALLED_DIR)
+    assert loader.source_root() == ROOT
+    monkeypatch.delenv(loader.GENERATED_ENV)
+    assert loader.generated_dir() == GENERATED
+
+
+@pytest.fixture
+def only_gqa64_bf16(monkeypatch, tmp_path):
+    """A search path holding one module (gqa64, KV bf16, query bf16, grouped) and an empty cache."""
+    shutil.copy(GENERATED / "verify_gqa64__kv_bf16__q_bf16.py", tmp_path)
+    monkeypatch.setattr(loader, "search_path", lambda env=None: (tmp_path,))
+    monkeypatch.setattr(loader, "_LOADED", {})
+    return tmp_path
+
+
+def test_missing_dtype_names_what_exists_and_how_to_build(only_gqa64_bf16):
+    with pytest.raises(loader.ModuleNotGeneratedError) as err:
+        kgen.load("gqa64", "fp8")
+    text = str(err.value)
+    assert "verify_gqa64__kv_fp8_e4m3fn__q_bf16.py" in text and str(only_gqa64_bf16) in text
+    assert "kv bf16 / q bf16" in text
+    assert "kgen build --out DIR" in text and "KGEN_GENERATED_DIR=DIR" in text
+    assert not list(only_gqa64_bf16.glob("*fp8*")), "a failed load must not build the module"
+
+
+def test_missing_variant_and_layout_with_a_spec_say_how_to_build(only_gqa64_bf16):
+    with pytest.raises(loader.ModuleNotGeneratedError, match="kgen build --out DIR"):
+        kgen.load("gqa64", "bf16", variant="per_head")
+    with pytest.raises(loader.ModuleNotGeneratedError, match="'qwen3_5_gqa256' has a spec but no generated module"):
+        kgen.load("qwen3_5_gqa256")
+
+
+def test_unknown_layout_lists_the_generated_ones(only_gqa64_bf16):
+    with pytest.raises(UsageError, match=r"unknown layout 'nope'; expected one of gqa64 \("):
+        kgen.load("nope")
+    assert kgen.load("gqa64", "bf16").URI == "verify_gqa64__kv_bf16__q_bf16"
+
+
+# ----------------------------------------------------------------- kgen build's output directory
+
+
+def test_build_writes_to_the_checkout_by_default():
+    assert context.default_out_dir() == GENERATED
+
+
+def test_build_outside_a_checkout_needs_out(monkeypatch, capsys):
+    monkeypatch.setattr(context, "source_generated_dir", lambda: None)
+    with pytest.raises(UsageError, match="pass --out DIR"):
+        context.default_out_dir()
+    assert context.default_out_dir(check_only=True) == loader.INSTALLED_DIR  # writes nothing
+    assert kgen_main(["build", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "--out DIR" in err and "KGEN_GENERATED_DIR" in err
