@@ -82,10 +82,10 @@ def test_runtime_int_of_one_becomes_a_constexpr_in_the_signature(gqa64):
     launch = gqa64.launch_params("sm_90", 132, 8, 1, 2)[0]
     constexprs = check.complete_launch(gqa64, launch[0], launch[1])[0]
     signature, constants, divisible = check.kernel_signature(
-        gqa64, launch[0], constexprs, "int64", {"head_blocks": 1, "max_splits": 64, "group": 12})
-    assert signature["head_blocks"] == "constexpr" and constants["head_blocks"] == 1
-    assert signature["max_splits"] == "i32" and "max_splits" in divisible
-    assert signature["group"] == "i32" and "group" not in divisible
+        gqa64, launch[0], constexprs, "int64", {"max_splits": 1, "min_tokens_per_split": 128, "page_shift": 3})
+    assert signature["max_splits"] == "constexpr" and constants["max_splits"] == 1
+    assert signature["min_tokens_per_split"] == "i32" and "min_tokens_per_split" in divisible
+    assert signature["page_shift"] == "i32" and "page_shift" not in divisible
     assert signature["Kv_Table"] == "*i64" and signature["K_Buffer"] == "*bf16"
     assert "stride_k_page" in divisible and "stride_table" not in divisible
 
@@ -233,15 +233,15 @@ def test_do_not_specialize_parameters_keep_one_variant(gqa64):
     name, constexprs, _ = gqa64.launch_params("sm_90", 132, 8, 1, 2)[0]
     constexprs = check.complete_launch(gqa64, name, constexprs)[0]
     kernel = getattr(gqa64, name)
-    param = next(p for p in kernel.params if p.name == "head_blocks")
+    param = next(p for p in kernel.params if p.name == "max_splits")
     try:
         param.do_not_specialize = True
         signature, constants, divisible = check.kernel_signature(gqa64, name, constexprs, "int32",
-                                                                 {"head_blocks": 1, "max_splits": 64})
+                                                                 {"max_splits": 1, "min_tokens_per_split": 128})
     finally:
         param.do_not_specialize = False
-    assert signature["head_blocks"] == "i32" and "head_blocks" not in constants and "head_blocks" not in divisible
-    assert "max_splits" in divisible
+    assert signature["max_splits"] == "i32" and "max_splits" not in constants and "max_splits" not in divisible
+    assert "min_tokens_per_split" in divisible
 
 
 def test_json_and_markdown_reports_carry_every_variant_and_the_failures(monkeypatch, cache):
