@@ -17,6 +17,7 @@ decoding, EAGLE topk = 1) from layout specs, and tunes their block configs per G
   kgen explain LAYOUT [--kv-dtype D]  the plan after each compiler pass, and the gate's decision
   kgen tune [--layout LAYOUT] ...     search block configs on this GPU (needs the 'tune' extra)
   kgen bench [--quick] ...            measure kernels against peers and the copy ceiling
+  kgen check [--arch A,B] ...         compile every kernel variant for real GPUs offline, check resources
 
 `kgen COMMAND --help` shows a command's options.
 """
@@ -78,6 +79,42 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    import json
+
+    from kgen import check
+
+    def split(values: list[str] | None) -> list[str]:
+        return [v for item in values or () for v in item.split(",") if v]
+
+    archs = split(args.arch) or list(check.ARCHS)
+    selection = dict(layouts=split(args.layout), kv_dtypes=split(args.kv_dtype), q_dtypes=split(args.q_dtype),
+                     variants=split(args.variant), entries=split(args.entry) or check.ENTRIES,
+                     index_dtypes=split(args.index_dtype) or check.INDEX_DTYPES)
+    if args.plan:
+        print(check.format_plan(check.plan_check(archs, **selection), archs))
+        return 0
+    report = check.run_check(archs, jobs=args.jobs, use_cache=not args.no_cache, progress=not args.quiet,
+                             **selection)
+    print(check.format_table(report, verbose=args.verbose))
+    for arch, t in report.timing.items():
+        print(f"{arch}: {t['variants']} distinct variants, {t['compiled']} compiled, {t['cached']} cached, "
+              f"{t['wall_s']} s")
+    for refusal in report.enumeration.refused:
+        print(f"refused: {refusal.module} on {refusal.arch}: {refusal.reason}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(check.to_json(report), indent=1, default=sorted))
+    if args.report:
+        Path(args.report).write_text(check.format_markdown(report))
+    failures = check.format_failures(report)
+    if failures:
+        print(failures, file=sys.stderr)
+        print(f"kgen check: {len(report.failures())} variant(s) do not fit their target", file=sys.stderr)
+        return 1
+    print(f"kgen check: all {len(report.enumeration.variants)} variants fit their targets")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kgen", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,6 +150,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", type=int, default=None, help="query heads per KV head (default: the largest)")
     p.add_argument("--source", action="store_true", help="also print the generated source")
     p.set_defaults(func=_cmd_explain)
+
+    p = sub.add_parser("check", help="compile every kernel variant for real GPUs (no GPU needed), check resources",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Prove without a GPU that every kernel a generated module can launch fits "
+                       "its target.\n\nFor each module and arch it walks the accepted domain (every listed group "
+                       "and one unlisted, draft lengths 1..MAX_DRAFT_TOKENS, batch sizes at every table row's "
+                       "boundaries, the token-slot entry and the paged entry at every supported page size, int32 "
+                       "and int64 index tensors), asks the module's launch_params what it would launch, dedupes, "
+                       "compiles each distinct variant once with Triton's offline compiler and reads shared "
+                       "memory / LDS, registers and spills (ptxas -v; amdgcn metadata).\n\nExits 1 naming every "
+                       "variant that: uses more shared memory / LDS than the target has; spills on gfx942/gfx950 "
+                       "while coming from a shipped table row; spills more than 2048 B a thread on NVIDIA; or "
+                       "fails to compile. Results are cached in $KGEN_CHECK_CACHE (default ~/.cache/kgen/check). "
+                       "See docs/check.md.")
+    p.add_argument("--arch", action="append", help="comma-separated: sm_80,sm_89,sm_90,sm_100,gfx942,gfx950 "
+                   "(default all)")
+    p.add_argument("--layout", action="append", help="only these layouts (repeatable or comma-separated)")
+    p.add_argument("--kv-dtype", action="append", help="only these KV dtypes (bf16, fp8, fp8_e4m3fnuz, ...)")
+    p.add_argument("--q-dtype", action="append", help="only these query dtypes (bf16, fp16)")
+    p.add_argument("--variant", action="append", help="only grouped or per_head modules")
+    p.add_argument("--entry", action="append", help="narrow the domain to token-slot or paged calls (a narrowed "
+                   "run proves only that part)")
+    p.add_argument("--index-dtype", action="append", help="narrow the domain to int32 or int64 index tensors")
+    p.add_argument("--jobs", type=int, default=None, help="compile processes (default: os.cpu_count())")
+    p.add_argument("--json", help="write everything (every variant, its domain and numbers) to this file")
+    p.add_argument("--report", help="write a Markdown report to this file")
+    p.add_argument("--plan", action="store_true", help="only count the distinct variants per arch and what "
+                   "multiplies them; compile nothing")
+    p.add_argument("--no-cache", action="store_true", help="compile everything again (and store nothing)")
+    p.add_argument("-v", "--verbose", action="store_true", help="one row per distinct variant")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_check)
 
     try:
         from kgen.tuner.cli import add_tune_parser

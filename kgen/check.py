@@ -1,0 +1,938 @@
+"""``kgen check``: prove without a GPU that every kernel variant a module can launch fits its target.
+
+Triton's interpreter has no shared-memory or register limits, so a module can accept inputs
+whose kernels then fail on the GPU (``OutOfResources: shared memory``). This check walks the
+whole accepted domain of every generated module (groups, draft lengths, batch sizes at every
+table-row boundary, both entry points and every page size, int32 and int64 index tensors),
+asks the module which kernels it would launch there (``launch_params``, the function its
+launcher calls), dedupes those launches into distinct compile variants, compiles each once
+for the real target with Triton's offline compiler (ptxas and the AMD backend ship in the
+wheel), and checks shared memory / LDS, registers and spills against the target's limits.
+
+Compiles run in worker processes started without ``TRITON_INTERPRET`` (``@triton.jit`` reads
+it at import) and are cached on disk, keyed by the Triton version, the target, the kernel's
+source hash, its constexprs, signature and compile options.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import importlib.util
+import io
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from kgen.errors import KgenError
+
+# Bumped when what a cached result holds changes, so old cache entries are not reused.
+CACHE_FORMAT = 1
+# Largest batch the domain walks: table rows end at 2**30, but past the last row boundary
+# the launch no longer changes with the batch.
+BATCH_CAP = 512
+# ptxas spill bytes a thread above which an NVIDIA variant fails (below it is only reported).
+NVIDIA_SPILL_LIMIT = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    """One compile target and the limits a launch on it must respect."""
+
+    name: str
+    backend: str  # "cuda" | "hip"
+    target_arch: int | str  # GPUTarget's arch: 90 or "gfx950"
+    warp_size: int
+    num_sms: int  # a realistic multiprocessor / compute-unit count: it decides the split grid
+    shared_limit: int  # bytes of shared memory (LDS on AMD) one block may use
+    kv_dtypes: tuple[str, ...]  # KV dtypes this arch's matrix units take
+
+
+# Multiprocessor (compute unit) counts of a shipping part per arch: A100, L40S, H100/H200,
+# B200, MI300X, MI355X. The split grid and so the merge stage depend on them.
+NUM_SMS = {"sm_80": 108, "sm_89": 128, "sm_90": 132, "sm_100": 148, "gfx942": 304, "gfx950": 256}
+
+
+def _archs() -> dict[str, Arch]:
+    """kgen/tables/targets.json (the limits the modules were built for) with the SM counts above."""
+    from kgen.targets import read_targets
+
+    archs = {}
+    for name, t in read_targets().items():
+        if name not in NUM_SMS:
+            raise CheckError(f"kgen/tables/targets.json lists {name}, which kgen check has no SM count for: add it "
+                             "to NUM_SMS in kgen/check.py")
+        target_arch: int | str = int(name[3:]) if t.family == "cuda" else name
+        archs[name] = Arch(name, t.family, target_arch, t.warp_size, NUM_SMS[name], t.shared_bytes,
+                           ("bfloat16", "float16", *t.fp8))
+    return archs
+
+
+ARCHS: dict[str, Arch] = _archs()
+
+# Triton type names of torch dtypes as they appear in a kernel signature.
+_TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8e4nv",
+                 "float8_e4m3fnuz": "fp8e4b8", "int32": "i32", "int64": "i64"}
+INDEX_DTYPES = ("int32", "int64")
+# Axes the plan reports how much each multiplies the distinct variants by.
+AXES = ("all", "index_dtype", "q_dtype", "runtime int specialization", "SCALES_ON_DEVICE")
+
+# Kernel parameter names and the Triton type they take. Query-side tensors are in the module's
+# query dtype, the KV pools in its KV dtype; index tensors take the domain's index dtype.
+_Q_POINTERS = frozenset({"Q", "K_Extend", "V_Extend", "O"})
+_KV_POINTERS = frozenset({"K_Buffer", "V_Buffer"})
+_INDEX_POINTER = re.compile(r"^[A-Z]\w*_(Indptr|Indices|Bounds|Table|Lens|Counters)$")
+_FP32_POINTER = re.compile(r"^Partial_\w+$")
+_FP32_SCALARS = frozenset({"qk_scale", "sm_scale"})
+_SCALE_ARGS = frozenset({"k_scale", "v_scale"})
+_I64_SCALAR = re.compile(r"(^|_)(offset|offsets|elem_offset|base)$")
+_I32_SCALAR = re.compile(r"^(stride_\w+|max_splits|min_tokens_per_split|num_\w+|group|head_blocks|page_shift"
+                         r"|block_n|\w+_len|\w+_size)$")
+
+
+class CheckError(KgenError):
+    """The check could not be set up (bad arguments, a kernel parameter it cannot type)."""
+
+
+# ---------------------------------------------------------------------------------------
+# Modules and what they launch
+# ---------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _compile_environment() -> Iterator[None]:
+    """Import generated modules as a GPU process would: no interpreter, PDL at its default.
+
+    The module reads TRITON_INTERPRET (its dot dtype) and KGEN_NO_PDL at import and
+    @triton.jit picks the interpreter from TRITON_INTERPRET at decoration time.
+    """
+    saved = {name: os.environ.pop(name) for name in ("TRITON_INTERPRET", "KGEN_NO_PDL") if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def load_module_file(path: Path) -> ModuleType:
+    """A private copy of a generated module, imported with the compile environment."""
+    path = Path(path).resolve()
+    name = "kgen_check_" + hashlib.sha1(str(path).encode()).hexdigest()[:12] + "_" + path.stem
+    cached = sys.modules.get(name)
+    if cached is not None:
+        return cached
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise CheckError(f"cannot import generated module {path}")
+    module = importlib.util.module_from_spec(spec)
+    with _compile_environment():
+        spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+def _torch_name(dtype: Any) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleInfo:
+    path: Path
+    uri: str
+    layout: str
+    variant: str
+    kv_dtype: str
+    q_dtype: str
+
+
+def find_modules(generated: Path | None = None, layouts: Iterable[str] = (), kv_dtypes: Iterable[str] = (),
+                 q_dtypes: Iterable[str] = (), variants: Iterable[str] = ()) -> list[ModuleInfo]:
+    """The generated modules (``generated/verify*.py``), optionally only some layouts / dtypes / variants."""
+    from kgen.loader import generated_dir
+    from kgen.spec import KV_DTYPES, Q_DTYPES, canonical_dtype
+
+    directory = Path(generated) if generated else generated_dir()
+    wanted_layouts = set(layouts)
+    wanted_kv = {canonical_dtype(d, KV_DTYPES, "KV") for d in kv_dtypes}
+    wanted_q = {canonical_dtype(d, Q_DTYPES, "query") for d in q_dtypes}
+    wanted_variants = set(variants)
+    found = []
+    for path in sorted(directory.glob("verify*.py")):
+        module = load_module_file(path)
+        info = ModuleInfo(path, module.URI, module.LAYOUT, module.VARIANT, _torch_name(module.KV_DTYPE),
+                          _torch_name(module.Q_DTYPE))
+        if ((not wanted_layouts or info.layout in wanted_layouts) and (not wanted_kv or info.kv_dtype in wanted_kv)
+                and (not wanted_q or info.q_dtype in wanted_q)
+                and (not wanted_variants or info.variant in wanted_variants)):
+            found.append(info)
+    if wanted_layouts - {m.layout for m in found}:
+        raise CheckError(f"no generated module for layout(s) {sorted(wanted_layouts - {m.layout for m in found})} "
+                         f"in {directory} (see `kgen list`; run `kgen build`)")
+    if not found:
+        raise CheckError(f"no generated modules match in {directory}: run `kgen build`")
+    return found
+
+
+def module_launch_params(module: ModuleType) -> Callable[..., list[tuple[str, dict, dict]]]:
+    fn = getattr(module, "launch_params", None)
+    if fn is None:
+        raise CheckError(f"{module.URI} has no launch_params: it was generated by an older kgen; run `kgen build`")
+    return fn
+
+
+# ---------------------------------------------------------------------------------------
+# The domain
+# ---------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One input the module accepts, as far as the kernels it launches can tell."""
+
+    group: int
+    draft: int
+    batch: int
+    page_size: int | None  # None: the token-slot entry (verify_shared_kv_fwd)
+    index_dtype: str
+    from_table: bool  # the launch uses a shipped table row, not the default config
+
+
+def unlisted_group(module: ModuleType, arch: str) -> int:
+    """A group the layout does not list, chosen to launch constexprs (row blockings) the
+    listed groups do not, when one of the candidates does."""
+    listed = set(module.GROUP_SIZES)
+    num_sms = ARCHS[arch].num_sms
+
+    def launched(group: int) -> set[str]:
+        return {json.dumps([name, {k: str(v) for k, v in c.items()}, o], sort_keys=True)
+                for draft in range(1, module.MAX_DRAFT_TOKENS + 1)
+                for name, c, o in module.launch_params(arch, num_sms, group, 1, draft)}
+
+    seen = set().union(*(launched(g) for g in listed))
+    candidates = [c for c in (2 * max(listed), 12, 2, 32, 6, 24, 1) if c not in listed]
+    for candidate in candidates:
+        if launched(candidate) - seen:
+            return candidate
+    return candidates[0]
+
+
+def domain_batches(module: ModuleType, arch: str) -> list[int]:
+    """Batch sizes at every table row's boundaries for this arch (capped), and the default's."""
+    batches = {1, BATCH_CAP}
+    for _group, batch_min, batch_max, _config in module._BLOCK_CONFIGS.get(arch, ()):
+        for b in (batch_min - 1, batch_min, batch_max, batch_max + 1):
+            if 1 <= b <= BATCH_CAP:
+                batches.add(b)
+    return sorted(batches)
+
+
+ENTRIES = ("token-slot", "paged")
+
+
+def domain(module: ModuleType, arch: str, entries: Iterable[str] = ENTRIES,
+           index_dtypes: Iterable[str] = INDEX_DTYPES) -> Iterator[Point]:
+    """Every input class the module accepts on an arch (narrowed to some entries / index dtypes
+    only when asked: a narrowed run proves only that part)."""
+    groups = [*module.GROUP_SIZES, unlisted_group(module, arch)]
+    entries = set(entries)
+    pages: list[int | None] = ([None] if "token-slot" in entries else []) + (
+        list(module.SUPPORTED_PAGE_SIZES) if "paged" in entries else [])
+    # The first index dtype is where the walk asks launch_params (it does not see dtypes).
+    index_order = [d for d in INDEX_DTYPES if d in set(index_dtypes)]
+    for group, batch in itertools.product(groups, domain_batches(module, arch)):
+        from_table = module.select_config(arch, group, batch) is not module._DEFAULT_CONFIG
+        for draft, page_size, index_dtype in itertools.product(range(1, module.MAX_DRAFT_TOKENS + 1), pages,
+                                                               index_order):  # index dtype innermost
+            yield Point(group, draft, batch, page_size, index_dtype, from_table)
+
+
+def jit_int_class(value: int) -> str:
+    """How Triton's JIT specializes an int argument: 1 becomes a constexpr, a multiple of 16
+    gets tt.divisibility 16, anything else is a plain i32 (i64 past int32's range)."""
+    if value == 1:
+        return "one"
+    return "div16" if value % 16 == 0 else "plain"
+
+
+def runtime_scalars(module: ModuleType, arch: str, num_sms: int, point: Point) -> dict[str, int]:
+    """Values of the int arguments the launcher computes from shapes (the rest are strides of
+    the engine's tensors): the JIT specializes on them, so they are part of the variant."""
+    plan = module._plan_launch(arch, num_sms, point.group, point.batch, point.draft, point.page_size, None)
+    if plan is None:
+        return {}
+    return {"group": point.group, "head_blocks": plan["head_blocks"], "max_splits": plan["max_splits"],
+            "min_tokens_per_split": plan["min_tokens"], "page_shift": plan["page_shift"], "block_n": plan["block_n"],
+            # partial_lse is [tokens, heads, max_splits], contiguous: its head stride is max_splits.
+            "stride_pl_head": plan["max_splits"]}
+
+
+def complete_launch(module: ModuleType, kernel_name: str, constexprs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The constexpr sets one launch_params entry compiles to: _run adds DOT_DTYPE (the GPU's
+    dot operand dtype) and SCALES_ON_DEVICE (False for float KV scales, True for tensors; an
+    engine may pass either). Any other constexpr launch_params leaves out is an error."""
+    kernel = getattr(module, kernel_name)
+    wanted = [p.name for p in kernel.params if p.is_constexpr]
+    missing = [n for n in wanted if n not in constexprs and n not in ("DOT_DTYPE", "SCALES_ON_DEVICE")]
+    if missing:
+        raise CheckError(f"{module.URI}.{kernel_name}: launch_params gives no value for constexpr(s) {missing}; "
+                         "add them to launch_params (kgen check compiles what it returns)")
+    extra = set(constexprs) - set(wanted)
+    if extra:
+        raise CheckError(f"{module.URI}: launch_params names constexprs {sorted(extra)} that {kernel_name} "
+                         "does not take")
+    base = dict(constexprs)
+    if "DOT_DTYPE" in wanted and "DOT_DTYPE" not in base:
+        base["DOT_DTYPE"] = module._TL_PREFIX_DOT_DTYPE
+    if "SCALES_ON_DEVICE" in wanted and "SCALES_ON_DEVICE" not in base:
+        return [{**base, "SCALES_ON_DEVICE": False}, {**base, "SCALES_ON_DEVICE": True}]
+    return [base]
+
+
+def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str, Any], index_dtype: str,
+                     scalars: dict[str, int] | None = None) -> tuple[dict[str, str], dict[str, Any], list[str]]:
+    """Triton types of a kernel's parameters from their names, as the JIT would specialize them.
+
+    Returns the signature, the constexprs (plus int arguments the JIT turns into constexpr 1)
+    and the arguments marked 16-divisible: pointers, int arguments whose known value is a
+    multiple of 16, and the strides of engine tensors (contiguous, 16-element rows; a block
+    table's row stride is the engine's max pages per request, arbitrary, so it stays unmarked).
+    """
+    kernel = getattr(module, kernel_name)
+    params = {p.name: p for p in getattr(kernel, "params", ())}
+    scalars = scalars or {}
+    q_type = "*" + _TRITON_TYPES[_torch_name(module.Q_DTYPE)]
+    kv_type = "*" + _TRITON_TYPES[_torch_name(module.KV_DTYPE)]
+    scales_on_device = bool(constexprs.get("SCALES_ON_DEVICE"))
+    signature: dict[str, str] = {}
+    constants = dict(constexprs)
+    divisible: list[str] = []
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        if name in _Q_POINTERS:
+            signature[name] = q_type
+        elif name in _KV_POINTERS:
+            signature[name] = kv_type
+        elif _INDEX_POINTER.match(name):
+            signature[name] = "*" + _TRITON_TYPES[index_dtype]
+        elif _FP32_POINTER.match(name):
+            signature[name] = "*fp32"
+        elif name in _FP32_SCALARS:
+            signature[name] = "fp32"
+        elif name in _SCALE_ARGS:
+            signature[name] = "*fp32" if scales_on_device else "fp32"
+        elif _I64_SCALAR.search(name):
+            signature[name] = "i64"
+        elif _I32_SCALAR.match(name):
+            signature[name] = "i32"
+        else:
+            raise CheckError(f"{module.URI}.{kernel_name}: parameter {name!r} has no known type; teach "
+                             "kgen/check.py (kernel_signature) what it is before checking this module")
+        param = params.get(name)
+        if param is not None and param.do_not_specialize:
+            continue  # @triton.jit(do_not_specialize=...): the JIT compiles one variant for every value
+        aligned_ok = param is None or not param.do_not_specialize_on_alignment
+        if name in scalars:
+            cls = jit_int_class(scalars[name])
+            if cls == "one":
+                signature[name], constants[name] = "constexpr", 1
+            elif cls == "div16" and aligned_ok:
+                divisible.append(name)
+        elif aligned_ok and (signature[name].startswith("*")
+                             or (name.startswith("stride_") and name != "stride_table")):
+            divisible.append(name)
+    return signature, constants, divisible
+
+
+def _encode(value: Any) -> Any:
+    """Constexpr values as JSON: tl.dtype objects become {"dtype": "bf16"}."""
+    import triton.language as tl
+
+    if isinstance(value, tl.dtype):
+        return {"dtype": str(value)}
+    return value
+
+
+def _decode(value: Any) -> Any:
+    import triton.language as tl
+
+    if isinstance(value, dict) and set(value) == {"dtype"}:
+        return tl.dtype(value["dtype"])
+    return value
+
+
+@dataclasses.dataclass
+class Variant:
+    """One distinct compile: a kernel with its constexprs, signature and options on one target."""
+
+    key: str
+    module: str  # uri
+    module_path: str
+    kernel: str
+    arch: str
+    constexprs: dict[str, Any]  # JSON-encoded values
+    options: dict[str, Any]
+    signature: dict[str, str]
+    divisible: list[str]
+    points: list[Point] = dataclasses.field(default_factory=list)
+    modules: set[str] = dataclasses.field(default_factory=set)  # every module launching this exact compile
+
+    @property
+    def from_table(self) -> bool:
+        return any(p.from_table for p in self.points)
+
+
+@dataclasses.dataclass
+class Refusal:
+    module: str
+    arch: str
+    reason: str
+
+
+@dataclasses.dataclass
+class Enumeration:
+    variants: list[Variant]
+    refused: list[Refusal]
+    points: Counter  # (module, arch) -> domain points walked
+    launches: Counter  # arch -> kernel launches before dedupe
+    axis_multipliers: dict[str, dict[str, float]]  # arch -> axis -> variants / variants without that axis
+    refused_points: Counter  # (module, arch) -> domain points launch_params refuses (returns [])
+
+
+def _variant_key(arch: str, kernel_hash: str, constexprs: dict, signature: dict, options: dict,
+                 divisible: list[str]) -> str:
+    import triton
+
+    blob = json.dumps({"format": CACHE_FORMAT, "triton": triton.__version__, "arch": arch, "kernel": kernel_hash,
+                       "constexprs": constexprs, "signature": signature, "options": options, "divisible": divisible},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _distinct_launch(info: ModuleInfo, module: ModuleType, arch_name: str, kernel_name: str, constexprs: dict,
+                     options: dict, index_dtype: str, scalars: dict[str, int], kernel_hashes: dict[str, str],
+                     by_key: dict[str, Variant], proj: dict[str, set]) -> Variant:
+    """The Variant of one distinct launch (shared with other modules' identical compiles)."""
+    if kernel_name not in kernel_hashes:
+        kernel_hashes[kernel_name] = getattr(module, kernel_name).cache_key
+    signature, constants, divisible = kernel_signature(module, kernel_name, constexprs, index_dtype, scalars)
+    encoded = {k: _encode(v) for k, v in constants.items()}
+    key = _variant_key(arch_name, kernel_hashes[kernel_name], encoded, signature, options, divisible)
+    base = (info.layout, info.variant, info.kv_dtype, kernel_name, json.dumps(options, sort_keys=True))
+    cx, sg, dv = json.dumps(encoded, sort_keys=True), json.dumps(signature, sort_keys=True), tuple(divisible)
+    proj["all"].add((*base, info.q_dtype, cx, sg, dv))
+    proj["index_dtype"].add((*base, info.q_dtype, cx, sg.replace('"*i64"', '"*i32"'), dv))
+    proj["q_dtype"].add((*base, cx, sg.replace(f'"*{_TRITON_TYPES[info.q_dtype]}"', '"*q"'), dv))
+    unspecialized = {k: ("i32" if k in scalars else v) for k, v in signature.items()}
+    proj["runtime int specialization"].add((*base, info.q_dtype,
+                                            json.dumps({k: v for k, v in encoded.items() if k in constexprs},
+                                                       sort_keys=True), json.dumps(unspecialized, sort_keys=True)))
+    proj["SCALES_ON_DEVICE"].add((*base, info.q_dtype,
+                                  json.dumps({k: v for k, v in encoded.items() if k != "SCALES_ON_DEVICE"},
+                                             sort_keys=True), sg.replace('"*fp32"', '"fp32"'),
+                                  tuple(d for d in dv if d not in _SCALE_ARGS)))
+    for name in scalars:  # one runtime int at a time (max_splits with the stride that equals it)
+        if name == "stride_pl_head":
+            continue
+        names = {name, "stride_pl_head"} if name == "max_splits" else {name}
+        one = {k: ("i32" if k in names else v) for k, v in signature.items()}
+        proj.setdefault(f"int {name}", set()).add(
+            (*base, info.q_dtype, json.dumps({k: v for k, v in encoded.items() if k not in names}, sort_keys=True),
+             json.dumps(one, sort_keys=True), tuple(d for d in dv if d not in names)))
+    variant = by_key.get(key)
+    if variant is None:
+        variant = by_key[key] = Variant(key, info.uri, str(info.path), kernel_name, arch_name, encoded,
+                                        dict(options), signature, divisible)
+    variant.modules.add(info.uri)
+    return variant
+
+
+def enumerate_variants(modules: list[ModuleInfo], archs: list[str],
+                       launch_params_for: Callable[[ModuleType], Callable] | None = None,
+                       entries: Iterable[str] = ENTRIES, index_dtypes: Iterable[str] = INDEX_DTYPES) -> Enumeration:
+    """Walk every module's domain on every arch it accepts and dedupe what it launches."""
+    by_key: dict[str, Variant] = {}
+    refused: list[Refusal] = []
+    points: Counter = Counter()
+    launches: Counter = Counter()
+    refused_points: Counter = Counter()
+    # For the multipliers: distinct variants with each axis removed, per arch.
+    projections: dict[str, dict[str, set]] = {}
+    first_index = next(d for d in INDEX_DTYPES if d in set(index_dtypes))
+    for info in modules:
+        module = load_module_file(info.path)
+        params = (launch_params_for or module_launch_params)(module)
+        accepted = tuple(module.CHECKED_ARCHS)
+        kernel_hashes: dict[str, str] = {}
+        for arch_name in archs:
+            arch = ARCHS[arch_name]
+            if arch_name not in accepted:
+                refused.append(Refusal(info.uri, arch_name, f"the module's CHECKED_ARCHS {list(accepted)} "
+                                       "do not include it"))
+                continue
+            if info.kv_dtype not in arch.kv_dtypes:
+                refused.append(Refusal(info.uri, arch_name, f"{info.kv_dtype} KV is not an FP8 format of {arch_name} "
+                                       f"(kgen/tables/targets.json: {list(arch.kv_dtypes[2:])})"))
+                continue
+            proj = projections.setdefault(arch_name, {a: set() for a in AXES})
+            # Launches repeat across the domain: the full typing and hashing runs once per distinct one.
+            seen: dict[tuple, Variant] = {}
+            for point in domain(module, arch_name, entries, index_dtypes):
+                points[(info.uri, arch_name)] += 1
+                if point.index_dtype == first_index:  # launch_params does not see tensors' dtypes
+                    scalars = runtime_scalars(module, arch_name, arch.num_sms, point)
+                    classes = tuple(sorted((k, jit_int_class(v)) for k, v in scalars.items()))
+                    planned = [(kernel_name, full, options)
+                               for kernel_name, constexprs, options in params(arch_name, arch.num_sms, point.group,
+                                                                              point.batch, point.draft,
+                                                                              point.page_size)
+                               for full in complete_launch(module, kernel_name, constexprs)]
+                if not planned:
+                    refused_points[(info.uri, arch_name)] += 1
+                for kernel_name, constexprs, options in planned:
+                    launches[arch_name] += 1
+                    fast = (kernel_name, point.index_dtype, tuple((k, str(v)) for k, v in constexprs.items()),
+                            tuple(options.items()), classes)
+                    variant = seen.get(fast)
+                    if variant is None:
+                        variant = seen[fast] = _distinct_launch(info, module, arch_name, kernel_name, constexprs,
+                                                                options, point.index_dtype, scalars, kernel_hashes,
+                                                                by_key, proj)
+                    variant.points.append(point)
+
+    variants = list(by_key.values())
+    multipliers = {arch: {axis: len(sets["all"]) / max(1, len(sets[axis])) for axis in sets if axis != "all"}
+                   for arch, sets in projections.items()}
+    return Enumeration(variants, refused, points, launches, multipliers, refused_points)
+
+
+# ---------------------------------------------------------------------------------------
+# Compiling and reading resources
+# ---------------------------------------------------------------------------------------
+
+_PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+_AMDGCN_FIELD = re.compile(r"^\s*-?\s*\.(vgpr_count|sgpr_count|agpr_count|vgpr_spill_count|sgpr_spill_count"
+                           r"|group_segment_fixed_size|private_segment_fixed_size):\s+(\d+)", re.M)
+_MFMA = re.compile(r"\b(v_mfma_\w+|v_smfmac_\w+)")
+_NVIDIA_MMA = re.compile(r"\b(HGMMA|QGMMA|HMMA|IMMA|UTC\w*MMA)\b")
+
+
+def parse_ptxas_log(text: str) -> dict[str, int]:
+    """Registers, spill stores/loads and stack bytes a thread from ``ptxas -v`` (worst function)."""
+    out = {"registers": 0, "stack_bytes": 0, "spill_stores": 0, "spill_loads": 0}
+    for m in _PTXAS_SPILL.finditer(text):
+        out["stack_bytes"] = max(out["stack_bytes"], int(m.group(1)))
+        out["spill_stores"] = max(out["spill_stores"], int(m.group(2)))
+        out["spill_loads"] = max(out["spill_loads"], int(m.group(3)))
+    regs = [int(m.group(1)) for m in _PTXAS_REGS.finditer(text)]
+    if not regs:
+        raise ValueError("no 'Used N registers' line in the ptxas log")
+    out["registers"] = max(regs)
+    return out
+
+
+def parse_amdgcn(text: str) -> dict[str, Any]:
+    """VGPR/SGPR/AGPR counts and spills from the amdgcn metadata, and the MFMA instructions used."""
+    fields: dict[str, int] = {}
+    for m in _AMDGCN_FIELD.finditer(text):
+        fields[m.group(1)] = max(fields.get(m.group(1), 0), int(m.group(2)))
+    if "vgpr_count" not in fields:
+        raise ValueError("no .vgpr_count in the amdgcn metadata")
+    return {"vgprs": fields["vgpr_count"], "sgprs": fields.get("sgpr_count", 0), "agprs": fields.get("agpr_count", 0),
+            "vgpr_spills": fields.get("vgpr_spill_count", 0), "sgpr_spills": fields.get("sgpr_spill_count", 0),
+            "scratch_bytes": fields.get("private_segment_fixed_size", 0),
+            "mma": dict(sorted(Counter(_MFMA.findall(text)).items()))}
+
+
+def count_nvidia_mma(sass: str) -> dict[str, int]:
+    """Tensor-core instructions in SASS (HGMMA/QGMMA on Hopper, HMMA, tcgen05's UTC*MMA)."""
+    return dict(sorted(Counter(_NVIDIA_MMA.findall(sass)).items()))
+
+
+_WORKER_MODULES: dict[str, ModuleType] = {}
+
+
+def _worker_init() -> None:
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ.pop("KGEN_NO_PDL", None)
+
+
+def compile_variant(job: dict[str, Any]) -> dict[str, Any]:
+    """Compile one variant for its target and read its resources (runs in a worker process)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    started = time.perf_counter()
+    arch = ARCHS[job["arch"]]
+    try:
+        module = _WORKER_MODULES.get(job["module_path"])
+        if module is None:
+            module = _WORKER_MODULES[job["module_path"]] = load_module_file(Path(job["module_path"]))
+        kernel = getattr(module, job["kernel"])
+        names = kernel.arg_names
+        constexprs = {(names.index(k),): _decode(v) for k, v in job["constexprs"].items()}
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in job["divisible"]}
+        source = ASTSource(fn=kernel, signature=dict(job["signature"]), constexprs=constexprs, attrs=attrs)
+        target = GPUTarget(arch.backend, arch.target_arch, arch.warp_size)
+        log = io.StringIO()
+        with triton.knobs.compilation.scope(), triton.knobs.nvidia.scope():
+            triton.knobs.compilation.always_compile = True  # our cache decides; Triton's would hide the ptxas log
+            triton.knobs.nvidia.dump_ptxas_log = True  # the -v log of Triton's own ptxas run, printed to stdout
+            with contextlib.redirect_stdout(log):
+                compiled = triton.compile(source, target=target, options=dict(job["options"]))
+        result: dict[str, Any] = {"shared": int(compiled.metadata.shared)}
+        if arch.backend == "cuda":
+            result.update(parse_ptxas_log(log.getvalue()))
+            result["mma"] = count_nvidia_mma(_nvdisasm(compiled.asm["cubin"]))
+        else:
+            result.update(parse_amdgcn(compiled.asm["amdgcn"]))
+        result["error"] = None
+    except Exception as exc:  # a compile error is a finding, reported with the variant
+        result = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+    result["compile_s"] = round(time.perf_counter() - started, 3)
+    return result
+
+
+def _nvdisasm(cubin: bytes) -> str:
+    import triton
+
+    nvdisasm = triton.knobs.nvidia.nvdisasm.path
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([nvdisasm, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _job(variant: Variant) -> dict[str, Any]:
+    return {"arch": variant.arch, "module_path": variant.module_path, "kernel": variant.kernel,
+            "constexprs": variant.constexprs, "options": variant.options, "signature": variant.signature,
+            "divisible": variant.divisible}
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("KGEN_CHECK_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "kgen" / "check"
+
+
+class ResultCache:
+    """Compile results on disk, one JSON file per variant key."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+
+    def get(self, key: str) -> dict | None:
+        if self.root is None:
+            return None
+        path = self.root / key[:2] / f"{key}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, result: dict) -> None:
+        if self.root is None or result.get("error"):
+            return  # errors are recompiled: they may come from the environment
+        path = self.root / key[:2] / f"{key}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(result, sort_keys=True))
+        tmp.replace(path)
+
+
+def compile_all(variants: list[Variant], archs: list[str], jobs: int, cache: ResultCache,
+                progress: bool = True) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Results by variant key, and per arch: distinct variants, compiled, cached, wall seconds."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from tqdm import tqdm
+
+    results: dict[str, dict] = {}
+    timing: dict[str, dict] = {}
+    todo_by_arch: dict[str, list[Variant]] = {a: [] for a in archs}
+    for variant in variants:
+        hit = cache.get(variant.key)
+        if hit is not None:
+            results[variant.key] = {**hit, "cached": True}
+        else:
+            todo_by_arch[variant.arch].append(variant)
+    total = sum(len(v) for v in todo_by_arch.values())
+    bar = tqdm(total=total, desc="kgen check", unit="variant", disable=not progress or total == 0)
+    pool = None
+    try:
+        if total:
+            with _compile_environment():  # spawned workers inherit the environment at start
+                pool = ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=_worker_init)
+                list(pool.map(_worker_init_probe, range(max(1, jobs))))
+        for arch in archs:
+            todo = todo_by_arch[arch]
+            started = time.perf_counter()
+            bar.set_postfix_str(arch)
+            # Most expensive first, so the last compiles of an arch do not run alone.
+            todo.sort(key=lambda v: -int(v.constexprs.get("BLOCK_N", 0) or 0))
+            futures = {pool.submit(compile_variant, _job(v)): v for v in todo} if todo else {}
+            for future in as_completed(futures):
+                variant = futures[future]
+                result = future.result()
+                cache.put(variant.key, result)
+                results[variant.key] = {**result, "cached": False}
+                bar.update(1)
+            distinct = sum(1 for v in variants if v.arch == arch)
+            timing[arch] = {"variants": distinct, "compiled": len(todo), "cached": distinct - len(todo),
+                            "wall_s": round(time.perf_counter() - started, 1)}
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.shutdown()
+    return results, timing
+
+
+def _worker_init_probe(_: int) -> int:
+    return os.getpid()
+
+
+# ---------------------------------------------------------------------------------------
+# Verdicts and reports
+# ---------------------------------------------------------------------------------------
+
+def _ranges(values: Iterable[int]) -> str:
+    """1,2,3,5 -> '1-3,5'."""
+    out, run = [], []
+    for v in sorted(set(values)):
+        if run and v == run[-1] + 1:
+            run.append(v)
+        else:
+            if run:
+                out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = [v]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def describe_points(points: list[Point]) -> dict[str, str]:
+    pages = sorted({p.page_size for p in points if p.page_size is not None})
+    entries = (["token-slot"] if any(p.page_size is None for p in points) else []) + (
+        [f"paged {','.join(map(str, pages))}"] if pages else [])
+    return {"groups": _ranges(p.group for p in points), "draft": _ranges(p.draft for p in points),
+            "batch": _ranges(p.batch for p in points), "entry": "; ".join(entries),
+            "index": ",".join(sorted({p.index_dtype for p in points})),
+            "config": "/".join(x for x, on in (("table", any(p.from_table for p in points)),
+                                                ("default", any(not p.from_table for p in points))) if on)}
+
+
+def verdict(variant: Variant, result: dict) -> list[str]:
+    """What is wrong with a compiled variant ([] when it fits its target)."""
+    arch = ARCHS[variant.arch]
+    problems = []
+    if result.get("error"):
+        return [f"compile error: {result['error']}"]
+    if result["shared"] > arch.shared_limit:
+        what = "LDS" if arch.backend == "hip" else "shared memory"
+        problems.append(f"{what} {result['shared']} B > {arch.shared_limit} B limit "
+                        f"(over by {result['shared'] - arch.shared_limit})")
+    if arch.backend == "hip":
+        spills = result["vgpr_spills"] + result["sgpr_spills"]
+        if spills and variant.from_table:
+            problems.append(f"a shipped table row spills on {arch.name}: {result['vgpr_spills']} VGPRs, "
+                            f"{result['sgpr_spills']} SGPRs")
+    elif result["spill_stores"] > NVIDIA_SPILL_LIMIT:
+        problems.append(f"spills {result['spill_stores']} B a thread > {NVIDIA_SPILL_LIMIT} B")
+    return problems
+
+
+def spill_note(variant: Variant, result: dict) -> str:
+    if result.get("error"):
+        return ""
+    if ARCHS[variant.arch].backend == "hip":
+        v, s = result["vgpr_spills"], result["sgpr_spills"]
+        return f"{v} VGPR / {s} SGPR spills" if v or s else ""
+    return f"{result['spill_stores']} B spill stores" if result["spill_stores"] else ""
+
+
+def _config_text(variant: Variant) -> str:
+    cx = ", ".join(f"{k}={v['dtype'] if isinstance(v, dict) else v}" for k, v in variant.constexprs.items())
+    opts = ", ".join(f"{k}={v}" for k, v in variant.options.items())
+    idx = sorted({t for n, t in variant.signature.items() if _INDEX_POINTER.match(n)})
+    return f"{cx}; {opts}; index {'/'.join(idx)}"
+
+
+@dataclasses.dataclass
+class CheckReport:
+    enumeration: Enumeration
+    results: dict[str, dict]
+    timing: dict[str, dict]
+    archs: list[str]
+
+    def rows(self) -> list[dict]:
+        rows = []
+        for v in self.enumeration.variants:
+            r = self.results.get(v.key, {"error": "not compiled"})
+            rows.append({"module": v.module, "modules": sorted(v.modules), "arch": v.arch, "kernel": v.kernel,
+                         "constexprs": v.constexprs,
+                         "options": v.options, "signature": v.signature, "key": v.key,
+                         "domain": describe_points(v.points), "points": len(v.points),
+                         "from_table": v.from_table, "result": r,
+                         "problems": verdict(v, r), "spills": spill_note(v, r)})
+        return rows
+
+    def failures(self) -> list[dict]:
+        return [r for r in self.rows() if r["problems"]]
+
+
+def summarize(report: CheckReport) -> list[dict]:
+    """One line per module x arch with the worst numbers."""
+    by: dict[tuple[str, str], list[dict]] = {}
+    for row in report.rows():
+        by.setdefault((row["module"], row["arch"]), []).append(row)
+    out = []
+    for (module, arch), rows in sorted(by.items()):
+        ok = [r["result"] for r in rows if not r["result"].get("error")]
+        hip = ARCHS[arch].backend == "hip"
+        out.append({
+            "module": module, "arch": arch, "variants": len(rows),
+            "shared": max((r["shared"] for r in ok), default=0), "limit": ARCHS[arch].shared_limit,
+            "regs": max((r["vgprs" if hip else "registers"] for r in ok), default=0),
+            "spills": max((r["vgpr_spills"] + r["sgpr_spills"] if hip else r["spill_stores"] for r in ok), default=0),
+            "failing": sum(1 for r in rows if r["problems"]),
+        })
+    return out
+
+
+def format_table(report: CheckReport, verbose: bool = False) -> str:
+    lines = []
+    if verbose:
+        head = f"{'module':48s} {'arch':7s} {'kernel':21s} {'shared':>7s} {'regs':>5s} {'spill':>14s}  domain / config"
+        lines += [head, "-" * len(head)]
+        for r in sorted(report.rows(), key=lambda r: (r["arch"], r["module"], r["kernel"], r["key"])):
+            res = r["result"]
+            regs = res.get("vgprs", res.get("registers", "-"))
+            d = r["domain"]
+            status = "  FAIL: " + "; ".join(r["problems"]) if r["problems"] else ""
+            lines.append(f"{r['module']:48s} {r['arch']:7s} {r['kernel']:21s} {res.get('shared', '-'):>7} "
+                         f"{regs:>5} {r['spills'] or '-':>14s}  group {d['groups']} draft {d['draft']} batch "
+                         f"{d['batch']} {d['entry']} [{d['config']}]{status}")
+    else:
+        head = (f"{'module':48s} {'arch':7s} {'variants':>8s} {'max shared':>10s} {'limit':>7s} "
+                f"{'max regs':>8s} {'max spill':>9s}  status")
+        lines += [head, "-" * len(head)]
+        for s in summarize(report):
+            status = f"FAIL ({s['failing']})" if s["failing"] else "ok"
+            lines.append(f"{s['module']:48s} {s['arch']:7s} {s['variants']:8d} {s['shared']:10d} {s['limit']:7d} "
+                         f"{s['regs']:8d} {s['spills']:9d}  {status}")
+    return "\n".join(lines)
+
+
+def format_failures(report: CheckReport) -> str:
+    lines = []
+    for r in report.failures():
+        d = r["domain"]
+        v = next(x for x in report.enumeration.variants if x.key == r["key"])
+        modules = ", ".join(r["modules"]) or r["module"]  # one compile can serve several modules
+        lines.append(f"FAIL {modules} {r['arch']} {r['kernel']}: {'; '.join(r['problems'])}\n"
+                     f"     at group {d['groups']}, draft length {d['draft']}, batch {d['batch']}, {d['entry']}, "
+                     f"index {d['index']}, {d['config']} config\n"
+                     f"     {_config_text(v)}")
+    return "\n".join(lines)
+
+
+def to_json(report: CheckReport) -> dict:
+    e = report.enumeration
+    return {
+        "archs": report.archs, "timing": report.timing,
+        "limits": {a: ARCHS[a].shared_limit for a in report.archs},
+        "refused": [dataclasses.asdict(r) for r in e.refused],
+        "domain_points": sum(e.points.values()), "launches": dict(e.launches),
+        "axis_multipliers": e.axis_multipliers,
+        "variants": report.rows(),
+        "failures": len(report.failures()),
+    }
+
+
+def format_markdown(report: CheckReport) -> str:
+    e = report.enumeration
+    out = ["# kgen check", ""]
+    out += ["| arch | distinct variants | compiled | cached | wall s | launches walked | failing |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    fails = Counter(r["arch"] for r in report.failures())
+    for arch in report.archs:
+        t = report.timing.get(arch, {})
+        out.append(f"| {arch} | {t.get('variants', 0)} | {t.get('compiled', 0)} | {t.get('cached', 0)} | "
+                   f"{t.get('wall_s', 0)} | {e.launches.get(arch, 0)} | {fails.get(arch, 0)} |")
+    out += ["", "## Module x arch (worst numbers)", "",
+            "| module | arch | variants | max shared B | limit B | max regs (VGPRs on AMD) | max spill | status |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for s in summarize(report):
+        out.append(f"| {s['module']} | {s['arch']} | {s['variants']} | {s['shared']} | {s['limit']} | {s['regs']} "
+                   f"| {s['spills']} | {'FAIL' if s['failing'] else 'ok'} |")
+    failures = report.failures()
+    out += ["", f"## Failures ({len(failures)})", ""]
+    out += [f"- `{line}`" for line in format_failures(report).splitlines() if line.startswith("FAIL")] or ["none"]
+    spills = [r for r in report.rows() if r["spills"] and not r["problems"]]
+    out += ["", f"## Spills within the limits ({len(spills)})", ""]
+    for r in spills:
+        d = r["domain"]
+        out.append(f"- {r['module']} {r['arch']} {r['kernel']}: {r['spills']} (group {d['groups']}, draft "
+                   f"{d['draft']}, {d['config']} config)")
+    if not spills:
+        out.append("none")
+    out += ["", "## Refused module x arch", ""]
+    out += [f"- {r.module} on {r.arch}: {r.reason}" for r in e.refused] or ["none"]
+    return "\n".join(out) + "\n"
+
+
+def plan_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterable[str] = (),
+               q_dtypes: Iterable[str] = (), variants: Iterable[str] = (),
+               generated: Path | None = None,
+               launch_params_for: Callable[[ModuleType], Callable] | None = None,
+               entries: Iterable[str] = ENTRIES, index_dtypes: Iterable[str] = INDEX_DTYPES) -> Enumeration:
+    """The distinct variants to compile (nothing is compiled)."""
+    unknown = [a for a in archs if a not in ARCHS]
+    if unknown:
+        raise CheckError(f"unknown arch {unknown}: kgen check knows {', '.join(ARCHS)}")
+    modules = find_modules(generated, layouts, kv_dtypes, q_dtypes, variants)
+    bad = sorted(set(entries) - set(ENTRIES)) + sorted(set(index_dtypes) - set(INDEX_DTYPES))
+    if bad or not entries or not index_dtypes:
+        raise CheckError(f"narrowing {bad or 'to nothing'}: entries are {', '.join(ENTRIES)}, index dtypes "
+                         f"{', '.join(INDEX_DTYPES)}")
+    return enumerate_variants(modules, archs, launch_params_for, entries, index_dtypes)
+
+
+def format_plan(enumeration: Enumeration, archs: list[str]) -> str:
+    """Counts per arch and kernel, and how much each domain axis multiplies the variants."""
+    counts = Counter((v.arch, v.kernel) for v in enumeration.variants)
+    lines = [f"{'arch':7s} {'launches':>9s} {'variants':>8s}  per kernel; x multiplier of each axis"]
+    for arch in archs:
+        kernels = ", ".join(f"{k.strip('_')} {n}" for (a, k), n in sorted(counts.items()) if a == arch)
+        mult = ", ".join(f"{axis} x{m:.2f}" for axis, m in enumeration.axis_multipliers.get(arch, {}).items())
+        lines.append(f"{arch:7s} {enumeration.launches.get(arch, 0):9d} "
+                     f"{sum(n for (a, _), n in counts.items() if a == arch):8d}  {kernels}; {mult}")
+    lines.append(f"total {len(enumeration.variants)} distinct variants from {sum(enumeration.points.values())} "
+                 f"domain points ({sum(enumeration.refused_points.values())} refused by launch_params: no program "
+                 f"fits); {len(enumeration.refused)} module x arch refused")
+    return "\n".join(lines)
+
+
+def run_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterable[str] = (), jobs: int | None = None,
+              use_cache: bool = True, progress: bool = True,
+              generated: Path | None = None, q_dtypes: Iterable[str] = (), variants: Iterable[str] = (),
+              launch_params_for: Callable[[ModuleType], Callable] | None = None,
+              entries: Iterable[str] = ENTRIES, index_dtypes: Iterable[str] = INDEX_DTYPES) -> CheckReport:
+    """Enumerate, compile (or read the cache) and judge every distinct variant."""
+    enumeration = plan_check(archs, layouts, kv_dtypes, q_dtypes, variants, generated, launch_params_for,
+                             entries, index_dtypes)
+    cache = ResultCache(cache_dir() if use_cache else None)
+    results, timing = compile_all(enumeration.variants, archs, jobs or os.cpu_count() or 1, cache, progress)
+    return CheckReport(enumeration, results, timing, list(archs))

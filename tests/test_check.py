@@ -1,0 +1,265 @@
+"""kgen check: domain walk, dedupe, signature typing, resource parsing, a real offline compile,
+and a variant over the shared-memory limit failing the command."""
+
+from __future__ import annotations
+
+import json
+import time
+import types
+
+import pytest
+
+from kgen import check, cli
+
+
+@pytest.fixture(scope="module")
+def gqa64():
+    from kgen.loader import generated_dir
+
+    return check.load_module_file(generated_dir() / "verify_gqa64__kv_bf16__q_bf16.py")
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KGEN_CHECK_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _modules(**kw):
+    return check.find_modules(layouts=["gqa64"], kv_dtypes=["bf16"], q_dtypes=["bf16"], variants=["grouped"], **kw)
+
+
+def test_enumeration_dedupes_to_the_distinct_launches(gqa64):
+    enum = check.enumerate_variants(_modules(), ["sm_90"], entries=["token-slot"], index_dtypes=["int32"])
+    # Independently: the distinct (kernel, constexprs, options, JIT int classes) over the same walk.
+    distinct = set()
+    walked = 0
+    for point in check.domain(gqa64, "sm_90", ["token-slot"], ["int32"]):
+        walked += 1
+        scalars = check.runtime_scalars(gqa64, "sm_90", 132, point)
+        for name, constexprs, options in gqa64.launch_params("sm_90", 132, point.group, point.batch, point.draft):
+            for full in check.complete_launch(gqa64, name, constexprs):
+                signature, _, _ = check.kernel_signature(gqa64, name, full, "int32", scalars)
+                distinct.add((name, json.dumps({k: str(v) for k, v in full.items()}, sort_keys=True),
+                              json.dumps(options, sort_keys=True),
+                              tuple(sorted((k, check.jit_int_class(v)) for k, v in scalars.items() if k in signature))))
+    assert enum.points[(gqa64.URI, "sm_90")] == walked
+    assert len(enum.variants) == len(distinct)
+    assert sum(len(v.points) for v in enum.variants) == enum.launches["sm_90"]
+    assert len(enum.variants) < enum.launches["sm_90"] / 3  # launches repeat: distinct compiles are fewer
+
+
+def test_both_index_dtypes_double_the_variants_and_type_every_index_pointer():
+    one = check.enumerate_variants(_modules(), ["sm_90"], entries=["paged"], index_dtypes=["int32"])
+    both = check.enumerate_variants(_modules(), ["sm_90"], entries=["paged"])
+    assert len(both.variants) == 2 * len(one.variants)
+    for variant in both.variants:
+        index_types = {t for n, t in variant.signature.items() if n in ("Qo_Indptr", "Kv_Bounds", "Kv_Table")}
+        assert len(index_types) == 1 and index_types <= {"*i32", "*i64"}
+
+
+def test_domain_covers_every_draft_listed_group_an_unlisted_one_and_table_boundaries(gqa64):
+    points = list(check.domain(gqa64, "sm_90"))
+    groups = {p.group for p in points}
+    assert set(gqa64.GROUP_SIZES) < groups and len(groups - set(gqa64.GROUP_SIZES)) == 1
+    assert {p.draft for p in points} == set(range(1, gqa64.MAX_DRAFT_TOKENS + 1))
+    assert {p.page_size for p in points} == {None, *gqa64.SUPPORTED_PAGE_SIZES}
+    for _group, batch_min, batch_max, _config in gqa64._BLOCK_CONFIGS.get("sm_90", ()):
+        assert batch_min in {p.batch for p in points}
+        assert min(batch_max, check.BATCH_CAP) in {p.batch for p in points}
+
+
+def test_jit_int_classes_match_tritons_specialization():
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    expected = {"one": ("constexpr", 1), "div16": ("i32", "D"), "plain": ("i32", "")}
+    for value in (1, 2, 3, 12, 16, 64, 96, 100, 0):
+        assert native_specialize_impl(CUDABackend, value, False, True, True) == expected[check.jit_int_class(value)]
+
+
+def test_runtime_int_of_one_becomes_a_constexpr_in_the_signature(gqa64):
+    launch = gqa64.launch_params("sm_90", 132, 8, 1, 2)[0]
+    constexprs = check.complete_launch(gqa64, launch[0], launch[1])[0]
+    signature, constants, divisible = check.kernel_signature(
+        gqa64, launch[0], constexprs, "int64", {"max_splits": 1, "min_tokens_per_split": 128, "page_shift": 3})
+    assert signature["max_splits"] == "constexpr" and constants["max_splits"] == 1
+    assert signature["min_tokens_per_split"] == "i32" and "min_tokens_per_split" in divisible
+    assert signature["page_shift"] == "i32" and "page_shift" not in divisible
+    assert signature["Kv_Table"] == "*i64" and signature["K_Buffer"] == "*bf16"
+    assert "stride_k_page" in divisible and "stride_table" not in divisible
+
+
+def test_unknown_kernel_parameter_is_an_error_naming_it():
+    kernel = types.SimpleNamespace(arg_names=["Q", "Mystery_Weights", "BLOCK_N"])
+    module = types.SimpleNamespace(URI="verify_fake", Q_DTYPE="torch.bfloat16", KV_DTYPE="torch.bfloat16",
+                                   _fake=kernel)
+    with pytest.raises(check.CheckError, match="Mystery_Weights"):
+        check.kernel_signature(module, "_fake", {"BLOCK_N": 64}, "int32")
+
+
+def test_a_constexpr_launch_params_leaves_out_is_an_error(gqa64):
+    name, constexprs, _ = gqa64.launch_params("sm_90", 132, 8, 1, 2)[0]
+    del constexprs["BLOCK_N"]
+    with pytest.raises(check.CheckError, match="BLOCK_N"):
+        check.complete_launch(gqa64, name, constexprs)
+
+
+PTXAS_LOG = """ptxas info    : 11 bytes gmem
+ptxas info    : Compiling entry function '_verify_prefix_stage' for 'sm_90a'
+ptxas info    : Function properties for _verify_prefix_stage
+    24 bytes stack frame, 156 bytes spill stores, 148 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 229392 bytes smem
+ptxas info    : Compile time = 917.262 ms
+"""
+
+AMDGCN_METADATA = """    .group_segment_fixed_size: 0
+    .kernarg_segment_align: 8
+    .max_flat_workgroup_size: 512
+    .name:           _verify_prefix_stage
+    .private_segment_fixed_size: 552
+    .sgpr_count:     104
+    .sgpr_spill_count: 71
+    .symbol:         _verify_prefix_stage.kd
+    .vgpr_count:     512
+    .vgpr_spill_count: 136
+    .wavefront_size: 64
+  - .agpr_count:     256
+"""
+
+
+def test_ptxas_log_parsing():
+    parsed = check.parse_ptxas_log(PTXAS_LOG)
+    assert parsed == {"registers": 255, "stack_bytes": 24, "spill_stores": 156, "spill_loads": 148}
+    with pytest.raises(ValueError, match="registers"):
+        check.parse_ptxas_log("ptxas info    : Compile time = 1 ms")
+
+
+def test_amdgcn_metadata_parsing_and_mfma_count():
+    text = AMDGCN_METADATA + "\tv_mfma_f32_16x16x32_bf16 a[0:3], v[2:5], v[6:9], 0\n" * 3 + \
+        "\tv_mfma_f32_32x32x16_bf16 a[0:15], v[2:5], v[6:9], 0\n"
+    parsed = check.parse_amdgcn(text)
+    assert (parsed["vgprs"], parsed["sgprs"], parsed["agprs"]) == (512, 104, 256)
+    assert (parsed["vgpr_spills"], parsed["sgpr_spills"], parsed["scratch_bytes"]) == (136, 71, 552)
+    assert parsed["mma"] == {"v_mfma_f32_16x16x32_bf16": 3, "v_mfma_f32_32x32x16_bf16": 1}
+    assert check.count_nvidia_mma("HGMMA.64x64x16.F32.BF16 R0\nHMMA.16816.F32.BF16 R1\nHGMMA.64x64x16 R2") == {
+        "HGMMA": 2, "HMMA": 1}
+
+
+def test_real_offline_compile_gqa64_sm90(gqa64):
+    point = check.Point(8, 2, 64, None, "int32", False)
+    name, constexprs, options = gqa64.launch_params("sm_90", 132, 8, 64, 2)[0]
+    constexprs = check.complete_launch(gqa64, name, constexprs)[0]
+    signature, constants, divisible = check.kernel_signature(gqa64, name, constexprs, "int32",
+                                                             check.runtime_scalars(gqa64, "sm_90", 132, point))
+    job = {"arch": "sm_90", "module_path": str(gqa64.__file__), "kernel": name, "options": options,
+           "constexprs": {k: check._encode(v) for k, v in constants.items()}, "signature": signature,
+           "divisible": divisible}
+    started = time.perf_counter()
+    result = check.compile_variant(job)
+    assert result["error"] is None, result["error"]
+    assert 0 < result["shared"] <= check.ARCHS["sm_90"].shared_limit
+    assert 0 < result["registers"] <= 255 and 0 <= result["spill_stores"] <= check.NVIDIA_SPILL_LIMIT
+    assert result["mma"], "a prefix stage with tl.dot has tensor-core instructions"
+    assert time.perf_counter() - started < 60
+
+
+def _huge_launch_params(module):
+    """launch_params that stages a 512-token tile 4 deep: far past any target's shared memory."""
+    real = module.launch_params
+
+    def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=None):
+        launches = real(arch, num_sms, group, 1, 1, None, config)[:1]  # one prefix launch everywhere
+        name, constexprs, options = launches[0]
+        return [(name, {**constexprs, "BLOCK_N": 512}, {**options, "num_stages": 4})]
+
+    return launch_params
+
+
+def test_shared_memory_overflow_fails_the_command_and_names_the_variant(cache, monkeypatch, capsys):
+    monkeypatch.setattr(check, "module_launch_params", _huge_launch_params)
+    monkeypatch.setattr(check, "runtime_scalars", lambda module, arch, num_sms, point: {})
+    code = cli.main(["check", "--arch", "sm_90", "--layout", "gqa64", "--kv-dtype", "bf16", "--q-dtype", "bf16",
+                     "--variant", "grouped", "--entry", "token-slot", "--index-dtype", "int32", "--jobs", "1", "-q"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "FAIL verify_gqa64__kv_bf16__q_bf16 sm_90 _verify_prefix_stage: shared memory" in err
+    assert "> 232448 B limit" in err and "BLOCK_N=512" in err and "num_stages=4" in err
+    assert "draft length 1-16" in err
+
+
+def test_verdicts_apply_the_limits():
+    point_table = check.Point(16, 8, 1, None, "int64", True)
+    point_default = check.Point(16, 8, 1, None, "int64", False)
+
+    def variant(arch, point):
+        return check.Variant("k", "verify_x", "x.py", "_verify_prefix_stage", arch, {}, {}, {}, [], [point])
+
+    amd = {"shared": 1000, "vgpr_spills": 83, "sgpr_spills": 0}
+    assert check.verdict(variant("gfx950", point_table), amd) == [
+        "a shipped table row spills on gfx950: 83 VGPRs, 0 SGPRs"]
+    assert check.verdict(variant("gfx950", point_default), amd) == []  # listed in the report, not a failure
+    assert check.verdict(variant("gfx942", point_default), {**amd, "shared": 65537})[0].startswith(
+        "LDS 65537 B > 65536 B limit")
+    nvidia = {"shared": 1000, "spill_stores": 2049}
+    assert check.verdict(variant("sm_90", point_default), nvidia) == ["spills 2049 B a thread > 2048 B"]
+    assert check.verdict(variant("sm_90", point_default), {**nvidia, "spill_stores": 2048}) == []
+    assert check.verdict(variant("sm_80", point_default), {"error": "PTXASError: boom"}) == [
+        "compile error: PTXASError: boom"]
+
+
+def test_refusals_name_module_and_arch():
+    mods = check.find_modules(layouts=["gqa64"], kv_dtypes=["fp8"], q_dtypes=["bf16"], variants=["grouped"])
+    enum = check.enumerate_variants(mods, ["sm_80", "gfx942"], entries=["token-slot"], index_dtypes=["int32"])
+    assert {(r.arch, r.module) for r in enum.refused} == {
+        ("sm_80", "verify_gqa64__kv_fp8_e4m3fn__q_bf16"), ("gfx942", "verify_gqa64__kv_fp8_e4m3fn__q_bf16")}
+    assert not enum.variants
+
+
+def test_cache_makes_a_rerun_compile_nothing(cache, monkeypatch):
+    monkeypatch.setattr(check, "compile_variant", lambda job: {"shared": 1, "registers": 1, "spill_stores": 0,
+                                                               "spill_loads": 0, "stack_bytes": 0, "mma": {},
+                                                               "error": None, "compile_s": 0.0})
+    store = check.ResultCache(cache)
+    enum = check.enumerate_variants(_modules(), ["sm_90"], entries=["token-slot"], index_dtypes=["int32"])
+    for v in enum.variants:
+        store.put(v.key, check.compile_variant({}))
+    results, timing = check.compile_all(enum.variants, ["sm_90"], 1, store, progress=False)
+    assert timing["sm_90"]["compiled"] == 0 and timing["sm_90"]["cached"] == len(enum.variants)
+    assert all(r["cached"] for r in results.values())
+
+
+def test_do_not_specialize_parameters_keep_one_variant(gqa64):
+    name, constexprs, _ = gqa64.launch_params("sm_90", 132, 8, 1, 2)[0]
+    constexprs = check.complete_launch(gqa64, name, constexprs)[0]
+    kernel = getattr(gqa64, name)
+    param = next(p for p in kernel.params if p.name == "max_splits")
+    try:
+        param.do_not_specialize = True
+        signature, constants, divisible = check.kernel_signature(gqa64, name, constexprs, "int32",
+                                                                 {"max_splits": 1, "min_tokens_per_split": 128})
+    finally:
+        param.do_not_specialize = False
+    assert signature["max_splits"] == "i32" and "max_splits" not in constants and "max_splits" not in divisible
+    assert "min_tokens_per_split" in divisible
+
+
+def test_json_and_markdown_reports_carry_every_variant_and_the_failures(monkeypatch, cache):
+    def fake_compile_all(variants, archs, jobs, store, progress=True):
+        results = {v.key: {"shared": 300000 if v.kernel == "_verify_prefix_stage" else 64, "registers": 100,
+                           "spill_stores": 8, "spill_loads": 8, "stack_bytes": 0, "mma": {}, "error": None,
+                           "compile_s": 0.0, "cached": False} for v in variants}
+        return results, {a: {"variants": len(variants), "compiled": len(variants), "cached": 0, "wall_s": 0.0}
+                         for a in archs}
+
+    monkeypatch.setattr(check, "compile_all", fake_compile_all)
+    report = check.run_check(["sm_90"], layouts=["gqa64"], kv_dtypes=["bf16"], q_dtypes=["bf16"],
+                             variants=["grouped"], entries=["token-slot"], index_dtypes=["int32"], progress=False)
+    data = json.loads(json.dumps(check.to_json(report), default=sorted))
+    prefix = [v for v in data["variants"] if v["kernel"] == "_verify_prefix_stage"]
+    assert len(data["variants"]) == len(report.enumeration.variants)
+    assert data["failures"] == len(prefix) > 0
+    markdown = check.format_markdown(report)
+    assert f"## Failures ({len(prefix)})" in markdown and "shared memory 300000 B > 232448 B" in markdown
+    assert "8 B spill stores" in markdown  # merge stages: spills under the limit are listed, not hidden
+    assert f"FAIL ({len(prefix)})" in check.format_table(report)
