@@ -910,6 +910,36 @@ def plan_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterabl
     return enumerate_variants(modules, archs, launch_params_for, entries, index_dtypes)
 
 
+# Constexprs that set how many rows a program holds; the rest of a variant is its program's shape.
+ROW_CONSTEXPRS = ("GROUP", "BLOCK_H", "L_PAD", "DRAFT_N", "MERGE_HEADS")
+
+
+def _rows_of(variant: Variant) -> int:
+    cx = {k: _decode(v) for k, v in variant.constexprs.items()}
+    return int(cx.get("BLOCK_H", cx.get("MERGE_HEADS", 1))) * int(cx.get("L_PAD", 1))
+
+
+def largest_rows(enumeration: Enumeration) -> Enumeration:
+    """Only the variant with the most rows of each program shape (everything but the row blocking
+    and the group): the one that holds the most of q, of the accumulator and of p, so the most
+    shared memory and registers. The domain points of the variants it stands for stay listed
+    with it. A proof of the worst case, not of every variant: `kgen check` without
+    --largest-rows compiles them all."""
+    worst: dict[tuple, Variant] = {}
+    for variant in enumeration.variants:
+        shape = (variant.module, variant.arch, variant.kernel, json.dumps(variant.options, sort_keys=True),
+                 json.dumps(variant.signature, sort_keys=True),
+                 json.dumps({k: v for k, v in variant.constexprs.items() if k not in ROW_CONSTEXPRS}, sort_keys=True))
+        kept = worst.get(shape)
+        if kept is None or _rows_of(variant) > _rows_of(kept):
+            if kept is not None:
+                variant.points.extend(kept.points)
+            worst[shape] = variant
+        else:
+            kept.points.extend(variant.points)
+    return dataclasses.replace(enumeration, variants=list(worst.values()))
+
+
 def format_plan(enumeration: Enumeration, archs: list[str]) -> str:
     """Counts per arch and kernel, and how much each domain axis multiplies the variants."""
     counts = Counter((v.arch, v.kernel) for v in enumeration.variants)
@@ -929,10 +959,14 @@ def run_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterable
               use_cache: bool = True, progress: bool = True,
               generated: Path | None = None, q_dtypes: Iterable[str] = (), variants: Iterable[str] = (),
               launch_params_for: Callable[[ModuleType], Callable] | None = None,
-              entries: Iterable[str] = ENTRIES, index_dtypes: Iterable[str] = INDEX_DTYPES) -> CheckReport:
-    """Enumerate, compile (or read the cache) and judge every distinct variant."""
+              entries: Iterable[str] = ENTRIES, index_dtypes: Iterable[str] = INDEX_DTYPES,
+              worst_case_only: bool = False) -> CheckReport:
+    """Enumerate, compile (or read the cache) and judge every distinct variant (or, with
+    ``worst_case_only``, the largest-rows variant of each program shape)."""
     enumeration = plan_check(archs, layouts, kv_dtypes, q_dtypes, variants, generated, launch_params_for,
                              entries, index_dtypes)
+    if worst_case_only:
+        enumeration = largest_rows(enumeration)
     cache = ResultCache(cache_dir() if use_cache else None)
     results, timing = compile_all(enumeration.variants, archs, jobs or os.cpu_count() or 1, cache, progress)
     return CheckReport(enumeration, results, timing, list(archs))
