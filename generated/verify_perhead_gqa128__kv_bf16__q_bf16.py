@@ -425,7 +425,7 @@ _SCRATCH = {}
 # shared memory per block, threads per warp, the matrix instruction, FP8 formats. Other
 # archs are refused. The interpreter has no limits; it plays sm_90 so that CPU runs take
 # the row blocking the H200 takes.
-_TARGETS = {'sm_80': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 166912, 'mma': 'mma', 'fp8': []}, 'sm_89': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 101376, 'mma': 'mma', 'fp8': ['float8_e4m3fn']}, 'sm_90': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 232448, 'mma': 'wgmma', 'fp8': ['float8_e4m3fn']}, 'sm_100': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 232448, 'mma': 'tcgen05', 'fp8': ['float8_e4m3fn']}, 'gfx942': {'family': 'hip', 'warp_size': 64, 'shared_bytes': 65536, 'mma': 'mfma', 'fp8': ['float8_e4m3fnuz']}, 'gfx950': {'family': 'hip', 'warp_size': 64, 'shared_bytes': 163840, 'mma': 'mfma', 'fp8': ['float8_e4m3fn', 'float8_e4m3fnuz']}}
+_TARGETS = {'sm_80': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 166912, 'mma': 'mma', 'shared_estimate': 'upper_bound', 'fp8': []}, 'sm_89': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 101376, 'mma': 'mma', 'shared_estimate': 'upper_bound', 'fp8': ['float8_e4m3fn']}, 'sm_90': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 232448, 'mma': 'wgmma', 'shared_estimate': 'measured', 'fp8': ['float8_e4m3fn']}, 'sm_100': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 232448, 'mma': 'tcgen05', 'shared_estimate': 'upper_bound', 'fp8': ['float8_e4m3fn']}, 'gfx942': {'family': 'hip', 'warp_size': 64, 'shared_bytes': 65536, 'mma': 'mfma', 'shared_estimate': 'upper_bound', 'fp8': ['float8_e4m3fnuz']}, 'gfx950': {'family': 'hip', 'warp_size': 64, 'shared_bytes': 163840, 'mma': 'mfma', 'shared_estimate': 'upper_bound', 'fp8': ['float8_e4m3fn', 'float8_e4m3fnuz']}}
 CHECKED_ARCHS = tuple(_TARGETS)
 _INTERPRETER_TARGET = "sm_90"
 
@@ -451,13 +451,11 @@ def next_pow2(x):
 
 def kernel_shape(k_width, acc_width, kv_bytes, v_separate):
     """Bytes per prefix token a program stages (K's padded width, plus V when it is its own
-    buffer), bytes per 16-bit row of q, the accumulator's width, and whether K tiles are
-    converted to 16 bits before their dot (FP8 KV)."""
+    buffer), bytes per 16-bit row of q and the accumulator's width."""
     return {
         "kv_row_bytes": (k_width + (acc_width if v_separate else 0)) * kv_bytes,
         "q_row_bytes": k_width * 2,
         "acc_width": acc_width,
-        "converts_k": kv_bytes == 1,
     }
 
 
@@ -492,19 +490,26 @@ def max_rows_for(target, shape, num_warps):
 def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
     """Shared memory (LDS) Triton gives one prefix-stage program, from its tile buffers.
 
-    Measured offline (Triton 3.6, sm_90 and sm_100, GQA 256 and MLA 576, BF16 and FP8, 16 to
-    128 rows, 32/64-token tiles, 2-3 stages): programs on wgmma (and sm_100's tcgen05) keep
-    num_stages K/V buffers and q; mma.sync programs keep num_stages - 1 buffers, q and one
-    16-bit row of p per row. ``kgen check`` compiles every
-    variant and fails where this estimate is wrong.
+    A "measured" target (targets.json: sm_90) uses the allocation Triton 3.6 reported offline
+    for every shipped layout, BF16 and FP8, 16 to 128 rows, 32/64-token tiles, 2-3 stages:
+    wgmma programs keep num_stages K/V buffers and q; mma.sync programs keep num_stages - 1
+    buffers, q and one 16-bit row of p per row. Every other target takes an upper bound, since
+    Triton's allocation there differs by program (sm_89 MLA: 106496 B where the sm_90 rule
+    gives 95232; sm_100 MLA at 64 rows keeps the 64 x 512 fp32 accumulator in shared memory,
+    250928 B): every buffer, q, a 16-bit copy of the accumulator and of p per row, and on
+    tcgen05 the fp32 accumulator once it is 512 wide. ``kgen check`` compiles every variant
+    and fails where an estimate is below what Triton allocates.
     """
     kv_tile = block_n * shape["kv_row_bytes"]
-    if target["mma"] in ("wgmma", "tcgen05") and rows >= WGMMA_MIN_ROWS and num_warps % 4 == 0:
-        tiles = num_stages * kv_tile + rows * shape["q_row_bytes"]
-        if target["mma"] == "tcgen05" and shape["converts_k"]:
-            tiles += block_n * shape["q_row_bytes"]  # sm_100 stages the fp16 copy of an e4m3 K tile
-    else:
-        tiles = max(num_stages - 1, 1) * kv_tile + rows * (shape["q_row_bytes"] + 2 * block_n)
+    if target["shared_estimate"] == "measured":
+        if target["mma"] == "wgmma" and rows >= WGMMA_MIN_ROWS and num_warps % 4 == 0:
+            tiles = num_stages * kv_tile + rows * shape["q_row_bytes"]
+        else:
+            tiles = max(num_stages - 1, 1) * kv_tile + rows * (shape["q_row_bytes"] + 2 * block_n)
+        return tiles + SHARED_MARGIN_BYTES
+    tiles = num_stages * kv_tile + rows * (shape["q_row_bytes"] + 2 * shape["acc_width"] + 2 * block_n)
+    if target["mma"] == "tcgen05" and shape["acc_width"] >= 512:
+        tiles += rows * shape["acc_width"] * 4
     return tiles + SHARED_MARGIN_BYTES
 
 
@@ -599,7 +604,7 @@ def _target_of(arch):
     return _TARGETS[_INTERPRETER_TARGET if arch == "interpreter" else arch]
 
 
-def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config):
+def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads=1):
     """Everything one call launches, from Python scalars alone (None when no program fits)."""
     is_rocm = _target_of(arch)["family"] == "hip"
     config = config if config is not None else select_config(arch, group, batch)
@@ -608,7 +613,9 @@ def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config):
         return None
     block_h, l_pad, block_n, num_stages, _ = fitted
     head_blocks = cdiv(group, block_h)
-    max_splits, min_tokens = _max_splits(config, head_blocks * batch, num_sms)
+    # Every KV head's head blocks of every request are programs of one split: the split
+    # axis fills what they leave of the GPU.
+    max_splits, min_tokens = _max_splits(config, num_kv_heads * head_blocks * batch, num_sms)
     use_pdl = _use_pdl(arch, is_rocm)
     knobs = _backend_knobs(config, is_rocm)
     prefix = {
@@ -641,12 +648,12 @@ def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config):
 
 
 @functools.lru_cache(maxsize=4096)
-def _planned(arch, num_sms, group, batch, max_len, page_size):
+def _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads=1):
     """_plan_launch for the module's own configs, cached: the same shapes every step."""
-    return _plan_launch(arch, num_sms, group, batch, max_len, page_size, None)
+    return _plan_launch(arch, num_sms, group, batch, max_len, page_size, None, num_kv_heads)
 
 
-def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=None):
+def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=None, num_kv_heads=1):
     """The kernels one call launches, as (kernel name, constexpr arguments, compile options).
 
     Pure Python: `kgen check` compiles exactly these offline for each target. page_size None
@@ -654,7 +661,7 @@ def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=N
     The merge stage is absent when every request's prefix fits one split. Returns [] when no
     program fits the target (the entry points refuse such calls).
     """
-    plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config)
+    plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads)
     if plan is None:
         return []
     launches = [("_verify_prefix_stage", *plan["prefix"])]
@@ -676,7 +683,7 @@ def _scratch(device, num_tokens, num_q_heads, max_splits):
 
 def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, num_sms, config=None):
     """Bytes of scratch (fp32 partials + log2-sum-exp) the launcher allocates for these shapes."""
-    plan = _plan_launch(arch, num_sms, num_q_heads // num_kv_heads, batch, max_len, None, config)
+    plan = _plan_launch(arch, num_sms, num_q_heads // num_kv_heads, batch, max_len, None, config, num_kv_heads)
     return 4 * num_tokens * num_q_heads * plan["max_splits"] * (V_HEAD_DIM.value + 1)
 
 
@@ -690,9 +697,9 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         return
     arch, num_sms, _ = _device_info(q.device.type, q.device.index)
     if config is None:
-        plan = _planned(arch, num_sms, group, batch, max_len, page_size)
+        plan = _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads)
     else:
-        plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config)
+        plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads)
     if plan is None:
         raise ValueError(f"{URI}: no program fits {arch} for group {group}, draft length {max_len}")
     max_splits = plan["max_splits"]

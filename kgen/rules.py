@@ -31,13 +31,11 @@ def next_pow2(x):
 
 def kernel_shape(k_width, acc_width, kv_bytes, v_separate):
     """Bytes per prefix token a program stages (K's padded width, plus V when it is its own
-    buffer), bytes per 16-bit row of q, the accumulator's width, and whether K tiles are
-    converted to 16 bits before their dot (FP8 KV)."""
+    buffer), bytes per 16-bit row of q and the accumulator's width."""
     return {
         "kv_row_bytes": (k_width + (acc_width if v_separate else 0)) * kv_bytes,
         "q_row_bytes": k_width * 2,
         "acc_width": acc_width,
-        "converts_k": kv_bytes == 1,
     }
 
 
@@ -72,19 +70,26 @@ def max_rows_for(target, shape, num_warps):
 def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
     """Shared memory (LDS) Triton gives one prefix-stage program, from its tile buffers.
 
-    Measured offline (Triton 3.6, sm_90 and sm_100, GQA 256 and MLA 576, BF16 and FP8, 16 to
-    128 rows, 32/64-token tiles, 2-3 stages): programs on wgmma (and sm_100's tcgen05) keep
-    num_stages K/V buffers and q; mma.sync programs keep num_stages - 1 buffers, q and one
-    16-bit row of p per row. ``kgen check`` compiles every
-    variant and fails where this estimate is wrong.
+    A "measured" target (targets.json: sm_90) uses the allocation Triton 3.6 reported offline
+    for every shipped layout, BF16 and FP8, 16 to 128 rows, 32/64-token tiles, 2-3 stages:
+    wgmma programs keep num_stages K/V buffers and q; mma.sync programs keep num_stages - 1
+    buffers, q and one 16-bit row of p per row. Every other target takes an upper bound, since
+    Triton's allocation there differs by program (sm_89 MLA: 106496 B where the sm_90 rule
+    gives 95232; sm_100 MLA at 64 rows keeps the 64 x 512 fp32 accumulator in shared memory,
+    250928 B): every buffer, q, a 16-bit copy of the accumulator and of p per row, and on
+    tcgen05 the fp32 accumulator once it is 512 wide. ``kgen check`` compiles every variant
+    and fails where an estimate is below what Triton allocates.
     """
     kv_tile = block_n * shape["kv_row_bytes"]
-    if target["mma"] in ("wgmma", "tcgen05") and rows >= WGMMA_MIN_ROWS and num_warps % 4 == 0:
-        tiles = num_stages * kv_tile + rows * shape["q_row_bytes"]
-        if target["mma"] == "tcgen05" and shape["converts_k"]:
-            tiles += block_n * shape["q_row_bytes"]  # sm_100 stages the fp16 copy of an e4m3 K tile
-    else:
-        tiles = max(num_stages - 1, 1) * kv_tile + rows * (shape["q_row_bytes"] + 2 * block_n)
+    if target["shared_estimate"] == "measured":
+        if target["mma"] == "wgmma" and rows >= WGMMA_MIN_ROWS and num_warps % 4 == 0:
+            tiles = num_stages * kv_tile + rows * shape["q_row_bytes"]
+        else:
+            tiles = max(num_stages - 1, 1) * kv_tile + rows * (shape["q_row_bytes"] + 2 * block_n)
+        return tiles + SHARED_MARGIN_BYTES
+    tiles = num_stages * kv_tile + rows * (shape["q_row_bytes"] + 2 * shape["acc_width"] + 2 * block_n)
+    if target["mma"] == "tcgen05" and shape["acc_width"] >= 512:
+        tiles += rows * shape["acc_width"] * 4
     return tiles + SHARED_MARGIN_BYTES
 
 

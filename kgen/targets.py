@@ -27,6 +27,7 @@ class Target(BaseModel):
     warp_size: Literal[32, 64]
     shared_bytes: int = Field(gt=0)
     mma: Literal["mma", "wgmma", "tcgen05", "mfma"]
+    shared_estimate: Literal["measured", "upper_bound"]
     fp8: list[str] = Field(default_factory=list)
 
 

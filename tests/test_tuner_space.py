@@ -323,7 +323,11 @@ def test_every_shipped_default_is_a_point_of_its_space() -> None:
                 params, notes = space.params_of(default)
                 assert notes == [] or all("nearest" in n for n in notes)
                 assert space.config(params).block_n == default.block_n
-                assert space.why_not(default) is None, (arch, layout.name, group)
+                reason = space.why_not(default)
+                if arch == "sm_100":  # an upper-bound shared-memory estimate there: the launcher may fit it
+                    assert reason is None or "the launcher runs it" in reason, (arch, layout.name, group, reason)
+                else:
+                    assert reason is None, (arch, layout.name, group)
 
 
 def test_rocm_default_gets_baseline_knobs_when_enqueued() -> None:

@@ -462,7 +462,7 @@ class SearchSpace:
             f"(kgen/tables/targets.json): shared memory {t['shared_bytes']} B per block, warp size {t['warp_size']}, "
             f"{t['mma']}",
             f"problem: {k['kv_row_bytes']} B of K/V per prefix token, {k['q_row_bytes']} B of q per row, "
-            f"accumulator width {k['acc_width']}{', K tiles converted to 16 bits' if k['converts_k'] else ''}, "
+            f"accumulator width {k['acc_width']}, "
             f"group {s.group_size}, draft lengths {list(s.drafts)}",
         ]
         lines += [f"  {n:<22} {list(v)}" for n, v in self.axes.items()]
