@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_runtime_support import make_case, to_pages
+from test_runtime_support import runtime_case, to_pages
 
 import kgen
 from kgen.blockconfig import DEFAULTS_FILE, TABLE_DIR, read_defaults, read_table, shipped_tables
@@ -31,12 +31,12 @@ REPO = Path(__file__).resolve().parent.parent
 NO_INTERPRETER = textwrap.dedent(
     """
     import torch
-    from test_runtime_support import make_case, to_pages
+    from test_runtime_support import runtime_case, to_pages
     import kgen
 
     mod = kgen.load("gqa64", "bf16")
     assert not mod._INTERPRET
-    case = make_case([20, 0, 13], [2, 1, 3], h_kv=1, group=8, d_qk=64, d_v=64,
+    case = runtime_case([20, 0, 13], [2, 1, 3], h_kv=1, group=8, d_qk=64, d_v=64,
                      q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
     o = case.out()
     args = (case.q, case.k, case.v, o, case.k_buffer, case.v_buffer, case.qo_indptr, case.kv_indptr,
@@ -64,7 +64,7 @@ def test_cpu_tensors_without_the_interpreter_are_refused_not_raised():
 
 
 def test_prefix_lens_on_another_device_is_refused():
-    case = make_case([20, 13], [2, 3], h_kv=1, group=8, d_qk=64, d_v=64, q_dtype=torch.bfloat16,
+    case = runtime_case([20, 13], [2, 3], h_kv=1, group=8, d_qk=64, d_v=64, q_dtype=torch.bfloat16,
                      kv_dtype=torch.bfloat16)
     pages = to_pages(case, 16)
     mod = kgen.load("gqa64", "bf16")

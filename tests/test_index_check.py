@@ -12,7 +12,7 @@ import re
 
 import pytest
 import torch
-from test_runtime_support import make_case, to_pages
+from test_runtime_support import runtime_case, to_pages
 
 import kgen
 from kgen.reference import reference_verify
@@ -26,7 +26,7 @@ def module():
 
 
 def flat_case(seed: int = 0):
-    return make_case([20, 0, 13], [2, 1, 3], seed=seed, **SHAPE)
+    return runtime_case([20, 0, 13], [2, 1, 3], seed=seed, **SHAPE)
 
 
 def flat_call(mod, case, o, **overrides):

@@ -12,8 +12,8 @@ from test_runtime_support import (
     brute_force,
     device,
     fake_loader,
-    make_case,
     real_module_reason,
+    runtime_case,
 )
 
 from kgen.plan import module_uri
@@ -65,7 +65,7 @@ def test_sglang_signature_is_the_module_contract():
 def test_sglang_adapter_runs_the_chain_and_returns_true():
     mods = {"grouped": FakeModule("g", groups=(4,))}
     adapter = SGLangVerify(VerifyChain("fake", loader=fake_loader(mods)))
-    case = make_case([20, 8], [3, 2], group=4)
+    case = runtime_case([20, 8], [3, 2], group=4)
     o = case.out()
     args, kw = sglang_args(case, o)
     assert adapter(*args) is True and adapter.chain.last_path == "grouped"
@@ -79,7 +79,7 @@ def test_sglang_adapter_runs_the_chain_and_returns_true():
 def test_sglang_adapter_can_leave_the_fallback_to_the_engine():
     mods = {"grouped": FakeModule("g", groups=(4,))}
     adapter = SGLangVerify(VerifyChain("fake", loader=fake_loader(mods)), defer_general=True)
-    case = make_case([20, 8], [3, 2], group=4)
+    case = runtime_case([20, 8], [3, 2], group=4)
     o = case.out()
     args, _ = sglang_args(case, o)
     assert adapter(*args) is True
@@ -128,7 +128,7 @@ def test_factory_with_real_modules_in_the_interpreter():
     )  # fmt: skip
     assert adapter.decision.path == "grouped", adapter.decision
     shape = dict(h_kv=1, group=16, d_qk=576, d_v=512, mla=True, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
-    case = make_case([50, 3], [2, 3], device=dev, **shape)
+    case = runtime_case([50, 3], [2, 3], device=dev, **shape)
     o = case.out()
     args, _ = sglang_args(case, o)
     assert adapter(*args) is True and adapter.chain.last_path == "grouped"
@@ -136,7 +136,7 @@ def test_factory_with_real_modules_in_the_interpreter():
 
 
 def test_verify_call_names_sglang_arguments_when_misused():
-    case = make_case([5], [2])
+    case = runtime_case([5], [2])
     call = VerifyCall.from_sglang(*case.flat_args(case.out()), None, True, None, case.max_len, sm_scale=0.5)
     assert call.as_sglang_args()[12:16] == (case.max_len, 1.0, 1.0, 0.5)
     assert call.features.plain

@@ -15,8 +15,8 @@ from test_runtime_support import (
     chain_mask,
     device,
     fake_loader,
-    make_case,
     real_module_reason,
+    runtime_case,
     tree_mask,
 )
 
@@ -54,7 +54,7 @@ def call(chain, case, **kw):
 
 def test_plain_call_runs_grouped():
     mods = fakes()
-    case = make_case([12, 30], [3, 2], group=4)
+    case = runtime_case([12, 30], [3, 2], group=4)
     path, o = call(chain_with(mods), case)
     assert path == "grouped" and mods["per_head"].calls == 0
     torch.testing.assert_close(o, ref(case), **TOL)
@@ -62,7 +62,7 @@ def test_plain_call_runs_grouped():
 
 def test_grouped_refusal_reaches_per_head():
     mods = fakes()
-    case = make_case([12, 30], [3, 2], group=2)  # the fake grouped kernel takes group 4 only
+    case = runtime_case([12, 30], [3, 2], group=2)  # the fake grouped kernel takes group 4 only
     chain = chain_with(mods)
     path, o = call(chain, case)
     assert path == "per_head" and mods["grouped"].calls == 1
@@ -82,7 +82,7 @@ REFUSALS = {
 @pytest.mark.parametrize("name", sorted(REFUSALS))
 def test_each_refusal_reaches_general_and_is_right(name):
     mods = fakes()
-    case = make_case([25, 9], [3, 4], group=4, d_qk=16, d_v=16, seed=2)
+    case = runtime_case([25, 9], [3, 4], group=4, d_qk=16, d_v=16, seed=2)
     feats = dict(REFUSALS[name])
     if feats.get("sinks") == "per_head":
         feats["sinks"] = torch.linspace(0.0, 1.0, 4)
@@ -94,7 +94,7 @@ def test_each_refusal_reaches_general_and_is_right(name):
 
 def test_wrong_dtype_reaches_general():
     mods = fakes()
-    case = make_case([25, 9], [3, 4], group=4, q_dtype=torch.float16, kv_dtype=torch.float16)
+    case = runtime_case([25, 9], [3, 4], group=4, q_dtype=torch.float16, kv_dtype=torch.float16)
     path, o = call(chain_with(mods), case)
     assert path == "general"
     torch.testing.assert_close(o.float(), ref(case), atol=3e-3, rtol=3e-3)
@@ -103,7 +103,7 @@ def test_wrong_dtype_reaches_general():
 def test_tree_mask_at_topk_above_one_never_reaches_the_kernels():
     """Kernels ignore custom masks (SGLang's topk = 1 convention), so a tree goes general."""
     mods = fakes()
-    case = make_case([14, 20], [4, 3], group=4, seed=9)
+    case = runtime_case([14, 20], [4, 3], group=4, seed=9)
     mask, indptr = tree_mask(case)
     path, o = call(chain_with(mods, topk=4), case, custom_mask=mask, mask_indptr=indptr)
     assert path == "general" and mods["grouped"].calls == 0 and mods["per_head"].calls == 0
@@ -113,7 +113,7 @@ def test_tree_mask_at_topk_above_one_never_reaches_the_kernels():
 
 def test_chain_mask_at_topk_one_runs_the_kernel():
     mods = fakes()
-    case = make_case([14, 20], [4, 3], group=4, seed=9)
+    case = runtime_case([14, 20], [4, 3], group=4, seed=9)
     mask, indptr = chain_mask(case)
     chain = chain_with(mods, topk=1, check_indices=True)
     path, o = call(chain, case, custom_mask=mask, mask_indptr=indptr)
@@ -126,7 +126,7 @@ def test_chain_mask_at_topk_one_runs_the_kernel():
 
 def test_start_skips_levels():
     mods = fakes()
-    case = make_case([10], [2], group=4)
+    case = runtime_case([10], [2], group=4)
     assert call(chain_with(mods, start="per_head"), case)[0] == "per_head"
     assert call(chain_with(mods, start="general"), case)[0] == "general"
     assert mods["grouped"].calls == 0
@@ -137,14 +137,14 @@ def test_start_skips_levels():
 def test_missing_modules_are_skipped_and_described():
     chain = chain_with({"per_head": FakeModule("fake_per_head", groups=(4,))})
     assert "grouped: missing (FileNotFoundError" in chain.describe()
-    case = make_case([10], [2], group=4)
+    case = runtime_case([10], [2], group=4)
     assert call(chain, case)[0] == "per_head"
     assert call(VerifyChain(None, loader=fake_loader({})), case)[0] == "general"
 
 
 def test_without_max_len_only_general_runs():
     mods = fakes()
-    case = make_case([10], [2], group=4)
+    case = runtime_case([10], [2], group=4)
     assert call(chain_with(mods), case, max_len_extend=None)[0] == "general"
     assert mods["grouped"].calls == 0
 
@@ -152,7 +152,7 @@ def test_without_max_len_only_general_runs():
 def test_modules_are_looked_up_once():
     counter: dict = {}
     chain = VerifyChain("fake", loader=fake_loader(fakes(), counter))
-    case = make_case([10], [2], group=4)
+    case = runtime_case([10], [2], group=4)
     for _ in range(5):
         call(chain, case)
     assert counter == {"grouped": 1, "per_head": 1}
@@ -162,7 +162,7 @@ def test_kernel_path_makes_no_host_sync(monkeypatch):
     """Between the call and the kernel, the chain only reads tensor metadata."""
     mods = fakes(compute=False)
     chain = chain_with(mods)
-    case = make_case([10, 4], [2, 3], group=4)
+    case = runtime_case([10, 4], [2, 3], group=4)
     o = case.out()
 
     def sync(*a, **k):
@@ -175,7 +175,7 @@ def test_kernel_path_makes_no_host_sync(monkeypatch):
 
 def test_invalid_input_raises_before_any_kernel():
     mods = fakes()
-    case = make_case([10], [2], group=4)
+    case = runtime_case([10], [2], group=4)
     o = case.out()
     args = list(case.flat_args(o))
     args[8] = case.kv_indices.float()
@@ -204,7 +204,7 @@ DEV = device()
 def real_case(seed=0, prefix=(45, 130), draft=(3, 2), **kw):
     shape = dict(h_kv=1, group=8, d_qk=64, d_v=64, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
     shape.update(kw)
-    return make_case(list(prefix), list(draft), device=DEV, seed=seed, **shape)
+    return runtime_case(list(prefix), list(draft), device=DEV, seed=seed, **shape)
 
 
 @needs_real

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from test_runtime_support import brute_force, make_case, to_pages, tree_mask
+from test_runtime_support import brute_force, runtime_case, to_pages, tree_mask
 
 from kgen.reference import reference_verify
 from kgen.runtime.attend import GeneralPath, PagedPrefix, attend, general_verify
@@ -41,12 +41,12 @@ def ref(case, **kw):
     ],
 )
 def test_plain_matches_reference(shape):
-    case = make_case([37, 0, 90, 5], [3, 2, 1, 4], **shape)
+    case = runtime_case([37, 0, 90, 5], [3, 2, 1, 4], **shape)
     torch.testing.assert_close(run(case), ref(case), **TOL)
 
 
 def test_chunking_does_not_change_the_result():
-    case = make_case([300, 17, 129], [4, 1, 3], group=2)
+    case = runtime_case([300, 17, 129], [4, 1, 3], group=2)
     whole = run(case, GeneralPath(chunk_tokens=1 << 20, token_budget=1 << 30))
     tiny = run(case, GeneralPath(chunk_tokens=16, token_budget=16))
     torch.testing.assert_close(tiny, whole, **TOL)
@@ -55,7 +55,7 @@ def test_chunking_does_not_change_the_result():
 
 def test_pool_is_never_gathered_whole():
     """The gathered chunk stays within the token budget whatever the prefix length."""
-    case = make_case([1000, 700], [2, 3], spare=5000)
+    case = runtime_case([1000, 700], [2, 3], spare=5000)
     seen = []
 
     class Spy(PagedPrefix):
@@ -74,7 +74,7 @@ def test_pool_is_never_gathered_whole():
 
 
 def test_scales_floats_and_tensors():
-    case = make_case([40, 9], [2, 3], kv_dtype=torch.float8_e4m3fn, q_dtype=torch.bfloat16)
+    case = runtime_case([40, 9], [2, 3], kv_dtype=torch.float8_e4m3fn, q_dtype=torch.bfloat16)
     for ks, vs in ((0.5, 2.0), (torch.tensor([0.25]), torch.tensor(3.0))):
         want = ref(case, k_scale=ks, v_scale=vs)
         got = run(case, k_scale=ks, v_scale=vs)
@@ -82,19 +82,19 @@ def test_scales_floats_and_tensors():
 
 
 def test_sm_scale_and_float64_compute():
-    case = make_case([20, 33], [3, 3])
+    case = runtime_case([20, 33], [3, 3])
     got = run(case, GeneralPath(compute_dtype=torch.float64), out_dtype=torch.float64, sm_scale=0.3)
     torch.testing.assert_close(got, ref(case, sm_scale=0.3, dtype=torch.float64), atol=1e-10, rtol=1e-10)
 
 
 def test_requests_without_draft_or_prefix():
-    case = make_case([10, 0, 25, 0], [0, 2, 0, 1])
+    case = runtime_case([10, 0, 25, 0], [0, 2, 0, 1])
     got = run(case)
     torch.testing.assert_close(got, ref(case), **TOL)
 
 
 def test_nothing_to_do_is_fine():
-    case = make_case([], [])
+    case = runtime_case([], [])
     run(case)
 
 
@@ -120,7 +120,7 @@ def _materialize(case, feats):
 
 @pytest.mark.parametrize("name", sorted(FEATURES))
 def test_feature_matches_brute_force(name):
-    case = make_case([23, 0, 40], [3, 2, 4], h_kv=2, group=2, d_qk=16, d_v=8, seed=3)
+    case = runtime_case([23, 0, 40], [3, 2, 4], h_kv=2, group=2, d_qk=16, d_v=8, seed=3)
     feats = _materialize(case, FEATURES[name])
     got = run(case, GeneralPath(chunk_tokens=16, token_budget=32), **feats)
     torch.testing.assert_close(got.double(), brute_force(case, **feats), atol=3e-5, rtol=3e-5)
@@ -128,7 +128,7 @@ def test_feature_matches_brute_force(name):
 
 @pytest.mark.parametrize("skip_prefix", [True, False])
 def test_tree_mask_matches_brute_force(skip_prefix):
-    case = make_case([31, 6, 18], [4, 3, 5], h_kv=1, group=3, d_qk=16, d_v=16, seed=5)
+    case = runtime_case([31, 6, 18], [4, 3, 5], h_kv=1, group=3, d_qk=16, d_v=16, seed=5)
     mask, indptr = tree_mask(case, prefix_bits=not skip_prefix)
     feats = dict(custom_mask=mask, mask_indptr=indptr, is_causal=False, skip_prefix_custom_mask=skip_prefix)
     got = run(case, GeneralPath(chunk_tokens=16, token_budget=16), **feats)
@@ -136,7 +136,7 @@ def test_tree_mask_matches_brute_force(skip_prefix):
 
 
 def test_tree_mask_with_sliding_window_uses_window_offsets():
-    case = make_case([20, 12], [3, 2], group=2, d_qk=16, d_v=16, seed=7)
+    case = runtime_case([20, 12], [3, 2], group=2, d_qk=16, d_v=16, seed=7)
     offsets = [5, 2]
     mask, indptr = tree_mask(case, prefix_bits=True, offsets=offsets)
     feats = dict(
@@ -150,7 +150,7 @@ def test_tree_mask_with_sliding_window_uses_window_offsets():
 def test_chain_mask_equals_causal():
     from test_runtime_support import chain_mask
 
-    case = make_case([15, 4], [3, 4], seed=2)
+    case = runtime_case([15, 4], [3, 4], seed=2)
     mask, indptr = chain_mask(case)
     got = run(case, custom_mask=mask, mask_indptr=indptr, skip_prefix_custom_mask=False)
     torch.testing.assert_close(got, ref(case), **TOL)
@@ -161,7 +161,7 @@ def test_chain_mask_equals_causal():
 
 
 def test_fully_masked_rows_write_zeros():
-    case = make_case([10], [3], group=2, d_qk=8, d_v=8)
+    case = runtime_case([10], [3], group=2, d_qk=8, d_v=8)
     mask, indptr = tree_mask(case, prefix_bits=True)
     mask = mask.clone().reshape(3, 13)
     mask[1] = False  # row 1 sees nothing
@@ -177,7 +177,7 @@ def test_fully_masked_rows_write_zeros():
 
 def test_xai_temperature_formula():
     """Rows past the temperature length scale scores by log2(pos) / log2(len)."""
-    case = make_case([30], [2], group=1, d_qk=8, d_v=8, seed=4)
+    case = runtime_case([30], [2], group=1, d_qk=8, d_v=8, seed=4)
     feats = dict(xai_temperature_len=4)
     got = run(case, **feats)
     torch.testing.assert_close(got.double(), brute_force(case, **feats), atol=3e-5, rtol=3e-5)
@@ -190,7 +190,7 @@ def test_xai_temperature_formula():
 
 @pytest.mark.parametrize("page", [1, 16, 64])
 def test_paged_matches_flat(page):
-    case = make_case([70, 0, 131, 16], [3, 1, 4, 2], h_kv=2, group=4, d_qk=16, d_v=16, seed=page)
+    case = runtime_case([70, 0, 131, 16], [3, 1, 4, 2], h_kv=2, group=4, d_qk=16, d_v=16, seed=page)
     pages = to_pages(case, page)
     o = case.out()
     GeneralPath(chunk_tokens=32).run(
@@ -227,10 +227,10 @@ def _bad(case, match, **kw):
 
 
 def test_invalid_inputs_say_what_is_wrong():
-    case = make_case([10, 5], [2, 3], group=2, d_qk=8, d_v=8)
+    case = runtime_case([10, 5], [2, 3], group=2, d_qk=8, d_v=8)
     _bad(case, "k_extend width 4 differs", k=case.k[..., :4])
     _bad(case, "same number of tokens", q=case.q[:3])
-    two = make_case([10, 5], [2, 3], h_kv=2, group=2, d_qk=8, d_v=8)
+    two = runtime_case([10, 5], [2, 3], h_kv=2, group=2, d_qk=8, d_v=8)
     _bad(two, "must be a multiple of KV heads", q=torch.randn(5, 3, 8), o=torch.zeros(5, 3, 8))
     _bad(case, r"o_extend must be \[T, 2, 8\]", o=torch.zeros(5, 2, 4))
     _bad(case, r"k_buffer must be \[slots, 1, 8\]", k_buffer=case.k_buffer[..., :4])
@@ -255,7 +255,7 @@ def test_invalid_inputs_say_what_is_wrong():
 
 def test_index_checks_are_off_by_default():
     """Without check_indices only metadata is validated (no sync): bad slots are not seen."""
-    case = make_case([10, 5], [2, 3], group=2, d_qk=8, d_v=8)
+    case = runtime_case([10, 5], [2, 3], group=2, d_qk=8, d_v=8)
     o = case.out()
     args = list(case.flat_args(o))
     args[7] = torch.tensor([0, 12, 10], dtype=torch.int32)  # decreasing, but in range

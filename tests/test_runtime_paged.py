@@ -9,8 +9,8 @@ from test_runtime_support import (
     brute_force,
     device,
     fake_loader,
-    make_case,
     real_module_reason,
+    runtime_case,
     to_pages,
 )
 
@@ -56,7 +56,7 @@ def fake_chain():
 @pytest.mark.parametrize("page", PAGES)
 def test_plain_paged_goes_to_the_kernel(page):
     chain, mods = fake_chain()
-    case = make_case([40, 0, 77], [2, 1, 3], group=4)
+    case = runtime_case([40, 0, 77], [2, 1, 3], group=4)
     path, o = paged_call(chain, case, to_pages(case, page))
     assert path == "grouped"
     torch.testing.assert_close(o, ref(case), atol=2e-5, rtol=2e-5)
@@ -65,7 +65,7 @@ def test_plain_paged_goes_to_the_kernel(page):
 @pytest.mark.parametrize("page", PAGES)
 def test_paged_features_go_general(page):
     chain, mods = fake_chain()
-    case = make_case([40, 77], [2, 3], group=4, seed=page)
+    case = runtime_case([40, 77], [2, 3], group=4, seed=page)
     feats = dict(sliding_window_size=9, logit_cap=4.0, sinks=torch.zeros(4))
     path, o = paged_call(chain, case, to_pages(case, page), Features(**feats))
     assert path == "general" and mods["grouped"].calls == 0  # paged kernels take no extras
@@ -74,7 +74,7 @@ def test_paged_features_go_general(page):
 
 def test_paged_validation():
     chain, _ = fake_chain()
-    case = make_case([40, 77], [2, 3], group=4)
+    case = runtime_case([40, 77], [2, 3], group=4)
     pages = to_pages(case, 16)
     bad = dict(pages, block_table=pages["block_table"].float())
     with pytest.raises(ValueError, match="block_table must be int32 or int64"):
@@ -103,7 +103,7 @@ def test_vllm_window_rejects_lookahead():
 
 def test_vllm_adapter_converts_seq_lens():
     chain, _ = fake_chain()
-    case = make_case([40, 3], [2, 3], group=4)
+    case = runtime_case([40, 3], [2, 3], group=4)
     path, o = vllm_call(VLLMVerify(chain), case, to_pages(case, 16))
     assert path == "grouped"
     torch.testing.assert_close(o, ref(case), atol=2e-5, rtol=2e-5)
@@ -122,7 +122,7 @@ def test_vllm_adapter_converts_seq_lens():
 def test_real_paged_parity(page, start):
     chain = VerifyChain("gqa64", "bf16", "bf16", start=start)
     shape = dict(h_kv=1, group=8, d_qk=64, d_v=64, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
-    case = make_case([70, 0, 130], [3, 2, 1], device=DEV, seed=page, **shape)
+    case = runtime_case([70, 0, 130], [3, 2, 1], device=DEV, seed=page, **shape)
     path, o = paged_call(chain, case, to_pages(case, page))
     assert path == start
     torch.testing.assert_close(o.float().cpu(), ref(case).cpu(), atol=2e-2, rtol=2e-2)
@@ -135,7 +135,7 @@ def test_real_paged_unused_slots_are_never_read(page):
     kernel clamps a partial tile's tokens to the split's last one, slot as well as page."""
     chain = VerifyChain("gqa64", "bf16", "bf16")
     shape = dict(h_kv=1, group=8, d_qk=64, d_v=64, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
-    case = make_case([37, 0, 70], [3, 2, 1], device=DEV, seed=page + 5, **shape)
+    case = runtime_case([37, 0, 70], [3, 2, 1], device=DEV, seed=page + 5, **shape)
     pages = to_pages(case, page)
     used = torch.zeros(pages["k_cache"].shape[:2], dtype=torch.bool, device=pages["k_cache"].device)
     for b, p in enumerate(case.prefix_lens):
@@ -153,7 +153,7 @@ def test_real_paged_unused_slots_are_never_read(page):
 def test_real_vllm_adapter_paged(page):
     chain = VerifyChain("gqa64", "bf16", "bf16")
     shape = dict(h_kv=2, group=8, d_qk=64, d_v=64, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
-    case = make_case([33, 65], [2, 4], device=DEV, seed=page + 1, **shape)
+    case = runtime_case([33, 65], [2, 4], device=DEV, seed=page + 1, **shape)
     path, o = vllm_call(VLLMVerify(chain), case, to_pages(case, page))
     assert path == "grouped"
     torch.testing.assert_close(o.float().cpu(), ref(case).cpu(), atol=2e-2, rtol=2e-2)
@@ -167,7 +167,7 @@ def test_gpu_paged_mla(page):
     """On the device: absorbed MLA through block tables, long prefixes (many splits)."""
     chain = VerifyChain("mla_absorbed_512_64", "bf16", "bf16")
     shape = dict(h_kv=1, group=16, d_qk=576, d_v=512, mla=True, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
-    case = make_case([3000, 129, 1], [3, 2, 1], device=DEV, seed=page, **shape)
+    case = runtime_case([3000, 129, 1], [3, 2, 1], device=DEV, seed=page, **shape)
     pages = to_pages(case, page)
     # V is the latent part of K in the same cache
     pages["v_cache"] = pages["k_cache"][..., :512]

@@ -65,7 +65,7 @@ def _indptr(lengths: list[int], device: str) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.int32, device=device)
 
 
-def make_case(
+def runtime_case(
     prefix: list[int],
     draft: list[int],
     *,
