@@ -43,9 +43,9 @@ def test_no_gpu_means_the_interpreter():
     assert MODULE._device_info("cpu", None)[0] == "interpreter"
 
 
-def test_gfx950_uses_the_seed_table_and_others_the_default():
-    seed = MODULE.select_config("gfx950", 16, 64)
-    assert (seed["block_h"], seed["block_n"], seed["num_warps"]) == (4, 64, 8)
+def test_amd_targets_use_the_default_until_a_table_passes_kgen_check():
+    """The gfx950 table ships no rows (its hand-picked ones spilled in `kgen check`)."""
+    assert MODULE.select_config("gfx950", 16, 64) == MODULE._DEFAULT_CONFIG
     assert MODULE.select_config("gfx942", 16, 64) == MODULE._DEFAULT_CONFIG
 
 

@@ -269,8 +269,8 @@ def test_compare_judges_only_like_index_dtypes(tmp_path: Path) -> None:
     assert same.compared == 32 and same.ok and same.via_ab == 0  # int64 against int64
 
 
-def test_committed_baselines_read_as_int32() -> None:
+def test_committed_baselines_record_the_engines_index_dtype() -> None:
     root = Path(__file__).parents[1] / "benchmarks" / "baselines"
     for name in ("h200.json", "h200_matrix.json"):
         run = read_run(root / name)
-        assert {c.case.indices for c in run.cases} == {"int32"}
+        assert {c.case.indices for c in run.cases} == {"int64"}

@@ -105,8 +105,18 @@ def test_select_config_reads_tables_and_drops_amd_knobs_on_cuda(ctx):
     amd = BlockConfig(block_h=4, block_n=64, num_warps=8, num_stages=1, waves_per_eu=2, kpack=2)
     assert amd.for_arch("sm_90").has_rocm_knobs is False
     assert amd.for_arch("gfx950").waves_per_eu == 2
+    row = {"block_h": 4, "block_n": 64, "num_warps": 8, "num_stages": 1, "waves_per_eu": 2, "kpack": 2}
+    table = TableFile.model_validate({
+        "schema": "kgen.block-config-table/1", "arch": "gfx950",
+        "metadata": {"gpu_name": "AMD Instinct MI355X", "arch": "gfx950", "trials": 0, "tuned": False, "note": "test"},
+        "entries": [{"layout": "qwen3_5_gqa256", "kv_dtype": "bfloat16", "group_size": g, "batch_min": 1,
+                     "batch_max": 1 << 30, "config": row} for g in (4, 8, 16)]})
+    ctx = dataclasses.replace(ctx, tables={**ctx.tables, "gfx950": TableSource(
+        arch="gfx950", path="test", origin="KGEN_TABLE", table=table)})
     plan = _through(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"), ctx, "select_config")
     rows = plan.config.by_arch["gfx950"]
+    assert all(r.config.waves_per_eu == 2 for r in rows)
+    assert all(r.config.waves_per_eu is None for r in plan.config.by_arch["sm_90"])
     assert {r.group_size for r in rows} == {4, 8, 16}
     assert all(r.config.block_h == 4 and r.config.block_n == 64 and r.config.num_warps == 8 for r in rows)
     per_head = select_config(dataclasses.replace(plan, variant="per_head", decisions=()), ctx)

@@ -324,7 +324,7 @@ def test_every_shipped_default_is_a_point_of_its_space() -> None:
                 assert notes == [] or all("nearest" in n for n in notes)
                 assert space.config(params).block_n == default.block_n
                 reason = space.why_not(default)
-                if arch == "sm_100":  # an upper-bound shared-memory estimate there: the launcher may fit it
+                if arch != "sm_90":  # an upper-bound shared-memory estimate there: the launcher may fit it
                     assert reason is None or "the launcher runs it" in reason, (arch, layout.name, group, reason)
                 else:
                     assert reason is None, (arch, layout.name, group)

@@ -118,7 +118,7 @@ def test_closing_table_shows_default_and_tuned() -> None:
 
 
 def shipped() -> dict:
-    return json.loads((TABLE_DIR / "gfx950.json").read_text())
+    return json.loads((TABLE_DIR / "sm_90.json").read_text())
 
 
 @pytest.mark.parametrize(
@@ -135,7 +135,7 @@ def shipped() -> dict:
             lambda t: {**t, "entries": [{**t["entries"][0], "config": {**t["entries"][0]["config"], "block_n": 48}}]},
             r"field 'entries\.0\.config\.block_n'.*power of two",
         ),
-        (lambda t: {**t, "metadata": {**t["metadata"], "arch": "sm_90"}}, r"metadata\.arch"),
+        (lambda t: {**t, "metadata": {**t["metadata"], "arch": "gfx950"}}, r"metadata\.arch"),
     ],
 )
 def test_corrupt_tables_are_rejected_naming_file_and_field(tmp_path: Path, mutate, pattern: str) -> None:
