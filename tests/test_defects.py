@@ -170,9 +170,10 @@ def test_explain_warns_about_an_unlisted_group(capsys):
     assert "sm_90 group 3: default" in out
 
 
-def test_explain_listed_group_has_no_warning(capsys):
+def test_explain_listed_group_has_no_group_warning(capsys):
+    # (Under another Triton than the tables were tuned with, explain also warns about that.)
     assert main(["explain", "qwen3_5_gqa256", "--group", "8", "--arch", "sm_90"]) == 0
-    assert "warning" not in capsys.readouterr().out
+    assert "listed groups" not in capsys.readouterr().out
 
 
 def test_explain_refuses_a_group_below_one(capsys):
