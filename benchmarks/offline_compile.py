@@ -19,35 +19,14 @@ from pathlib import Path
 os.environ.pop("TRITON_INTERPRET", None)
 
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 import kgen  # noqa: E402
+from kgen import check  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 TL = {"bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8e4nv"}
-
-
-def _prefix_signature(module, kv: str) -> tuple[dict, list[str]]:
-    """Argument types of _verify_prefix_stage, read from its parameter names."""
-    names = module._verify_prefix_stage.arg_names
-    kvt = TL[str(module.KV_DTYPE).replace("torch.", "")]
-    sig = {}
-    for n in names:
-        if n in ("Q", "K_Extend", "V_Extend", "O"):
-            sig[n] = "*bf16"
-        elif n in ("K_Buffer", "V_Buffer"):
-            sig[n] = f"*{kvt}"
-        elif n in ("Qo_Indptr", "Kv_Bounds", "Kv_Table", "Split_Counters"):
-            sig[n] = "*i32"
-        elif n in ("Partial_O", "Partial_Lse"):
-            sig[n] = "*fp32"
-        elif n in ("qk_scale", "k_scale", "v_scale"):
-            sig[n] = "fp32"
-        elif n.startswith("stride_") or n == "max_splits":
-            sig[n] = "i32"
-    return sig, names
 
 
 def _module_from(path: str):
@@ -61,25 +40,24 @@ def _module_from(path: str):
 
 
 def compile_prefix(args) -> None:
+    """The program the module's own launch rules pick for this config on sm_90 (launch_params,
+    with the fit applied), typed and specialized as `kgen check` types it."""
     module = kgen.load(args.layout, args.kv) if not args.module else _module_from(args.module)
-    sig, names = _prefix_signature(module, args.kv)
-    block_h, l_pad = module._rows(args.block_h, args.group, args.draft)
-    dot = tl.float16 if "float8" in str(module.KV_DTYPE) else tl.bfloat16
-    constexprs = {"GROUP": args.group, "BLOCK_H": block_h, "L_PAD": l_pad, "DRAFT_N": max(16, l_pad),
-                  "BLOCK_N": args.block_n, "MIN_TOKENS_PER_SPLIT": 128, "PAGE_SIZE": 1, "BLOCK_TABLE": False,
-                  "DOT_DTYPE": dot, "SCALES_ON_DEVICE": False, "USE_PDL": True,
-                  "LAZY_RESCALE": args.lazy, "KV_DOT_DTYPE": tl.float8e4nv, "SOFTWARE_E4M3": False,
-                  "E4M3_QK": True, "DRAFT_FIRST": args.draft_first}
-    constexprs = {k: v for k, v in constexprs.items() if k in names}
-    for k in constexprs:
-        sig[k] = "constexpr"
-    # Strides of contiguous tensors are multiples of 16 in practice: tell the compiler, as the JIT would.
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in sig
-             if (n.startswith("stride_") and not n.endswith("slot")) or sig[n].startswith("*")}
-    src = ASTSource(fn=module._verify_prefix_stage, signature=sig, constexprs={(names.index(k),): v
-                    for k, v in constexprs.items()}, attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": args.warps, "num_stages": args.stages})
+    config = {"block_h": args.block_h, "block_n": args.block_n, "num_warps": args.warps, "num_stages": args.stages,
+              "lazy_rescale": args.lazy}
+    if args.draft_first:
+        config["draft_tile"] = "first"
+    name, constexprs, options = module.launch_params("sm_90", 132, args.group, 64, args.draft, None, config)[0]
+    constexprs = check.complete_launch(module, name, constexprs)[0]
+    signature, constants, divisible = check.kernel_signature(module, name, constexprs, "int64", {})
+    kernel = getattr(module, name)
+    names = kernel.arg_names
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    src = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(k),): v for k, v in constants.items()},
+                    attrs=attrs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    block_h, l_pad = constexprs["BLOCK_H"], constexprs["L_PAD"]
+    args.block_n, args.warps, args.stages = constexprs["BLOCK_N"], options["num_warps"], options["num_stages"]
     ptx = kernel.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path = Path(tmp) / "k.ptx"
