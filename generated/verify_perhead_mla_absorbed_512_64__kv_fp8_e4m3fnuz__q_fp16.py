@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # grid dependency control (Hopper and later; Triton 3.6 has it): see _launch_options
+try:  # grid dependency control (Hopper and later; Triton 3.6 has it): see _use_pdl
     from triton.language.extra.cuda import gdc_wait
 
     _HAS_GRID_DEPENDENCY_CONTROL = True

@@ -35,11 +35,6 @@ KV_DTYPES: dict[str, str] = {
 }
 Q_DTYPES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16"}
 FP8_DTYPES = frozenset({"float8_e4m3fn", "float8_e4m3fnuz"})
-# Triton's name for each FP8 format and its largest finite value (e4m3fnuz: 240).
-FP8_FORMATS: dict[str, tuple[str, float]] = {
-    "float8_e4m3fn": ("float8e4nv", 448.0),
-    "float8_e4m3fnuz": ("float8e4b8", 240.0),
-}
 # Friendly spellings accepted on the command line and in spec files.
 DTYPE_ALIASES: dict[str, str] = {
     "bf16": "bfloat16",

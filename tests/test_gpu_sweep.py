@@ -165,7 +165,7 @@ def _batch_bucket_cases() -> list[SweepCase]:
 
 
 def _per_head_cases() -> list[SweepCase]:
-    """The per-head baseline: one head a program, so L_PAD is MIN_DOT_ROWS at every L (one class)."""
+    """The per-head baseline: one head a program, so L_PAD is MIN_DOT at every L (one class)."""
     cases = []
     for layout, spec in SPECS.items():
         for kv in KV_DTYPES:
