@@ -554,6 +554,26 @@ def fit(target, shape, config, group, max_len, grouped=True):
             return None
         reasons.append(f"{change}: {need} B of tile buffers exceed {limit} B of shared memory")
     return block_h, l_pad, block_n, stages, reasons
+
+
+GLUON_ROWS = 64  # the Gluon prefix stage's program: one wgmma's 64 rows, two warpgroups
+GLUON_MAX_ROW_BLOCK = 64  # L_PAD past this leaves no head per program
+
+
+def gluon_shared_bytes(shape, block_n, num_stages):
+    """Shared memory of the Gluon prefix stage: q (16-bit), NUM_STAGES gathered K tiles and
+    the 16-bit P tile (measured with Triton 3.6 for sm_90: these buffers plus 512 bytes)."""
+    return (GLUON_ROWS * shape["q_row_bytes"] + num_stages * block_n * shape["kv_row_bytes"]
+            + GLUON_ROWS * block_n * 2 + SHARED_MARGIN_BYTES)
+
+
+def gluon_rows(max_len, block_n):
+    """(BLOCK_H, L_PAD) of a Gluon program, or None when the draft does not fit one tile of
+    draft keys or one program's 64 rows (the Triton kernel serves it)."""
+    l_pad = next_pow2(max_len)
+    if max_len > block_n or l_pad > GLUON_MAX_ROW_BLOCK:
+        return None
+    return GLUON_ROWS // l_pad, l_pad
 # ---- end of kgen/rules.py ----
 
 # What one program stages per prefix token and per row, for the rules above.
@@ -624,21 +644,15 @@ def _target_of(arch):
     return _TARGETS[_INTERPRETER_TARGET if arch == "interpreter" else arch]
 
 
-def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads=1):
-    """Everything one call launches, from Python scalars alone (None when no program fits)."""
+def _triton_prefix(arch, config, group, max_len, page_size):
+    """_verify_prefix_stage's (constexprs, compile options) for this launch, or None when no
+    program fits the target."""
     is_rocm = _target_of(arch)["family"] == "hip"
-    config = config if config is not None else select_config(arch, group, batch)
     fitted = fit(_target_of(arch), _KERNEL_SHAPE, config, group, max_len, grouped=True)
     if fitted is None:
         return None
     block_h, l_pad, block_n, num_stages, _ = fitted
-    head_blocks = cdiv(group, block_h)
-    # Every KV head's head blocks of every request are programs of one split: the split
-    # axis fills what they leave of the GPU.
-    max_splits, min_tokens = _max_splits(config, num_kv_heads * head_blocks * batch, num_sms)
-    use_pdl = _use_pdl(arch, is_rocm)
-    knobs = _backend_knobs(config, is_rocm)
-    prefix = {
+    constexprs = {
         "GROUP": group,
         "BLOCK_H": block_h,
         "L_PAD": l_pad,
@@ -647,8 +661,36 @@ def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv
         "BLOCK_TABLE": page_size is not None,
         "LAZY_RESCALE": bool(config.get("lazy_rescale")),
         "DRAFT_FIRST": _draft_first(config, block_h * l_pad),
-        "USE_PDL": use_pdl,
+        "USE_PDL": _use_pdl(arch, is_rocm),
     }
+    return constexprs, {"num_warps": config["num_warps"], "num_stages": num_stages,
+                        **_backend_knobs(config, is_rocm)}
+
+
+def _prefix_launch(arch, config, group, max_len, page_size, use_pdl):
+    """(kernel, constexprs, compile options, config of its split policy, launched early) of the
+    prefix stage; None when no program fits."""
+    triton_prefix = _triton_prefix(arch, config, group, max_len, page_size)
+    if triton_prefix is None:
+        return None
+    return ("_verify_prefix_stage", *triton_prefix, config, use_pdl)
+
+
+def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads=1):
+    """Everything one call launches, from Python scalars alone (None when no program fits)."""
+    is_rocm = _target_of(arch)["family"] == "hip"
+    config = config if config is not None else select_config(arch, group, batch)
+    use_pdl = _use_pdl(arch, is_rocm)
+    knobs = _backend_knobs(config, is_rocm)
+    chosen = _prefix_launch(arch, config, group, max_len, page_size, use_pdl)
+    if chosen is None:
+        return None
+    prefix_kernel, prefix, prefix_options, split_config, prefix_pdl = chosen
+    block_h, l_pad, block_n = prefix["BLOCK_H"], prefix["L_PAD"], prefix["BLOCK_N"]
+    head_blocks = cdiv(group, block_h)
+    # Every KV head's head blocks of every request are programs of one split: the split
+    # axis fills what they leave of the GPU.
+    max_splits, min_tokens = _max_splits(split_config, num_kv_heads * head_blocks * batch, num_sms)
     merge = {
         "MERGE_HEADS": _merge_heads(l_pad),
         "L_PAD": l_pad,
@@ -662,7 +704,9 @@ def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv
         "min_tokens": min_tokens,
         "block_n": block_n,
         "page_shift": (page_size or 1).bit_length() - 1,
-        "prefix": (prefix, {"num_warps": config["num_warps"], "num_stages": num_stages, **knobs}),
+        "prefix_kernel": prefix_kernel,
+        "prefix": (prefix, prefix_options),
+        "prefix_pdl": {"launch_pdl": True} if prefix_pdl else {},
         "merge": (merge, {"num_warps": 4, "num_stages": 2, **knobs}) if max_splits > 1 else None,
         "pdl": {"launch_pdl": True} if use_pdl else {},
     }
@@ -685,7 +729,7 @@ def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=N
     plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads)
     if plan is None:
         return []
-    launches = [("_verify_prefix_stage", *plan["prefix"])]
+    launches = [(plan["prefix_kernel"], *plan["prefix"])]
     if plan["merge"] is not None:
         launches.append(("_verify_merge_stage", *plan["merge"]))
     return launches
@@ -708,27 +752,11 @@ def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, n
     return 4 * num_tokens * num_q_heads * plan["max_splits"] * (V_HEAD_DIM.value + 1)
 
 
-def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table, max_len,
-         k_scale, v_scale, sm_scale, config, page_size, stride_table, k_strides, v_strides):
-    num_tokens, num_q_heads, _ = q.shape
-    num_kv_heads = k_extend.shape[1]
-    group = num_q_heads // num_kv_heads
-    batch = qo_indptr.shape[0] - 1
-    if num_tokens == 0 or batch == 0:
-        return
-    arch, num_sms, _ = _device_info(q.device.type, q.device.index)
-    if config is None:
-        plan = _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads)
-    else:
-        plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads)
-    if plan is None:
-        raise ValueError(f"{URI}: no program fits {arch} for group {group}, draft length {max_len}")
-    max_splits = plan["max_splits"]
-    partial_o, partial_lse = _scratch(q.device, num_tokens, num_q_heads, max_splits)
-    sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
+def _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table,
+                          partial_o, partial_lse, sm_scale, stride_table,
+                          k_strides, v_strides):
     prefix_constexprs, prefix_options = plan["prefix"]
-
-    _verify_prefix_stage[(num_kv_heads * plan["head_blocks"], max_splits, batch)](
+    _verify_prefix_stage[grid](
         q,
         k_pool,
         v_pool,
@@ -741,7 +769,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         partial_o,
         partial_lse,
         sm_scale * _LOG2E,
-        max_splits,
+        plan["max_splits"],
         plan["min_tokens"],
         plan["page_shift"],
         stride_table,
@@ -763,8 +791,34 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         DOT_DTYPE=tl.float32 if _INTERPRET else _TL_PREFIX_DOT_DTYPE,
         **prefix_constexprs,
         **prefix_options,
-        **plan["pdl"],
+        **plan["prefix_pdl"],
     )
+
+
+def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table, max_len,
+         k_scale, v_scale, sm_scale, config, page_size, stride_table, k_strides, v_strides):
+    num_tokens, num_q_heads, _ = q.shape
+    num_kv_heads = k_extend.shape[1]
+    group = num_q_heads // num_kv_heads
+    batch = qo_indptr.shape[0] - 1
+    if num_tokens == 0 or batch == 0:
+        return
+    arch, num_sms, _ = _device_info(q.device.type, q.device.index)
+    if config is None:
+        plan = _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads)
+    else:
+        plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads)
+    if plan is None:
+        raise ValueError(f"{URI}: no program fits {arch} for group {group}, draft length {max_len}")
+    max_splits = plan["max_splits"]
+    partial_o, partial_lse = _scratch(q.device, num_tokens, num_q_heads, max_splits)
+    sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
+    prefix_constexprs, prefix_options = plan["prefix"]
+
+    grid = (num_kv_heads * plan["head_blocks"], max_splits, batch)
+    _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table,
+                          partial_o, partial_lse, sm_scale, stride_table,
+                          k_strides, v_strides)
     if plan["merge"] is None:
         return  # every request had one split and wrote o itself
     merge_constexprs, merge_options = plan["merge"]

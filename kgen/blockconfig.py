@@ -56,6 +56,24 @@ class SplitPolicy(BaseModel):
     min_tokens_per_split: int = Field(default=256, ge=16, le=1 << 20)
 
 
+class GluonConfig(BaseModel):
+    """The Gluon prefix stage's launch choices (kgen/templates/gluon/): its own axes, since a
+    program is always 64 rows and two warpgroups. Present in a table row when the tuner
+    measured that kernel faster than the Triton one on the row's bucket."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    block_n: Literal[32, 64]
+    num_stages: int = Field(ge=2, le=4)
+    lazy_rescale: bool = False
+    split: SplitPolicy = SplitPolicy(programs_per_sm=1)
+
+    def short(self) -> str:
+        return (f"gluon(BLOCK_N={self.block_n} stages={self.num_stages}{' lazy_rescale' if self.lazy_rescale else ''} "
+                f"split(ppsm={self.split.programs_per_sm}, max={self.split.max_splits}, "
+                f"min_tok={self.split.min_tokens_per_split}))")
+
+
 class BlockConfig(BaseModel):
     """One launch configuration. ROCm knobs stay ``None`` on CUDA and are never passed there."""
 
@@ -76,6 +94,10 @@ class BlockConfig(BaseModel):
     # loop) or "after" it. Only modules that emit both placements (grouped GQA) take it; None
     # is their row rule (before the loop in 32-row programs: docs/perf-notes.md, "Draft tile placement").
     draft_tile: Literal["first", "after"] | None = None
+    # The Gluon prefix stage serves this row where it applies (its module has one, the GPU is
+    # its arch, the Triton version its own, the token-slot entry); the fields above are the
+    # Triton kernel's, for everything else.
+    gluon: GluonConfig | None = None
 
     @field_validator("matrix_instr_nonkdim", "kpack", mode="before")
     @classmethod
@@ -119,6 +141,8 @@ class BlockConfig(BaseModel):
             s += " lazy_rescale"
         if self.draft_tile:
             s += f" draft_tile={self.draft_tile}"
+        if self.gluon is not None:
+            s += " " + self.gluon.short()
         if self.has_rocm_knobs:
             s += f" waves_per_eu={self.waves_per_eu} nonkdim={self.matrix_instr_nonkdim} kpack={self.kpack}"
         return s

@@ -572,6 +572,7 @@ def compile_variant(job: dict[str, Any]) -> dict[str, Any]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
 
     started = time.perf_counter()
     arch = ARCHS[job["arch"]]
@@ -583,7 +584,9 @@ def compile_variant(job: dict[str, Any]) -> dict[str, Any]:
         names = kernel.arg_names
         constexprs = {(names.index(k),): _decode(v) for k, v in job["constexprs"].items()}
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in job["divisible"]}
-        source = ASTSource(fn=kernel, signature=dict(job["signature"]), constexprs=constexprs, attrs=attrs)
+        # Gluon kernels (the Hopper lowering of a prefix stage) compile from their own AST source.
+        source_type = GluonASTSource if getattr(kernel, "is_gluon", lambda: False)() else ASTSource
+        source = source_type(fn=kernel, signature=dict(job["signature"]), constexprs=constexprs, attrs=attrs)
         target = GPUTarget(arch.backend, arch.target_arch, arch.warp_size)
         log = io.StringIO()
         with triton.knobs.compilation.scope(), triton.knobs.nvidia.scope():

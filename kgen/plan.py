@@ -145,9 +145,13 @@ class Fit:
 
 @dataclass(frozen=True)
 class Lowering:
-    """select_lowering: the kernel language the plan is rendered into (a templates/ folder)."""
+    """select_lowering: the kernel language the plan is rendered into (a templates/ folder),
+    and a second lowering of the prefix stage that table rows may pick, if the layout has one."""
 
     name: str
+    gluon_prefix: str | None = None  # template of the Gluon prefix stage, e.g. "gluon/mla_prefix_stage.py.j2"
+    gluon_arch: str | None = None  # the one arch it is written for
+    gluon_triton: str | None = None  # the Triton minor version it is written for ("3.6")
 
     @property
     def kernel_template(self) -> str:

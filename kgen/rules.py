@@ -121,3 +121,24 @@ def fit(target, shape, config, group, max_len, grouped=True):
             return None
         reasons.append(f"{change}: {need} B of tile buffers exceed {limit} B of shared memory")
     return block_h, l_pad, block_n, stages, reasons
+
+
+GLUON_ROWS = 64  # the Gluon prefix stage's program: one wgmma's 64 rows, two warpgroups
+GLUON_MAX_ROW_BLOCK = 64  # L_PAD past this leaves no head per program
+
+
+def gluon_shared_bytes(shape, block_n, num_stages):
+    """Shared memory of the Gluon prefix stage: q (16-bit), NUM_STAGES gathered K tiles and
+    the 16-bit P tile (measured with Triton 3.6 for sm_90: these buffers plus 512 bytes)."""
+    return (GLUON_ROWS * shape["q_row_bytes"] + num_stages * block_n * shape["kv_row_bytes"]
+            + GLUON_ROWS * block_n * 2 + SHARED_MARGIN_BYTES)
+
+
+def gluon_rows(max_len, block_n):
+    """(BLOCK_H, L_PAD) of a Gluon program, or None when the draft does not fit one tile of
+    draft keys or one program's 64 rows (the Triton kernel serves it)."""
+    l_pad = next_pow2(max_len)
+    if max_len > block_n or l_pad > GLUON_MAX_ROW_BLOCK:
+        return None
+    return GLUON_ROWS // l_pad, l_pad
+

@@ -14,6 +14,9 @@ from kgen.plan import Decision, Plan
 NAME = "check"
 ALLOWED_IMPORTS = frozenset({"functools", "math", "os", "torch", "triton", "triton.language",
                              "triton.language.extra.cuda"})  # grid dependency control, import guarded
+# Triton's Gluon, import guarded: only modules with a Gluon prefix stage (select_lowering).
+GLUON_IMPORTS = frozenset({"triton.experimental", "triton.experimental.gluon",
+                           "triton.experimental.gluon.language.nvidia.hopper"})
 PE_TEXT = re.compile(r"(?i)\b\w*_pe\b|\bPE_DIM\b|\bBLOCK_DPE\b|\bdpe\b")
 DESCALE_TEXT = re.compile(r"\bk_scale\b.*\*|\bv_scale\b.*\*|SCALES_ON_DEVICE")
 
@@ -37,7 +40,8 @@ def check(plan: Plan, ctx: BuildContext | None = None) -> Plan:
         compile(tree, f"{plan.uri}.py", "exec")
     except SyntaxError as exc:
         raise BuildError(f"{plan.uri}: emitted source does not compile: line {exc.lineno}: {exc.msg}") from None
-    extra = _imports(tree) - ALLOWED_IMPORTS
+    lowering = plan.need("lowering", NAME)
+    extra = _imports(tree) - ALLOWED_IMPORTS - (GLUON_IMPORTS if lowering.gluon_prefix else frozenset())
     if extra:
         raise BuildError(f"{plan.uri}: emitted source imports {sorted(extra)}; only torch, triton and the stdlib")
     code = "\n".join(line.split("#", 1)[0] for line in source.splitlines())
