@@ -1,0 +1,156 @@
+"""The Gluon prefix stage (the Hopper lowering, kgen/templates/gluon/) over its accepted domain.
+
+Run on the H200 (sm_90, Triton 3.6), spread over processes:
+
+    KGEN_TEST_ON_GPU=1 python -m pytest -q -m gpu tests/test_gpu_gluon.py -n 16
+
+Every module with a Gluon prefix stage (absorbed MLA, 16-bit KV, both query dtypes) runs through
+``launch`` with a config that carries a ``gluon`` section, so the launcher picks the Gluon
+kernel (asserted through ``launch_params``) whatever the shipped table holds:
+
+- groups: each listed group and an unlisted one (1.5 x the largest: several programs a KV head,
+  the last one partly padding);
+- draft lengths 1..MAX_DRAFT_TOKENS (every L_PAD class the kernel compiles) as a ragged batch
+  with an empty prefix, prefixes that are not multiples of a tile and one long enough for
+  several splits; kv_indices int32 and then int64;
+- the Gluon configs the tuner may pick: 64-token tiles with 2 stages, 32-token tiles with 3 and
+  4, the lazy rescale on and off;
+- NaN in every pool slot no request names, in o before the call and in the split scratch
+  (a read of an unwritten partial shows up);
+- CUDA-graph capture and replay with new data and a kv_indices longer than the batch uses,
+  and a pool of more than 2**31 elements.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+from kernel_cases import SPECS, tolerance
+from test_gpu_sweep import NUM_SMS, request_lengths, unlisted_group
+
+import kgen
+from kgen.testing import make_case, poison_unnamed_slots, relative_error
+
+LAYOUT = "mla_absorbed_512_64"
+Q_DTYPES = ("bfloat16", "float16")
+INDEX_DTYPES = (torch.int32, torch.int64)
+GLUON_CONFIGS = {
+    "n64s2": {"block_n": 64, "num_stages": 2, "lazy_rescale": False},
+    "n64s2lazy": {"block_n": 64, "num_stages": 2, "lazy_rescale": True},
+    "n32s3": {"block_n": 32, "num_stages": 3, "lazy_rescale": False},
+    "n32s4lazy": {"block_n": 32, "num_stages": 4, "lazy_rescale": True},
+}
+BATCH = 4
+
+
+def gluon_config(module, gluon: dict, max_splits: int = 64, min_tokens: int = 64) -> dict:
+    """The module's default Triton config with a gluon section: small splits, so that short
+    test prefixes still cut into several."""
+    split = {"programs_per_sm": 1, "max_splits": max_splits, "min_tokens_per_split": min_tokens}
+    return {**module._DEFAULT_CONFIG, "gluon": {**gluon, "split": split}}
+
+
+def _groups() -> list[int]:
+    groups = list(SPECS[LAYOUT].attention.group_sizes)
+    return [*groups, unlisted_group(tuple(groups))]
+
+
+def _poison_scratch(module) -> None:
+    for partial_o, partial_lse in module._SCRATCH.values():
+        partial_o.fill_(float("nan"))
+        partial_lse.fill_(float("nan"))
+
+
+def _assert_gluon(module, config: dict, group: int, batch: int, draft: int) -> None:
+    launches = module.launch_params("sm_90", NUM_SMS, group, batch, draft, None, config)
+    assert launches and launches[0][0] == "_gluon_prefix_stage", launches
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config_name", list(GLUON_CONFIGS))
+@pytest.mark.parametrize("group", _groups())
+@pytest.mark.parametrize("q_dtype", Q_DTYPES)
+def test_gluon_domain(q_dtype, group, config_name):
+    module = kgen.load(LAYOUT, "bfloat16", q_dtype)
+    gluon = GLUON_CONFIGS[config_name]
+    for splits in (64, 1):
+        config = gluon_config(module, gluon, max_splits=splits)
+        for draft in range(1, min(module.MAX_DRAFT_TOKENS, gluon["block_n"]) + 1):
+            prefixes, drafts = request_lengths(draft, BATCH)
+            prefixes = [p * 7 for p in prefixes]  # 2100 tokens: several 64-token splits
+            problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, q_dtype=q_dtype, device="cuda",
+                                seed=zlib.crc32(f"{q_dtype}/{group}/{config_name}/{draft}".encode()))
+            poison_unnamed_slots(problem)
+            reference = problem.reference(torch.float64)
+            bound = tolerance(problem)
+            _assert_gluon(module, config, group, BATCH, problem.max_len_extend)
+            for index_dtype in INDEX_DTYPES:
+                problem.kv_indices = problem.kv_indices.to(index_dtype)
+                problem.o.fill_(float("nan"))
+                _poison_scratch(module)
+                module.launch(*problem.launch_args(), config=config)
+                err = relative_error(problem.o, reference)
+                where = f"L {draft}, splits {splits}, {index_dtype}, prefixes {prefixes}, drafts {drafts}"
+                assert err <= bound, f"{where}: relative error {err:.2e} > {bound:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config_name", ["n64s2", "n32s4lazy"])
+def test_gluon_graph_replay_with_oversized_indices(config_name):
+    """Capture once, replay on new data of the same shapes: kv_indices longer than the batch
+    uses (its tail names NaN slots), new prefix lengths in kv_indptr."""
+    module = kgen.load(LAYOUT, "bfloat16")
+    config = gluon_config(module, GLUON_CONFIGS[config_name])
+    spec = SPECS[LAYOUT]
+
+    def problem(seed: int, prefixes: list[int]):
+        case = make_case(spec, prefixes, [4, 1, 3, 2], 16, device="cuda", seed=seed, index_dtype=torch.int64,
+                         spare_slots=600)
+        poison_unnamed_slots(case)
+        spare = torch.randperm(case.k_buffer.shape[0], device="cuda")[:512].to(torch.int64)
+        case.kv_indices = torch.cat([case.kv_indices, spare])  # the oversized tail no request uses
+        return case
+
+    static = problem(1, [900, 0, 333, 64])
+    _assert_gluon(module, config, 16, 4, static.max_len_extend)
+    module.launch(*static.launch_args(), config=config)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        module.launch(*static.launch_args(), config=config)
+    for seed, prefixes in ((2, [900, 0, 333, 64]), (3, [100, 797, 0, 400])):  # the same total: same shapes
+        new = problem(seed, prefixes)
+        for name in ("q", "k_extend", "k_buffer", "qo_indptr", "kv_indptr", "kv_indices"):
+            getattr(static, name).copy_(getattr(new, name))
+        static.o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        err = relative_error(static.o, new.reference(torch.float64))
+        assert err <= tolerance(new), f"replay with prefixes {prefixes}: relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+def test_gluon_pool_past_2_pow_31_elements():
+    """Every named slot lies past element 2**31 of the pool: slot x stride must be int64."""
+    module = kgen.load(LAYOUT, "bfloat16")
+    config = gluon_config(module, GLUON_CONFIGS["n64s2"])
+    spec = SPECS[LAYOUT]
+    problem = make_case(spec, [400, 0, 130], [3, 1, 4], 16, device="cuda", seed=31)
+    reference = problem.reference(torch.float64)
+    width = spec.attention.qk_dim
+    slots = -(-(1 << 31) // width) + problem.k_buffer.shape[0]
+    big = torch.full((slots, *problem.k_buffer.shape[1:]), float("nan"), dtype=problem.k_buffer.dtype, device="cuda")
+    offset = slots - problem.k_buffer.shape[0]
+    big[offset:].copy_(problem.k_buffer)
+    assert offset * width >= 1 << 31
+    problem.k_buffer, problem.v_buffer = big, big[..., : spec.attention.v_head_dim]
+    named = problem.kv_indices.long() + offset
+    _assert_gluon(module, config, 16, 3, problem.max_len_extend)
+    for index_dtype in INDEX_DTYPES:
+        problem.kv_indices = named.to(index_dtype)
+        problem.o.fill_(float("nan"))
+        module.launch(*problem.launch_args(), config=config)
+        err = relative_error(problem.o, reference)
+        assert err <= tolerance(problem), f"{index_dtype}: relative error {err:.2e}"
