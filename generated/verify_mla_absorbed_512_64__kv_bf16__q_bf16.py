@@ -89,12 +89,12 @@ _INTERPRETER_NUM_SMS = 4
 # Block configs per arch (from kgen/tables/*.json at build time): (group, batch_min, batch_max, config).
 _BLOCK_CONFIGS = {
     "sm_90": (
-        (16, 9, 32, {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}}),
-        (16, 33, 96, {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}}),
+        (16, 9, 32, {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}, 'gluon': {'block_n': 64, 'num_stages': 2, 'lazy_rescale': False, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}),
+        (16, 33, 96, {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}, 'gluon': {'block_n': 64, 'num_stages': 2, 'lazy_rescale': False, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}),
     ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
-_DEFAULT_CONFIG = {'block_h': 16, 'block_n': 32, 'num_warps': 8, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}
+_DEFAULT_CONFIG = {'block_h': 16, 'block_n': 32, 'num_warps': 8, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}, 'gluon': {'block_n': 64, 'num_stages': 2, 'lazy_rescale': False, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}
 
 
 @triton.jit
@@ -487,8 +487,8 @@ def _verify_merge_stage(
 #   3. online softmax on S in registers (the row max crosses both warpgroups);
 #   4. P (16-bit) goes to shared memory, a barrier, then acc += P.V with V the K tile's
 #      latent columns (a view of the same stage: no V copy).
-# Barriers: one at the top of each tile (every warp is done with the stage and P the
-# previous tile used), one after the copies land, one after P is stored.
+# Barriers: one at the top of each tile (its copies have landed, and every warp is done
+# with the stage and P of the tile before), one after P is stored.
 # ---------------------------------------------------------------------------------------
 GLUON_NUM_WARPS = tl.constexpr(8)  # two warpgroups, each owning half of S's and the accumulator's columns
 
@@ -666,19 +666,22 @@ if _HAS_GLUON:
             next_rows = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off
             next_rows_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off
             for t in range(num_tiles):
-                gl.thread_barrier()  # every warp is past tile t - 1: its stage and P may be overwritten
+                # Tile t's copies are the oldest group in flight: NUM_STAGES - 1 groups were
+                # committed before this iteration.
+                async_copy.wait_group(NUM_STAGES - 2)
+                fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+                # One barrier: every thread's copies of tile t have landed, and every warp is
+                # past tile t - 1, so its stage (the next to fill) and P may be overwritten.
+                gl.thread_barrier()
                 ahead = t + NUM_STAGES - 1
                 if ahead < num_tiles:
                     _gluon_copy_rows(k_nope_stages.index(ahead % NUM_STAGES), k_pe_stages.index(ahead % NUM_STAGES),
                                      K_Buffer, next_rows, next_rows_pe, NOPE_LOAD, PE_LOAD)
-                async_copy.commit_group()  # an empty group past the end keeps the count below uniform
+                async_copy.commit_group()  # an empty group past the end keeps the count above uniform
                 # The slots of the tile after it, loaded now and used one iteration later.
                 first = split_start + (ahead + 1) * BLOCK_N
                 next_rows = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off
                 next_rows_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off
-                async_copy.wait_group(NUM_STAGES - 1)  # this thread's copies of tile t have landed
-                fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-                gl.thread_barrier()  # ... and every thread's
                 stage = t % NUM_STAGES
                 limit = gl.full([ROWS], 0, gl.int32, layout=gl.SliceLayout(1, S_LAYOUT)) + (split_end - split_start - t * BLOCK_N)
                 m_i, l_i, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(stage), k_pe_stages.index(stage),

@@ -18,8 +18,6 @@
 #      also runs the causal draft tile. A request held by one split writes o directly;
 #      otherwise each split writes a normalized fp32 partial and its log2-sum-exp.
 #   2. _verify_merge_stage: combines the partials of requests with more than one split.
-# On sm_90 under Triton 3.6.x, table rows with a `gluon` section run
-# _gluon_prefix_stage (Gluon: wgmma, cp.async, two warpgroups) in place of launch 1.
 # Imports only torch, triton and the standard library, so an engine can copy this file.
 
 import functools
@@ -36,20 +34,6 @@ try:  # grid dependency control (Hopper and later; Triton 3.6 has it): see _use_
     _HAS_GRID_DEPENDENCY_CONTROL = True
 except ImportError:  # older Triton: kernels take the USE_PDL=False branch and never name them
     _HAS_GRID_DEPENDENCY_CONTROL = False
-
-try:  # the Gluon prefix stage (below) is written for Triton 3.6.x; elsewhere the Triton one serves
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        async_copy,
-        fence_async_shared,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-
-    _HAS_GLUON = triton.__version__.startswith("3.6.")
-except ImportError:
-    _HAS_GLUON = False
 
 URI = "verify_mla_absorbed_512_64__kv_bf16__q_fp16"
 LAYOUT = "mla_absorbed_512_64"
@@ -89,12 +73,12 @@ _INTERPRETER_NUM_SMS = 4
 # Block configs per arch (from kgen/tables/*.json at build time): (group, batch_min, batch_max, config).
 _BLOCK_CONFIGS = {
     "sm_90": (
-        (16, 9, 32, {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}}),
-        (16, 33, 96, {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}}),
+        (16, 9, 32, {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}, 'gluon': {'block_n': 64, 'num_stages': 2, 'lazy_rescale': False, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}),
+        (16, 33, 96, {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}, 'gluon': {'block_n': 64, 'num_stages': 2, 'lazy_rescale': False, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}),
     ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
-_DEFAULT_CONFIG = {'block_h': 16, 'block_n': 32, 'num_warps': 8, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}
+_DEFAULT_CONFIG = {'block_h': 16, 'block_n': 32, 'num_warps': 8, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}, 'gluon': {'block_n': 64, 'num_stages': 2, 'lazy_rescale': False, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}
 
 
 @triton.jit
@@ -472,261 +456,6 @@ def _verify_merge_stage(
 
 
 # ---------------------------------------------------------------------------------------
-# Hopper lowering of the prefix stage (Gluon, sm_90, Triton 3.6.x).
-#
-# What the tile language could not express, written out: one program is 64 rows (BLOCK_H
-# heads x L_PAD draft tokens) and two warpgroups (8 warps). Both warpgroups run wgmma over
-# the same 64 rows; each owns half of the score tile's columns and half of the 64 x 512 fp32
-# accumulator (128 registers a thread), so neither holds the whole accumulator.
-#
-# Per prefix tile of GLUON_BLOCK_N tokens:
-#   1. every thread issues cp.async copies of its share of the tile's gathered K rows
-#      (16 bytes each) into the next free stage; the token slots were loaded one
-#      iteration earlier, so no index load sits on the critical path;
-#   2. S = q_nope.k_nope^T + q_pe.k_pe^T (wgmma, q and K from shared memory);
-#   3. online softmax on S in registers (the row max crosses both warpgroups);
-#   4. P (16-bit) goes to shared memory, a barrier, then acc += P.V with V the K tile's
-#      latent columns (a view of the same stage: no V copy).
-# Barriers: one at the top of each tile (every warp is done with the stage and P the
-# previous tile used), one after the copies land, one after P is stored.
-# ---------------------------------------------------------------------------------------
-GLUON_NUM_WARPS = tl.constexpr(8)  # two warpgroups, each owning half of S's and the accumulator's columns
-
-if _HAS_GLUON:
-
-    @gluon.jit
-    def _gluon_split_plan(prefix_len, max_splits, min_tokens_per_split, block_n):
-        """_split_plan, in Gluon: both stages must cut a request into the same splits."""
-        num_splits = gl.minimum(gl.maximum(gl.cdiv(prefix_len, min_tokens_per_split), 1), max_splits)
-        split_len = gl.maximum(gl.cdiv(gl.cdiv(prefix_len, num_splits), block_n) * block_n, block_n)
-        return split_len, gl.maximum(gl.cdiv(prefix_len, split_len), 1)
-
-    @gluon.jit
-    def _gluon_slots(table_words, tok, INDEX_WORDS: gl.constexpr):
-        """Pool slots of prefix tokens `tok`: table entries read as 32-bit words (an int64
-        entry is its low word), as the Triton kernel reads them."""
-        return gl.load(table_words + INDEX_WORDS * tok, mask=tok >= 0, other=0).to(gl.int64)
-
-    @gluon.jit
-    def _gluon_copy_rows(nope_dst, pe_dst, src, row_nope, row_pe, NOPE_LOAD: gl.constexpr, PE_LOAD: gl.constexpr,
-                         mask_nope=None, mask_pe=None):
-        """cp.async one tile of K rows (element offsets row_nope / row_pe, the same rows in the
-        two load layouts) into a stage: latent columns and PE columns, 16 bytes a copy."""
-        cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, NOPE_LOAD))
-        async_copy.async_copy_global_to_shared(nope_dst, src + row_nope[:, None] + cols[None, :], mask=mask_nope)
-        cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, PE_LOAD))
-        async_copy.async_copy_global_to_shared(pe_dst, src + NOPE_DIM + row_pe[:, None] + cols_pe[None, :], mask=mask_pe)
-
-    @gluon.jit
-    def _gluon_attend_tile(q_nope, q_pe, k_nope, k_pe, p_smem, m_i, l_i, acc, limit, qk_scale,
-                           ROWS: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
-                           BLOCK_N: gl.constexpr, LAZY_RESCALE: gl.constexpr):
-        """One tile of the online softmax (log2 domain). Column c of the tile is visible to
-        row r when c < limit[r]. Returns the updated (m_i, l_i, acc)."""
-        s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
-        s = warpgroup_mma(q_pe, k_pe.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-        s = gl.where(cols[None, :] < limit[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        if LAZY_RESCALE:
-            # A row's max moves only when it grows by more than 2**8 (p stays <= 256, exact in
-            # fp32), so most tiles skip the 64 x 512 accumulator multiply.
-            grow = m_new > m_i + 8.0
-            m_new = gl.where(grow, m_new, m_i)
-        # A row that has seen nothing yet keeps a finite reference (no -inf - -inf).
-        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_ref)
-        p = gl.exp2(s - m_ref[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        p_smem.store(p.to(p_smem.dtype))
-        fence_async_shared()  # generic-proxy stores, read next by wgmma through the async proxy
-        gl.thread_barrier()  # both warpgroups' halves of P are in shared memory
-        if LAZY_RESCALE:
-            if gl.max(grow.to(gl.int32), 0) > 0:
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-        else:
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-        acc = warpgroup_mma(p_smem, k_nope, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        return m_new, l_i, acc
-
-    @gluon.jit(do_not_specialize=["max_splits", "min_tokens_per_split", "stride_pl_head"])
-    def _gluon_prefix_stage(
-        Q,
-        K_Buffer,
-        K_Extend,
-        O,
-        Qo_Indptr,
-        Kv_Bounds,
-        Kv_Table,
-        Partial_O,
-        Partial_Lse,
-        qk_scale,
-        max_splits,
-        min_tokens_per_split,
-        stride_q_tok,
-        stride_q_head,
-        stride_k_slot,
-        stride_k_head,
-        stride_ke_tok,
-        stride_ke_head,
-        stride_o_tok,
-        stride_o_head,
-        stride_po_tok,
-        stride_po_head,
-        stride_po_split,
-        stride_pl_tok,
-        stride_pl_head,
-        GROUP: gl.constexpr,
-        BLOCK_H: gl.constexpr,
-        L_PAD: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        NUM_STAGES: gl.constexpr,
-        LAZY_RESCALE: gl.constexpr,
-    ):
-        """The prefix stage on SGLang's token-slot pool: the same grid, split plan, partials
-        and draft tile as _verify_prefix_stage, so _verify_merge_stage combines its output.
-        Launched without programmatic dependent launch: Gluon has no gdc_wait to wait with."""
-        ROWS: gl.constexpr = BLOCK_H * L_PAD
-        gl.static_assert(ROWS == 64, "a program is one wgmma's 64 rows (rules.GLUON_ROWS)")
-        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                            instr_shape=[16, BLOCK_N // 2, 16])
-        O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                            instr_shape=[16, NOPE_DIM // 2, 16])
-        # Copy layouts: 8 elements (16 bytes) a thread, a warp per row of latent columns, a
-        # quarter warp per row of PE columns.
-        NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GLUON_NUM_WARPS, 1], [1, 0])
-        PE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_NUM_WARPS, 1], [1, 0])
-        # 128-byte swizzle: conflict-free wgmma reads of 64-element (128-byte) column blocks.
-        TILE_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        P_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], Q.dtype.element_ty)
-
-        HEAD_BLOCKS: gl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
-        pid_heads = gl.program_id(0)
-        split = gl.program_id(1)
-        batch = gl.program_id(2)
-        kv_head = pid_heads // HEAD_BLOCKS
-        head_block = pid_heads % HEAD_BLOCKS
-
-        q_start = gl.load(Qo_Indptr + batch).to(gl.int64)
-        q_len = (gl.load(Qo_Indptr + batch + 1) - gl.load(Qo_Indptr + batch)).to(gl.int32)
-        table_start = gl.load(Kv_Bounds + batch).to(gl.int64)
-        prefix_len = (gl.load(Kv_Bounds + batch + 1) - gl.load(Kv_Bounds + batch)).to(gl.int32)
-        split_len, num_written = _gluon_split_plan(prefix_len, max_splits, min_tokens_per_split, BLOCK_N)
-        split_start = split * split_len
-        split_end = gl.minimum(split_start + split_len, prefix_len)
-        if split < num_written:
-            q_nope_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, NOPE_DIM], TILE_SMEM)
-            q_pe_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, PE_DIM], TILE_SMEM)
-            k_nope_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [NUM_STAGES, BLOCK_N, NOPE_DIM], TILE_SMEM)
-            k_pe_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [NUM_STAGES, BLOCK_N, PE_DIM], TILE_SMEM)
-            p_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, BLOCK_N], P_SMEM)
-
-            # q into shared memory. Row r is (head head_block * BLOCK_H + r // L_PAD, draft token
-            # r % L_PAD); padding rows (past the group or the draft) are zeros.
-            rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, NOPE_LOAD))
-            head = head_block * BLOCK_H + rows // L_PAD
-            q_row = ((q_start + rows % L_PAD) * stride_q_tok
-                     + (kv_head * GROUP + head).to(gl.int64) * stride_q_head)
-            cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, NOPE_LOAD))
-            row_ok = (head < GROUP) & (rows % L_PAD < q_len)
-            q_nope_smem.store(gl.load(Q + q_row[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0))
-            rows_pe = gl.arange(0, ROWS, layout=gl.SliceLayout(1, PE_LOAD))
-            head_pe = head_block * BLOCK_H + rows_pe // L_PAD
-            q_row_pe = ((q_start + rows_pe % L_PAD) * stride_q_tok
-                        + (kv_head * GROUP + head_pe).to(gl.int64) * stride_q_head)
-            cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, PE_LOAD))
-            ok_pe = (head_pe < GROUP) & (rows_pe % L_PAD < q_len)
-            q_pe_smem.store(gl.load(Q + NOPE_DIM + q_row_pe[:, None] + cols_pe[None, :], mask=ok_pe[:, None], other=0.0))
-
-            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-            l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-            acc = gl.zeros([ROWS, NOPE_DIM], gl.float32, layout=O_LAYOUT)
-
-            INDEX_WORDS: gl.constexpr = Kv_Table.dtype.element_ty.primitive_bitwidth // 32
-            table_words = Kv_Table.to(gl.pointer_type(gl.int32)) + table_start * INDEX_WORDS
-            head_off = kv_head.to(gl.int64) * stride_k_head
-            offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, NOPE_LOAD))
-            offs_n_pe = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, PE_LOAD))
-            num_tiles = gl.cdiv(split_end - split_start, BLOCK_N)
-            # Prologue: tiles 0 .. NUM_STAGES - 2 in flight. Tokens past the split read its last
-            # token again: finite data, scored -inf (no predicate on the copies).
-            for i in gl.static_range(NUM_STAGES - 1):
-                if i < num_tiles:
-                    first = split_start + i * BLOCK_N
-                    _gluon_copy_rows(
-                        k_nope_stages.index(i), k_pe_stages.index(i), K_Buffer,
-                        _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off,
-                        _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off,
-                        NOPE_LOAD, PE_LOAD)
-                async_copy.commit_group()
-            first = split_start + (NUM_STAGES - 1) * BLOCK_N
-            next_rows = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off
-            next_rows_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off
-            for t in range(num_tiles):
-                gl.thread_barrier()  # every warp is past tile t - 1: its stage and P may be overwritten
-                ahead = t + NUM_STAGES - 1
-                if ahead < num_tiles:
-                    _gluon_copy_rows(k_nope_stages.index(ahead % NUM_STAGES), k_pe_stages.index(ahead % NUM_STAGES),
-                                     K_Buffer, next_rows, next_rows_pe, NOPE_LOAD, PE_LOAD)
-                async_copy.commit_group()  # an empty group past the end keeps the count below uniform
-                # The slots of the tile after it, loaded now and used one iteration later.
-                first = split_start + (ahead + 1) * BLOCK_N
-                next_rows = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off
-                next_rows_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off
-                async_copy.wait_group(NUM_STAGES - 1)  # this thread's copies of tile t have landed
-                fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-                gl.thread_barrier()  # ... and every thread's
-                stage = t % NUM_STAGES
-                limit = gl.full([ROWS], 0, gl.int32, layout=gl.SliceLayout(1, S_LAYOUT)) + (split_end - split_start - t * BLOCK_N)
-                m_i, l_i, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(stage), k_pe_stages.index(stage),
-                                                   p_smem, m_i, l_i, acc, limit, qk_scale, ROWS, S_LAYOUT, O_LAYOUT,
-                                                   BLOCK_N, LAZY_RESCALE)
-            async_copy.wait_group(0)
-
-            if split == num_written - 1:
-                # The draft tile, in stage 0: draft token j (masked past the draft: zero rows)
-                # is seen by rows whose draft position is >= j (the causal chain).
-                gl.thread_barrier()
-                j = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, NOPE_LOAD))
-                j_pe = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, PE_LOAD))
-                ke_head = kv_head.to(gl.int64) * stride_ke_head
-                _gluon_copy_rows(k_nope_stages.index(0), k_pe_stages.index(0), K_Extend,
-                                 (q_start + j) * stride_ke_tok + ke_head, (q_start + j_pe) * stride_ke_tok + ke_head,
-                                 NOPE_LOAD, PE_LOAD, mask_nope=(j < q_len)[:, None], mask_pe=(j_pe < q_len)[:, None])
-                async_copy.commit_group()
-                async_copy.wait_group(0)
-                fence_async_shared()
-                gl.thread_barrier()
-                draft_pos = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) % L_PAD
-                m_i, l_i, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(0), k_pe_stages.index(0),
-                                                   p_smem, m_i, l_i, acc, gl.minimum(draft_pos + 1, q_len), qk_scale,
-                                                   ROWS, S_LAYOUT, O_LAYOUT, BLOCK_N, False)
-
-            rows_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))
-            cols_o = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
-            head_o = head_block * BLOCK_H + rows_o // L_PAD
-            ok_o = (head_o < GROUP) & (rows_o % L_PAD < q_len)
-            q_head_o = (kv_head * GROUP + head_o).to(gl.int64)
-            q_tok_o = q_start + rows_o % L_PAD
-            l_safe = gl.where(ok_o, gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT)), 1.0)
-            out = acc / l_safe[:, None]
-            if num_written == 1:
-                # One split holds the whole request: write o here; the merge skips it.
-                o_ptr = O + q_tok_o[:, None] * stride_o_tok + q_head_o[:, None] * stride_o_head + cols_o[None, :]
-                gl.store(o_ptr, out.to(O.dtype.element_ty), mask=ok_o[:, None])
-            else:
-                po_ptr = (Partial_O + q_tok_o[:, None] * stride_po_tok + q_head_o[:, None] * stride_po_head
-                          + split * stride_po_split + cols_o[None, :])
-                gl.store(po_ptr, out, mask=ok_o[:, None])
-                m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT))
-                gl.store(Partial_Lse + q_tok_o * stride_pl_tok + q_head_o * stride_pl_head + split,
-                         m_o + gl.log2(l_safe), mask=ok_o)
-
-
-# ---------------------------------------------------------------------------------------
 # Host side. Everything below depends only on shapes, dtypes, strides and Python scalars:
 # no .item(), no tensor-to-Python conversion, so the launch is CUDA-graph safe.
 # ---------------------------------------------------------------------------------------
@@ -940,23 +669,6 @@ def _target_of(arch):
     return _TARGETS[_INTERPRETER_TARGET if arch == "interpreter" else arch]
 
 
-def _gluon_prefix(arch, config, group, max_len, page_size):
-    """The Gluon prefix stage's (constexprs, split policy) for this launch, or None where the
-    Triton kernel serves: the config has no gluon section, the GPU is not sm_90, this
-    Triton is not 3.6.x, the call is the paged entry, the draft is longer than a key tile
-    or a program's rows, or the stages overflow shared memory."""
-    gluon = config.get("gluon")
-    if gluon is None or not _HAS_GLUON or arch != "sm_90" or page_size is not None:
-        return None
-    rows = gluon_rows(max_len, gluon["block_n"])
-    if rows is None or gluon_shared_bytes(_KERNEL_SHAPE, gluon["block_n"], gluon["num_stages"]) > _target_of(arch)["shared_bytes"]:
-        return None
-    block_h, l_pad = rows
-    constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": gluon["block_n"],
-                  "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale"))}
-    return constexprs, {"split": gluon.get("split", {})}
-
-
 def _triton_prefix(arch, config, group, max_len, page_size):
     """_verify_prefix_stage's (constexprs, compile options) for this launch, or None when no
     program fits the target."""
@@ -981,13 +693,7 @@ def _triton_prefix(arch, config, group, max_len, page_size):
 
 def _prefix_launch(arch, config, group, max_len, page_size, use_pdl):
     """(kernel, constexprs, compile options, config of its split policy, launched early) of the
-    prefix stage: the Gluon one where it applies, else the Triton one; None when no program fits."""
-    gluon = _gluon_prefix(arch, config, group, max_len, page_size)
-    if gluon is not None:
-        constexprs, split_config = gluon
-        # Gluon has no gdc_wait: this stage launches after the kernels before it, not early.
-        return ("_gluon_prefix_stage", constexprs, {"num_warps": GLUON_NUM_WARPS.value, "num_stages": 1},
-                split_config, False)
+    prefix stage; None when no program fits."""
     triton_prefix = _triton_prefix(arch, config, group, max_len, page_size)
     if triton_prefix is None:
         return None
@@ -1132,18 +838,9 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     prefix_constexprs, prefix_options = plan["prefix"]
 
     grid = (num_kv_heads * plan["head_blocks"], max_splits, batch)
-    if plan["prefix_kernel"] == "_gluon_prefix_stage":
-        _gluon_prefix_stage[grid](
-            q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, sm_scale * _LOG2E,
-            max_splits, plan["min_tokens"], q.stride(0), q.stride(1), k_strides[0], k_strides[2],
-            k_extend.stride(0), k_extend.stride(1), o.stride(0), o.stride(1), partial_o.stride(0),
-            partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0), partial_lse.stride(1),
-            **prefix_constexprs, **prefix_options,
-        )
-    else:
-        _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table,
-                              partial_o, partial_lse, sm_scale, stride_table,
-                              k_strides, v_strides)
+    _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table,
+                          partial_o, partial_lse, sm_scale, stride_table,
+                          k_strides, v_strides)
     if plan["merge"] is None:
         return  # every request had one split and wrote o itself
     merge_constexprs, merge_options = plan["merge"]

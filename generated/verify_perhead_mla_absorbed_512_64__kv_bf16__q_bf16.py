@@ -74,7 +74,7 @@ _INTERPRETER_NUM_SMS = 4
 _BLOCK_CONFIGS = {
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
-_DEFAULT_CONFIG = {'block_h': 1, 'block_n': 32, 'num_warps': 8, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}
+_DEFAULT_CONFIG = {'block_h': 1, 'block_n': 32, 'num_warps': 8, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}, 'gluon': {'block_n': 64, 'num_stages': 2, 'lazy_rescale': False, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}
 
 
 @triton.jit

@@ -917,6 +917,9 @@ def plan_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterabl
 ROW_CONSTEXPRS = ("GROUP", "BLOCK_H", "L_PAD", "DRAFT_N", "MERGE_HEADS")
 
 
+GLUON_KERNEL_PREFIX = "_gluon"  # a generated module's Gluon kernels (kgen/templates/gluon/)
+
+
 def _rows_of(variant: Variant) -> int:
     cx = {k: _decode(v) for k, v in variant.constexprs.items()}
     return int(cx.get("BLOCK_H", cx.get("MERGE_HEADS", 1))) * int(cx.get("L_PAD", 1))
@@ -927,12 +930,15 @@ def largest_rows(enumeration: Enumeration) -> Enumeration:
     and the group): the one that holds the most of q, of the accumulator and of p, so the most
     shared memory and registers. The domain points of the variants it stands for stay listed
     with it. A proof of the worst case, not of every variant: `kgen check` without
-    --largest-rows compiles them all."""
+    --largest-rows compiles them all. Gluon kernels (GLUON_KERNEL_PREFIX) are always 64 rows:
+    every one of their variants is the largest, and every one is kept."""
     worst: dict[tuple, Variant] = {}
     for variant in enumeration.variants:
+        every_row = variant.kernel.startswith(GLUON_KERNEL_PREFIX)
         shape = (variant.module, variant.arch, variant.kernel, json.dumps(variant.options, sort_keys=True),
                  json.dumps(variant.signature, sort_keys=True),
-                 json.dumps({k: v for k, v in variant.constexprs.items() if k not in ROW_CONSTEXPRS}, sort_keys=True))
+                 json.dumps({k: v for k, v in variant.constexprs.items() if every_row or k not in ROW_CONSTEXPRS},
+                            sort_keys=True))
         kept = worst.get(shape)
         if kept is None or _rows_of(variant) > _rows_of(kept):
             if kept is not None:

@@ -34,7 +34,8 @@ def second_lowerings() -> dict[str, Any]:
 def _layout_facts(plan: Plan) -> dict[str, Any]:
     shape = plan.spec.attention
     return {"variant": plan.variant, "v_source": shape.v_source, "nope_dim": shape.nope_dim,
-            "pe_dim": shape.pe_dim, "kv_storage": "fp8" if plan.kv_dtype in FP8_DTYPES else "16-bit"}
+            "pe_dim": shape.pe_dim, "kv_storage": "fp8" if plan.kv_dtype in FP8_DTYPES else "16-bit",
+            "q_dtype_is_kv_dtype": plan.q_dtype == plan.kv_dtype}
 
 
 def unmet(requires: dict[str, Any], facts: dict[str, Any]) -> list[str]:
