@@ -146,7 +146,8 @@ def test_the_lowering_picks_the_template_folder(ctx, monkeypatch):
     """A second lowering is a folder of templates and a choice in the plan, not a rewrite."""
     plan = _through(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx, "select_lowering")
     assert plan.lowering.name == "triton"
-    assert [d.value for d in plan.decisions_of("select_lowering")] == ["triton"]
+    assert [d.value for d in plan.decisions_of("select_lowering")] == ["triton", None]
+    assert plan.lowering.gluon_prefix is None
     _templates(monkeypatch, {"triton/kernel.py.j2": "triton\n",
                              "other/kernel.py.j2": "{{ plan.lowering.name }}: {{ plan.tiles.block_d }}\n"})
     other = render(plan.with_(lowering=Lowering("other")), ctx)
@@ -398,3 +399,17 @@ def test_explain_shows_every_field_each_pass_fills(ctx):
             assert not missing, f"{layout}: explain does not show {missing} after {fn.__name__}"
             plan = after
         assert blocks.keys() == {fn.__name__ for fn in PASSES}
+
+
+@pytest.mark.parametrize(("kv", "q", "offered"), [("bfloat16", "bfloat16", True), ("float8_e4m3fn", "bfloat16", False),
+                                                  ("bfloat16", "float16", False)])
+def test_the_gluon_prefix_stage_is_offered_only_where_it_applies(ctx, kv, q, offered):
+    """kgen/templates/lowerings.json: absorbed MLA 512+64, 16-bit KV, q in the KV dtype; the
+    decision says which requirement a layout misses."""
+    plan = _through(new_plan(SPECS["mla_absorbed_512_64"], kv, q), ctx, "select_lowering")
+    decision = plan.decisions_of("select_lowering")[1]
+    assert (plan.lowering.gluon_prefix is not None) is offered
+    if offered:
+        assert decision.value == "gluon/mla_prefix_stage.py.j2" and "sm_90" in decision.why
+    else:
+        assert decision.value is None and ("kv_storage" in decision.why or "q_dtype_is_kv_dtype" in decision.why)
