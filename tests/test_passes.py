@@ -165,11 +165,13 @@ def test_package_data_ships_every_template():
 
 
 def test_check_rejects_bad_source(ctx):
-    plan = specialize(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx)
+    plan = specialize(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx).with_(lowering=Lowering("triton"))
     with pytest.raises(BuildError, match="does not compile"):
         check(plan.with_(output=Output("def broken(:\n")), ctx)
     with pytest.raises(BuildError, match="imports"):
         check(plan.with_(output=Output("import numpy\n")), ctx)
+    with pytest.raises(BuildError, match="imports"):  # Gluon only where select_lowering offered it
+        check(plan.with_(output=Output("from triton.experimental import gluon\n")), ctx)
     with pytest.raises(BuildError, match="mentions a PE part"):
         check(plan.with_(output=Output("q_pe = 1\n")), ctx)
 
