@@ -34,7 +34,7 @@ def _configs_for(configs: BlockConfigs, groups: tuple[int, ...],
     return labelled
 
 
-def _ranges(lengths: list[int]) -> str:
+def ranges(lengths: list[int]) -> str:
     """'1-4, 9' for [1, 2, 3, 4, 9]."""
     spans: list[list[int]] = []
     for n in lengths:
@@ -63,7 +63,7 @@ def _fit_decisions(plan: Plan, arch: str, target: dict, shape: dict) -> tuple[li
                            + "; ".join(reasons))
                     changes.setdefault(key, []).append(length)
             for key, lengths in changes.items():
-                decisions.append(Decision(NAME, f"{arch} group {group}", f"L {_ranges(lengths)}",
+                decisions.append(Decision(NAME, f"{arch} group {group}", f"L {ranges(lengths)}",
                                           f"{label}: {key}"))
     return decisions, refusals
 

@@ -7,6 +7,12 @@ and one Triton version (kgen/templates/lowerings.json says which layouts); the m
 carries both kernels, and a block-config table row that measured the Gluon kernel faster
 (its config's ``gluon`` section) makes the launcher pick it. Everywhere else, and wherever
 the Gluon kernel does not apply at run time, the Triton kernel serves.
+
+``offered_lowering`` answers "does this layout's module have a Gluon prefix stage" from the
+layout alone; the pass and the tuner's search space (kgen/tuner/space.py) both ask it. The
+pass also says, for each table row with a ``gluon`` section, whether the Gluon program fits
+its arch's shared memory (kgen/rules.py, ``gluon_shared_bytes``) and at which draft lengths
+it launches (``gluon_rows``): the launcher's own rules, so explain and launch agree.
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kgen import rules
+from kgen.errors import TableError
 from kgen.passes.context import BuildContext
-from kgen.plan import Decision, Lowering, Plan
+from kgen.passes.fit import ranges
+from kgen.plan import ConfigEntry, Decision, Lowering, Plan
 from kgen.spec import FP8_DTYPES
 
 NAME = "select_lowering"
@@ -43,19 +52,84 @@ def unmet(requires: dict[str, Any], facts: dict[str, Any]) -> list[str]:
     return [f"{k}: wanted {v!r}, layout has {facts.get(k)!r}" for k, v in requires.items() if facts.get(k) != v]
 
 
-def select_lowering(plan: Plan, ctx: BuildContext | None = None) -> Plan:
-    plan.need("fit", NAME)
-    decisions = [Decision(NAME, "lowering", TRITON,
-                          "Triton kernels for every target in kgen/tables/targets.json: the portable path, the "
-                          "fallback and the parity reference")]
+def offered_lowering(plan: Plan) -> tuple[Lowering, Decision]:
+    """The lowering of a plan from its layout, KV dtype and variant alone, and the decision
+    about its Gluon prefix stage: offered where kgen/templates/lowerings.json's requirements
+    hold, with the reason either way."""
     entry = second_lowerings()["gluon_prefix"]
     missing = unmet(entry["requires"], _layout_facts(plan))
     if missing:
-        decisions.append(Decision(NAME, "gluon_prefix", None, "no Gluon prefix stage: " + "; ".join(missing)))
-        return plan.with_(decisions, lowering=Lowering(TRITON))
-    decisions.append(Decision(
+        return Lowering(TRITON), Decision(NAME, "gluon_prefix", None, "no Gluon prefix stage: " + "; ".join(missing))
+    decision = Decision(
         NAME, "gluon_prefix", entry["template"],
         f"{entry['why']}. Emitted beside the Triton kernel; launched on {entry['arch']} under Triton "
-        f"{entry['triton']}.x for table rows whose config has a gluon section"))
-    return plan.with_(decisions, lowering=Lowering(TRITON, gluon_prefix=entry["template"], gluon_arch=entry["arch"],
-                                                   gluon_triton=entry["triton"]))
+        f"{entry['triton']}.x for table rows whose config has a gluon section")
+    return Lowering(TRITON, gluon_prefix=entry["template"], gluon_arch=entry["arch"],
+                    gluon_triton=entry["triton"]), decision
+
+
+def _row_label(arch: str, row: ConfigEntry) -> str:
+    return f"{arch} row group {row.group_size} batch {row.batch_min}-{row.batch_max}"
+
+
+def _gluon_row(plan: Plan, lowering: Lowering, arch: str, row: ConfigEntry) -> Decision:
+    """What a table row with a gluon section launches on the token-slot entry, by draft
+    length, and why: the launcher's rules (``_gluon_prefix``) run over the module's drafts."""
+    gluon = row.config.gluon
+    triton = row.config.model_copy(update={"gluon": None}).short()
+    label = _row_label(arch, row)
+    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, gluon.block_n, gluon.num_stages)
+    limit = plan.fit.targets[arch]["shared_bytes"]
+    if need > limit:
+        return Decision(NAME, label, "Triton at every L",
+                        f"{gluon.short()} does not fit: its program needs {need} B of shared memory, {arch} has "
+                        f"{limit} B (rules.gluon_shared_bytes), so the launcher runs the row's Triton config "
+                        f"({triton}) instead", warning=True)
+    drafts = range(1, plan.tiles.max_draft_tokens + 1)
+    gluon_at = [n for n in drafts if rules.gluon_rows(n, gluon.block_n) is not None]
+    longer = [n for n in drafts if n not in gluon_at]
+    value = f"Gluon at L {ranges(gluon_at)}" if gluon_at else "Triton at every L"
+    if longer:
+        value += f", Triton at L {ranges(longer)}"
+    by_rows: dict[tuple[int, int], list[int]] = {}
+    for n in gluon_at:
+        by_rows.setdefault(rules.gluon_rows(n, gluon.block_n), []).append(n)
+    programs = ", ".join(f"{h} x {p} at L {ranges(ns)}" for (h, p), ns in by_rows.items())
+    return Decision(
+        NAME, label, value,
+        f"{gluon.short()} fits: {need} of {limit} B of shared memory (rules.gluon_shared_bytes); BLOCK_H x L_PAD "
+        f"{programs or '-'} (rules.gluon_rows). Launched on the token-slot entry under Triton "
+        f"{lowering.gluon_triton}.x; the paged entry, another Triton"
+        + (f", drafts longer than BLOCK_N {gluon.block_n}" if longer else "")
+        + f" and other archs run the row's Triton config ({triton})")
+
+
+def gluon_row_decisions(plan: Plan, lowering: Lowering) -> list[Decision]:
+    """One decision per table row with a gluon section (the rows of the Gluon arch). A gluon
+    section where the module has no Gluon prefix stage, or in another arch's table, is an
+    error naming the table and the row: the launcher would never run it."""
+    decisions = []
+    for arch, rows in sorted(plan.config.by_arch.items()):
+        for row in rows:
+            if row.config.gluon is None:
+                continue
+            where = (f"{plan.config.table_sources.get(arch, arch)}: the row for {plan.spec.name} ({plan.kv_dtype}, "
+                     f"group {row.group_size}, batch {row.batch_min}-{row.batch_max}) has a gluon section")
+            if lowering.gluon_prefix is None:
+                missing = unmet(second_lowerings()["gluon_prefix"]["requires"], _layout_facts(plan))
+                raise TableError(f"{where}, but {plan.uri} has no Gluon prefix stage ({'; '.join(missing)}); "
+                                 "remove the section")
+            if arch != lowering.gluon_arch:
+                raise TableError(f"{where}, but the Gluon prefix stage is written for {lowering.gluon_arch} only; "
+                                 "remove the section")
+            decisions.append(_gluon_row(plan, lowering, arch, row))
+    return decisions
+
+
+def select_lowering(plan: Plan, ctx: BuildContext | None = None) -> Plan:
+    plan.need("fit", NAME)
+    lowering, gluon = offered_lowering(plan)
+    decisions = [Decision(NAME, "lowering", TRITON,
+                          "Triton kernels for every target in kgen/tables/targets.json: the portable path, the "
+                          "fallback and the parity reference"), gluon]
+    return plan.with_([*decisions, *gluon_row_decisions(plan, lowering)], lowering=lowering)

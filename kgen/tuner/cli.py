@@ -17,7 +17,7 @@ from kgen.blockconfig import TABLE_DIR, BlockConfig, resolve_tables
 from kgen.errors import KgenError
 from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, load_layouts
 from kgen.tuner.errors import TuneError
-from kgen.tuner.space import SPACES_FILE, SpacesFile, arch_profile, default_config, load_spaces
+from kgen.tuner.space import SPACES_FILE, SearchSpace, SpacesFile, arch_profile, default_config, load_spaces
 from kgen.tuner.study import (
     STORAGE_ENV,
     BackendSpec,
@@ -187,10 +187,19 @@ def current_config(job: TuneJob) -> BlockConfig | None:
     return entry.config if entry else None
 
 
-def _enqueue(job: TuneJob) -> tuple[BlockConfig, ...]:
+def _enqueue(job: TuneJob, space: SearchSpace) -> tuple[BlockConfig, ...]:
+    """The first trials of a study: the default (what the winner must beat), the table's
+    current config (and, when that is a Gluon row, its Triton fallback on its own), then the
+    spaces file's first Gluon trial where the study searches the Gluon prefix stage."""
     default = default_config(job.layout, job.group_size, job.kv_dtype)
     current = current_config(job)
-    return (default,) if current is None or current == default else (default, current)
+    wanted = [default]
+    if current is not None:
+        wanted += [current, current.model_copy(update={"gluon": None})] if current.gluon else [current]
+    first_gluon = space.gluon_first_trial()
+    if first_gluon is not None:
+        wanted.append(first_gluon)
+    return tuple(dict.fromkeys(wanted))
 
 
 # --------------------------------------------------------------------------- dry run
@@ -218,6 +227,9 @@ def dry_run(
                 f"{'  [does not fit: ' + space.why_not(default) + ']' if space.why_not(default) else ''}",
             ]
             lines += [f"  enqueued as: {', '.join(notes)}"] if notes else []
+            first_gluon = space.gluon_first_trial()
+            if first_gluon is not None and first_gluon.gluon is not None:
+                lines.append(f"  first Gluon trial: {first_gluon.gluon.short()}")
         wl = ", ".join(w.label() for w in job.workloads)
         lines.append(f"  bucket {job.bucket.name} (batch {job.bucket.label()}): {wl}")
         lines.append(f"    study {study_name(job, space)}")
@@ -278,7 +290,7 @@ def _tune_job(
 
     space = build_space(job, spaces)
     spec = BackendSpec(kind=args.objective, seed=args.seed, synthetic_delay_s=args.synthetic_delay)
-    enqueue = _enqueue(job)
+    enqueue = _enqueue(job, space)
     progress = not args.no_progress
     backend = None
     if args.workers == 1:

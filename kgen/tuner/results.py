@@ -4,6 +4,12 @@ A study's best value was measured once, among many noisy trials: it is biased lo
 the best few distinct configs and the default are measured again ``repeats`` times; the
 default's spread is the noise, and a tuned config replaces the default only when its
 median beats the default's by more than max(noise, min_gain_pct) percent.
+
+In a study that searches the Gluon prefix stage, the fastest Triton config is always a
+finalist. The Triton configs are decided first, against the default; a Gluon config wins
+only by beating that Triton choice the same way. Its row then carries the Triton choice as
+its Triton fields (the fallback wherever the Gluon kernel does not apply: another arch or
+Triton, the paged entry, longer drafts) and its median as ``measured.triton_us``.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ class JobResult:
     chosen_us: float | None
     replaced: bool
     candidates: list[tuple[BlockConfig, float]] = field(default_factory=list)
+    # A Gluon winner's Triton fallback (its row's Triton fields): its median in the re-measurement.
+    triton_us: float | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -66,8 +74,9 @@ def spread_pct(samples: list[float]) -> float:
     return 100.0 * (max(samples) - min(samples)) / med if med > 0 else 0.0
 
 
-def top_configs(study: optuna.Study, k: int) -> list[BlockConfig]:
-    """The ``k`` fastest distinct configs of the study's complete trials."""
+def top_configs(study: optuna.Study, k: int, triton_only: bool = False) -> list[BlockConfig]:
+    """The ``k`` fastest distinct configs of the study's complete trials (only those without
+    a gluon section with ``triton_only``)."""
     import optuna
 
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -77,11 +86,20 @@ def top_configs(study: optuna.Study, k: int) -> list[BlockConfig]:
         if raw is None:
             continue
         cfg = BlockConfig.model_validate(raw)
-        if cfg not in out:
+        if cfg not in out and not (triton_only and cfg.gluon is not None):
             out.append(cfg)
         if len(out) == k:
             break
     return out
+
+
+def finalists(study: optuna.Study, default: BlockConfig, k: int) -> list[BlockConfig]:
+    """The configs re-measured against the default: the ``k`` fastest, and the fastest
+    Triton one when a Gluon config is among them (a Gluon winner must beat it too)."""
+    tops = [c for c in top_configs(study, k) if c != default]
+    if any(c.gluon is not None for c in tops):
+        tops += [c for c in top_configs(study, 1, triton_only=True) if c != default and c not in tops]
+    return tops
 
 
 def _check_reason(backend: Backend, cfg: BlockConfig) -> str | None:
@@ -135,6 +153,28 @@ def decide(
     return (best_i if best_us < default_us * (1.0 - threshold / 100.0) else None), noise
 
 
+Samples = tuple[BlockConfig, list[float]]  # a config and its re-measured times
+
+
+def decide_lowerings(
+    default: Samples, candidates: list[Samples], min_gain_pct: float
+) -> tuple[Samples | None, Samples | None, float]:
+    """(Triton choice, Gluon choice, noise). The Triton choice is what ``decide`` picks among
+    the Triton finalists against the default: the default itself when none wins, None when
+    nothing Triton ran. A Gluon finalist is chosen only where it beats the Triton choice the
+    same way in turn (by more than max(noise, min_gain_pct) percent); None otherwise."""
+    triton = [c for c in candidates if c[0].gluon is None]
+    gluon = [c for c in candidates if c[0].gluon is not None]
+    won, noise = decide(default[1], triton, min_gain_pct)
+    reference = triton[won] if won is not None else (default if default[1] else None)
+    if not gluon:
+        return reference, None, noise
+    won, gluon_noise = decide(reference[1] if reference is not None else [], gluon, min_gain_pct)
+    if won is None:
+        return reference, None, noise
+    return reference, gluon[won], gluon_noise if reference is not None else noise
+
+
 def finalize(
     job: TuneJob,
     study: optuna.Study,
@@ -142,19 +182,24 @@ def finalize(
     backend: Backend,
     timing: Timing,
 ) -> JobResult:
-    """Re-measure the default and the top ``timing.top_k`` configs; pick the winner."""
+    """Re-measure the default and the finalists; pick the winner (``decide_lowerings``). A
+    Gluon winner's config takes the Triton choice as its Triton fields (the default when no
+    Triton config ran)."""
     import optuna
 
-    tops = [c for c in top_configs(study, timing.top_k) if c != default]
+    tops = finalists(study, default, timing.top_k)
     samples, errors = measure_interleaved(backend, [default, *tops], timing.repeats)
     default_samples, default_error = samples[0], errors[0]
     candidates = list(zip(tops, samples[1:], strict=True))
-    winner, noise = decide(default_samples, candidates, timing.min_gain_pct)
+    triton, gluon, noise = decide_lowerings((default, default_samples), candidates, timing.min_gain_pct)
     default_us = statistics.median(default_samples) if default_samples else None
-    if winner is not None:
-        chosen, chosen_us = candidates[winner][0], statistics.median(candidates[winner][1])
-    else:
-        chosen, chosen_us = (default, default_us) if default_samples else (None, None)
+    chosen, chosen_us, triton_us = None, None, None
+    if gluon is not None:
+        fallback = triton[0] if triton is not None else default
+        chosen, chosen_us = fallback.model_copy(update={"gluon": gluon[0].gluon}), statistics.median(gluon[1])
+        triton_us = statistics.median(triton[1]) if triton is not None else None
+    elif triton is not None:
+        chosen, chosen_us = triton[0], statistics.median(triton[1])
     pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     return JobResult(
@@ -168,8 +213,9 @@ def finalize(
         noise_pct=noise,
         chosen=chosen,
         chosen_us=chosen_us,
-        replaced=winner is not None,
+        replaced=chosen is not None and chosen != default,
         candidates=[(c, statistics.median(s)) for c, s in candidates if s],
+        triton_us=triton_us,
     )
 
 
@@ -188,6 +234,7 @@ def entry_for(result: JobResult) -> TableEntry | None:
             default_us=round(result.default_us, 3),
             noise_pct=round(result.noise_pct, 2),
             workloads=[w.model_dump() for w in job.workloads],
+            triton_us=round(result.triton_us, 3) if result.triton_us is not None else None,
         )
     return TableEntry(
         layout=job.layout.name,
@@ -292,6 +339,9 @@ def format_results(results: list[JobResult]) -> str:
             decision = f"nothing ran: {r.default_error or 'every trial pruned'}"
         elif r.default_error:
             decision = f"tuned (default failed: {r.default_error[:60]})"
+        elif r.chosen.gluon is not None:
+            versus = f", Triton's best {r.triton_us:.2f} us" if r.triton_us else ""
+            decision = f"tuned: Gluon prefix stage{versus}"
         else:
             decision = "tuned" if r.replaced else "kept default (no win beyond noise)"
         rows.append(
