@@ -109,6 +109,17 @@ class CheckError(KgenError):
 # Modules and what they launch
 # ---------------------------------------------------------------------------------------
 
+def _import_gluon() -> None:
+    """Import Triton's Gluon (where this Triton has it) in the process's own environment.
+
+    Gluon wraps triton.language's standard functions when it is first imported; in a process
+    running the interpreter (the tests) those are interpreted functions, which it accepts only
+    while TRITON_INTERPRET is set. A module with a Gluon prefix stage imported first in the
+    compile environment would fail there."""
+    with contextlib.suppress(ImportError):
+        import triton.experimental.gluon  # noqa: F401
+
+
 @contextlib.contextmanager
 def _compile_environment() -> Iterator[None]:
     """Import generated modules as a GPU process would: no interpreter, PDL at its default.
@@ -116,6 +127,7 @@ def _compile_environment() -> Iterator[None]:
     The module reads TRITON_INTERPRET (its dot dtype) and KGEN_NO_PDL at import and
     @triton.jit picks the interpreter from TRITON_INTERPRET at decoration time.
     """
+    _import_gluon()
     saved = {name: os.environ.pop(name) for name in ("TRITON_INTERPRET", "KGEN_NO_PDL") if name in os.environ}
     try:
         yield

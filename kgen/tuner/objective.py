@@ -124,6 +124,10 @@ def make_objective(
 
 
 _PLACEMENT_STEPS = {"after": 0, None: 1, "first": 2}
+# The lowering is two kernels, not a knob: a config of the other lowering is as far from the
+# optimum as one several steps off on every axis (a log2 distance of 2, squared 4), as on the
+# H200, where every Gluon config of MLA group 16 beat every Triton one.
+_LOWERING_STEPS = {"triton": 0, "gluon": 3}
 
 
 def _log_distance(value: int | None, target: int | None) -> float:
@@ -165,13 +169,13 @@ class SyntheticBowl:
     def _fields(cfg: BlockConfig) -> dict[str, int | None]:
         # A switch that is off is None in the config but a distance of one from on.
         # A placement is a category: one step from unset (the row rule) to either side.
-        # A Gluon config is its lowering (one step from Triton) and its gluon section: its
-        # Triton fields never run where the Gluon kernel does.
+        # A Gluon config is its lowering and its gluon section: its Triton fields never run
+        # where the Gluon kernel does.
         if cfg.gluon is not None:
-            gluon = cfg.gluon
-            return {"lowering": 1, **{"gluon." + k: int(v) for k, v in gluon.model_dump(exclude={"split"}).items()},
-                    **{"gluon." + k: v for k, v in gluon.split.model_dump().items()}}
-        return {"lowering": 0, **cfg.model_dump(exclude={"split", "gluon"}), **cfg.split.model_dump(),
+            own = {**cfg.gluon.model_dump(exclude={"split"}), **cfg.gluon.split.model_dump()}
+            return {"lowering": _LOWERING_STEPS["gluon"], **{"gluon." + k: int(v) for k, v in own.items()}}
+        return {"lowering": _LOWERING_STEPS["triton"], **cfg.model_dump(exclude={"split", "gluon"}),
+                **cfg.split.model_dump(),
                 **{n: int(bool(getattr(cfg, n))) for n in KERNEL_AXES},
                 **{n: _PLACEMENT_STEPS[getattr(cfg, n)] for n in PLACEMENT_AXES}}
 
