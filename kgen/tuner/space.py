@@ -600,11 +600,14 @@ class SearchSpace:
         """Every config that passes the estimates, split policy fixed at its first choice
         (the split axes never change what fits), the Triton ones first."""
         out = []
-        for branch, base in ((self.axes, {}), (self.gluon_axes, {LOWERING_AXIS: "gluon"})):
+        branches: list[tuple[dict[str, tuple[int, ...]], dict[str, str]]] = [(self.axes, {})]
+        if self.gluon_axes:
+            branches.append((self.gluon_axes, {LOWERING_AXIS: "gluon"}))
+        for branch, base in branches:
             splits = {n for n in branch if n.removeprefix(GLUON_PARAM) in SPLIT_AXES}
             names = [n for n in branch if n not in splits]
             fixed = {n: branch[n][0] for n in splits}
-            for combo in itertools.product(*(branch[n] for n in names)) if branch else ():
+            for combo in itertools.product(*(branch[n] for n in names)):
                 cfg = self.config({**base, **dict(zip(names, combo, strict=True)), **fixed})
                 if self.why_not(cfg) is None:
                     out.append(cfg)
