@@ -54,8 +54,8 @@ def context(out_dir: Path, *sources: TableSource):
     return dataclasses.replace(load_context(out_dir), tables={s.arch: s for s in sources})
 
 
-def plan_through_lowering(ctx, layout: str = MLA, kv: str = "bfloat16"):
-    return run_pipeline(new_plan(SPECS[layout], kv, "bfloat16"), ctx, stop_after="select_lowering")
+def plan_through_lowering(ctx, layout: str = MLA, kv: str = "bfloat16", q: str = "bfloat16"):
+    return run_pipeline(new_plan(SPECS[layout], kv, q), ctx, stop_after="select_lowering")
 
 
 # Batch 1-8 of group 16 runs the Gluon stage (32-token tiles, 3 stages, its own split policy);
@@ -157,17 +157,27 @@ def test_select_lowering_says_what_each_gluon_row_launches(tmp_path: Path) -> No
     assert "sm_90 row group 16 batch 9-32" not in rows  # a Triton row: nothing to say
 
 
-@pytest.mark.parametrize(("layout", "kv", "arch", "error"), [
-    ("qwen3_5_gqa256", "bfloat16", "sm_90", "has no Gluon prefix stage \\(v_source: wanted 'k_latent'"),
-    (MLA, "float8_e4m3fn", "sm_90", "has no Gluon prefix stage \\(kv_storage: wanted '16-bit'"),
-    (MLA, "bfloat16", "sm_100", "written for sm_90 only"),
+@pytest.mark.parametrize(("layout", "kv", "q", "missing"), [
+    ("qwen3_5_gqa256", "bfloat16", "bfloat16", "v_source: wanted 'k_latent'"),
+    (MLA, "float8_e4m3fn", "bfloat16", "kv_storage: wanted '16-bit'"),
+    (MLA, "bfloat16", "float16", "q_dtype_is_kv_dtype: wanted True"),  # rows are shared by the query dtypes
 ])
-def test_a_gluon_section_the_launcher_would_never_run_is_refused(tmp_path: Path, layout: str, kv: str, arch: str,
-                                                                 error: str) -> None:
+def test_a_module_without_the_gluon_stage_runs_a_gluon_rows_triton_fields(tmp_path: Path, layout: str, kv: str,
+                                                                          q: str, missing: str) -> None:
     group = SPECS[layout].attention.group_sizes[0]
-    ctx = context(tmp_path, table(arch, entry(layout, group, gluon=GLUON_ROW, kv=kv)))
-    with pytest.raises(TableError, match=f"<test {arch} table>: the row for {layout} .*gluon section.*{error}"):
-        plan_through_lowering(ctx, layout, kv)
+    ctx = context(tmp_path, table("sm_90", entry(layout, group, gluon=GLUON_ROW, kv=kv)))
+    plan = plan_through_lowering(ctx, layout, kv, q)
+    unused = {d.what: d for d in plan.decisions_of("select_lowering")}["gluon sections"]
+    assert unused.value == "not launched" and not unused.warning
+    assert f"sm_90 row group {group} batch 1-8" in unused.why and missing in unused.why
+
+
+def test_a_gluon_section_in_another_archs_table_is_refused(tmp_path: Path) -> None:
+    for q in ("bfloat16", "float16"):  # whether or not the module has the stage: nothing could launch it
+        ctx = context(tmp_path, table("sm_100", entry(gluon=GLUON_ROW)))
+        with pytest.raises(TableError, match=f"<test sm_100 table>: the row for {MLA} .*gluon section.*runs on sm_90 "
+                                             "only; remove the section"):
+            plan_through_lowering(ctx, q=q)
 
 
 def test_explain_shows_the_lowering_and_the_gluon_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,8 +200,9 @@ def test_kgen_check_compiles_a_gluon_row_offline_for_sm90(built: Path) -> None:
         pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only (another Triton serves the Triton kernel)")
     infos = check.find_modules(generated=built.parent)
     enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int32"])
-    gluon = [v for v in enum.variants if v.kernel == GLUON]
-    # The row's one program per draft class (L_PAD 1, 2, 4, 8, 16), only at the row's batches.
+    # The row's Gluon programs (32-token tiles; the default's have 64): one per draft class
+    # (L_PAD 1, 2, 4, 8, 16), only at the row's group and batches, on the token-slot entry.
+    gluon = [v for v in enum.variants if v.kernel == GLUON and v.constexprs["BLOCK_N"] == 32]
     assert sorted(v.constexprs["L_PAD"] for v in gluon) == [1, 2, 4, 8, 16]
     assert all(p.group == 16 and 1 <= p.batch <= 8 and p.page_size is None for v in gluon for p in v.points)
     variant = next(v for v in gluon if v.constexprs["L_PAD"] == 4)

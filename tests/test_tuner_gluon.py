@@ -18,7 +18,7 @@ from kgen.tuner import cli as tune_cli
 from kgen.tuner.errors import TuneError
 from kgen.tuner.gpu import PREFIX_KERNELS, GpuBackend
 from kgen.tuner.objective import SyntheticBowl, make_objective, synthetic_optimum
-from kgen.tuner.results import entry_for, finalize, format_results, write_results
+from kgen.tuner.results import decide_lowerings, entry_for, finalize, format_results, write_results
 from kgen.tuner.space import (
     GLUON_PARAM,
     LOWERING_AXIS,
@@ -26,6 +26,7 @@ from kgen.tuner.space import (
     ProblemShape,
     SearchSpace,
     arch_profile,
+    default_config,
     load_spaces,
 )
 from kgen.tuner.study import TuneJob, run_inprocess
@@ -90,6 +91,8 @@ def test_no_gluon_axes_elsewhere_and_those_studies_keep_their_names(tmp_path: Pa
     # The [gluon_prefix] table enters no other study's hash: their names (and stored trials) stay.
     plain = space_for(arch, layout, group, kv, triton=triton, spaces=without_gluon_table(tmp_path))
     assert plain.axes == space.axes and plain.digest() == space.digest()
+    # The built-in default's gluon section (MLA 16-bit) is not the study's: the launcher ignores it there.
+    assert space.default.gluon is None
     gluon_cfg_there = space.shape.default.model_copy(update={"gluon": GluonConfig(block_n=64, num_stages=2)})
     assert "not searched here" in space.why_not(gluon_cfg_there)
     params, notes = space.params_of(gluon_cfg_there)
@@ -151,23 +154,28 @@ def test_trials_pick_a_lowering_then_only_that_branchs_axes() -> None:
         cfg = BlockConfig.model_validate(trial.user_attrs["config"])
         assert (cfg.gluon is not None) == (lowering == "gluon")
         if cfg.gluon is not None:  # a Gluon trial keeps the default's Triton fields
-            assert cfg.model_copy(update={"gluon": None}) == space.shape.default
+            assert cfg.model_copy(update={"gluon": None}) == space.default.model_copy(update={"gluon": None})
         assert space.params_of(cfg) == (trial.params, [])
     assert lowerings == {"triton", "gluon"}
+
+
+def test_the_default_of_a_gluon_study_is_the_built_in_one_with_its_gluon_section() -> None:
+    space = space_for("sm_90")
+    built_in = default_config(LAYOUTS[MLA], 16, "bfloat16")
+    assert built_in.gluon is not None and space.default == built_in
+    assert space.why_not(space.default) is None and space.params_of(space.default)[0][LOWERING_AXIS] == "gluon"
 
 
 def test_a_synthetic_study_finds_a_gluon_optimum() -> None:
     bucket = WORKLOADS.bucket[0]
     job = TuneJob("sm_90", LAYOUTS[MLA], "bfloat16", "bfloat16", 16, bucket, tuple(WORKLOADS.workloads(bucket)))
-    space = SearchSpace.build(arch_profile("sm_90", SPACES), ProblemShape.of(LAYOUTS[MLA], "bfloat16", "bfloat16",
-                                                                              16, (4,)), TRITON_36)
+    space = space_for("sm_90")
     optimum = next(c for seed in range(50) if (c := synthetic_optimum(space, seed)).gluon is not None)
     bowl = SyntheticBowl(optimum)
-    first = space.gluon_first_trial()
-    assert first is not None and first.gluon == SPACES.gluon_prefix.first_trial
+    default = space.default
     study = run_inprocess(job, space, bowl, optuna.storages.InMemoryStorage(), 120, seed=0,
-                          enqueue=(space.shape.default, first), progress=False)
-    assert study.trials[1].params == space.params_of(first)[0]
+                          enqueue=(default, default.model_copy(update={"gluon": None})), progress=False)
+    assert [t.params[LOWERING_AXIS] for t in study.trials[:2]] == ["gluon", "triton"]
     assert BlockConfig.model_validate(study.best_trial.user_attrs["config"]) == optimum
     assert study.best_value == pytest.approx(bowl.base_us)
 
@@ -179,14 +187,18 @@ def test_the_dry_run_and_the_enqueued_trials_show_the_gluon_branch(monkeypatch: 
     bucket = WORKLOADS.bucket_named("b33-96")
     job = TuneJob("sm_90", LAYOUTS[MLA], "bfloat16", "bfloat16", 16, bucket, tuple(WORKLOADS.workloads(bucket)))
     text = tune_cli.dry_run([job], SPACES, "sqlite:///:memory:", None)
-    assert "gluon.block_n" in text and "first Gluon trial: gluon(BLOCK_N=64 stages=2" in text
+    assert "gluon.block_n" in text and "  default: BLOCK_H=16 BLOCK_N=32 warps=8 stages=3" in text
+    assert "gluon(BLOCK_N=64 stages=2" in text
     space = tune_cli.build_space(job, SPACES)
     current = gluon_cfg(32, 3).model_copy(update={"block_n": 64, "num_stages": 2})
     monkeypatch.setattr(tune_cli, "current_config", lambda job: current)
-    enqueued = tune_cli._enqueue(job, space)
-    # the default, the table's Gluon row, its Triton fallback alone, the first Gluon trial
-    assert enqueued == (space.shape.default, current, current.model_copy(update={"gluon": None}),
-                        space.gluon_first_trial())
+    # the default, its Triton fields alone, the table's Gluon row, its Triton fields alone
+    assert tune_cli._enqueue(job, space) == (space.default, space.default.model_copy(update={"gluon": None}),
+                                             current, current.model_copy(update={"gluon": None}))
+    # Where the study does not search the Gluon stage, the default and a Gluon row enqueue as Triton configs.
+    monkeypatch.setattr(space_module, "installed_triton_version", lambda: "3.9.0")
+    plain = tune_cli.build_space(job, SPACES)
+    assert [plain.params_of(c)[0].get(LOWERING_AXIS) for c in tune_cli._enqueue(job, plain)] == [None] * 3
 
 
 # ----------------------------------------------------------------- the decision and the table
@@ -205,30 +217,32 @@ class FixedTimes:
         return self.times[config]
 
 
-def _finalized(gluon_us: float, triton_us: float = 90.0, top_k: int = 3):
+TRITON_BETTER = {"block_n": 64, "num_stages": 2}  # Triton fields that beat the default's in these tests
+
+
+def _finalized(times: dict[str, float], top_k: int = 3):
+    """finalize over four configs with these medians: the default D (its Triton fields T0 and
+    its Gluon stage), T0 alone, a better Triton config T1 and another Gluon config G1."""
     space = space_for("sm_90")
     bucket = WORKLOADS.bucket_named("b33-96")
     job = TuneJob("sm_90", LAYOUTS[MLA], "bfloat16", "bfloat16", 16, bucket, tuple(WORKLOADS.workloads(bucket)))
-    default = space.shape.default
-    triton_best = default.model_copy(update={"block_n": 64, "num_stages": 2})
-    slower_triton = default.model_copy(update={"num_stages": 2})
-    gluon = gluon_cfg(64, 2)
-    times = {default: 100.0, triton_best: triton_us, slower_triton: 95.0, gluon: gluon_us}
-    backend = FixedTimes(times)
-    study = run_inprocess(job, space, backend, optuna.storages.InMemoryStorage(), 4, enqueue=tuple(times),
-                          progress=False)
-    return finalize(job, study, default, backend, Timing(repeats=3, top_k=top_k, min_gain_pct=1.0)), triton_best
+    configs = {"D": space.default, "T0": space.default.model_copy(update={"gluon": None}),
+               "T1": space.default.model_copy(update={"gluon": None, **TRITON_BETTER}), "G1": gluon_cfg(32, 3)}
+    backend = FixedTimes({configs[k]: us for k, us in times.items()})
+    study = run_inprocess(job, space, backend, optuna.storages.InMemoryStorage(), 4,
+                          enqueue=tuple(configs[k] for k in times), progress=False)
+    return finalize(job, study, space.default, backend, Timing(repeats=3, top_k=top_k, min_gain_pct=1.0)), configs
 
 
 @pytest.mark.parametrize("top_k", [1, 3])
 def test_a_gluon_winner_carries_the_studys_triton_choice_as_its_fallback(tmp_path: Path, top_k: int) -> None:
-    result, triton_best = _finalized(gluon_us=60.0, top_k=top_k)
-    # With top_k 1 the Gluon config is the only top one: the fastest Triton config joins the finalists.
-    assert result.chosen == triton_best.model_copy(update={"gluon": gluon_cfg(64, 2).gluon})
-    assert (result.chosen_us, result.triton_us, result.default_us) == (60.0, 90.0, 100.0)
-    assert result.replaced and "Gluon prefix stage, Triton's best 90.00 us" in format_results([result])
+    result, configs = _finalized({"D": 60.0, "T0": 100.0, "T1": 90.0, "G1": 50.0}, top_k=top_k)
+    # With top_k 1 the Gluon config G1 is the only top one: the fastest Triton config joins the finalists.
+    assert result.chosen == configs["T1"].model_copy(update={"gluon": configs["G1"].gluon})
+    assert (result.chosen_us, result.triton_us, result.default_us) == (50.0, 90.0, 60.0)
+    assert result.replaced and "Gluon prefix stage, its Triton fields 90.00 us" in format_results([result])
     entry = entry_for(result)
-    assert entry.measured.triton_us == 90.0 and entry.config.gluon == gluon_cfg(64, 2).gluon
+    assert entry.measured.triton_us == 90.0 and entry.config.gluon == configs["G1"].gluon
     # The table writer writes the gluon section; the file reads back the same row.
     path = tmp_path / "sm_90.json"
     table, _ = write_results(path, "sm_90", "NVIDIA H200", [result])
@@ -236,10 +250,29 @@ def test_a_gluon_winner_carries_the_studys_triton_choice_as_its_fallback(tmp_pat
     assert read_table(path).entries == [entry]
 
 
-def test_a_gluon_config_within_the_noise_of_the_triton_choice_is_not_chosen() -> None:
-    result, triton_best = _finalized(gluon_us=89.5)  # 0.6 % faster: below the 1 % minimum gain
-    assert result.chosen == triton_best and result.triton_us is None
-    assert entry_for(result).measured.triton_us is None
+def test_a_gluon_config_must_beat_the_defaults_gluon_stage_and_the_triton_part() -> None:
+    # G1 within 1 % of the default's Gluon stage: the default's stays, with the better Triton fields.
+    result, configs = _finalized({"D": 60.0, "T0": 100.0, "T1": 90.0, "G1": 59.8})
+    assert result.chosen == configs["T1"].model_copy(update={"gluon": configs["D"].gluon})
+    assert (result.chosen_us, result.triton_us) == (60.0, 90.0)
+    # No Gluon stage beats the Triton part: the row is Triton alone.
+    result, configs = _finalized({"D": 95.0, "T0": 100.0, "T1": 90.0, "G1": 99.0})
+    assert result.chosen == configs["T1"] and result.triton_us is None
+    assert entry_for(result).measured.triton_us is None and result.replaced
+    # Nothing beats the default beyond noise: it stays, gluon section and all.
+    result, configs = _finalized({"D": 60.0, "T0": 100.0, "T1": 99.5, "G1": 59.9})
+    assert result.chosen == configs["D"] and not result.replaced
+    assert "kept default" in format_results([result])
+
+
+def test_without_a_gluon_default_the_fastest_gluon_config_must_beat_the_triton_part() -> None:
+    t0, t1, g1 = (gluon_cfg().model_copy(update={"gluon": None}), gluon_cfg().model_copy(
+        update={"gluon": None, **TRITON_BETTER}), gluon_cfg(32, 3))
+    default = (t0, [100.0] * 3)
+    assert decide_lowerings(default, default, [(t1, [90.0] * 3), (g1, [60.0] * 3)], 1.0)[:2] == (
+        (t1, [90.0] * 3), (g1, [60.0] * 3))
+    assert decide_lowerings(default, default, [(t1, [90.0] * 3), (g1, [89.5] * 3)], 1.0)[:2] == (
+        (t1, [90.0] * 3), None)
 
 
 # ----------------------------------------------------------------- the GPU backend times what it names

@@ -17,7 +17,7 @@ from kgen.blockconfig import TABLE_DIR, BlockConfig, resolve_tables
 from kgen.errors import KgenError
 from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, load_layouts
 from kgen.tuner.errors import TuneError
-from kgen.tuner.space import SPACES_FILE, SearchSpace, SpacesFile, arch_profile, default_config, load_spaces
+from kgen.tuner.space import SPACES_FILE, SearchSpace, SpacesFile, arch_profile, load_spaces
 from kgen.tuner.study import (
     STORAGE_ENV,
     BackendSpec,
@@ -188,17 +188,13 @@ def current_config(job: TuneJob) -> BlockConfig | None:
 
 
 def _enqueue(job: TuneJob, space: SearchSpace) -> tuple[BlockConfig, ...]:
-    """The first trials of a study: the default (what the winner must beat), the table's
-    current config (and, when that is a Gluon row, its Triton fallback on its own), then the
-    spaces file's first Gluon trial where the study searches the Gluon prefix stage."""
-    default = default_config(job.layout, job.group_size, job.kv_dtype)
-    current = current_config(job)
-    wanted = [default]
-    if current is not None:
-        wanted += [current, current.model_copy(update={"gluon": None})] if current.gluon else [current]
-    first_gluon = space.gluon_first_trial()
-    if first_gluon is not None:
-        wanted.append(first_gluon)
+    """The first trials of a study: the default (what the winner must beat), then the table's
+    current config; a config with a gluon section is followed by its Triton fields alone
+    (the Triton reference of its Gluon stage, and its fallback)."""
+    wanted: list[BlockConfig] = []
+    for cfg in (space.default, current_config(job)):
+        if cfg is not None:
+            wanted += [cfg, cfg.model_copy(update={"gluon": None})] if cfg.gluon else [cfg]
     return tuple(dict.fromkeys(wanted))
 
 
@@ -218,7 +214,7 @@ def dry_run(
         key = (job.layout.name, job.kv_dtype, job.group_size)
         if key not in shown:
             shown.add(key)
-            default = default_config(job.layout, job.group_size, job.kv_dtype)
+            default = space.default
             params, notes = space.params_of(default)
             lines += [
                 f"== {job.layout.name}  kv={job.kv_dtype}  q={job.q_dtype}  group={job.group_size}",
@@ -227,9 +223,6 @@ def dry_run(
                 f"{'  [does not fit: ' + space.why_not(default) + ']' if space.why_not(default) else ''}",
             ]
             lines += [f"  enqueued as: {', '.join(notes)}"] if notes else []
-            first_gluon = space.gluon_first_trial()
-            if first_gluon is not None and first_gluon.gluon is not None:
-                lines.append(f"  first Gluon trial: {first_gluon.gluon.short()}")
         wl = ", ".join(w.label() for w in job.workloads)
         lines.append(f"  bucket {job.bucket.name} (batch {job.bucket.label()}): {wl}")
         lines.append(f"    study {study_name(job, space)}")

@@ -5,11 +5,14 @@ the best few distinct configs and the default are measured again ``repeats`` tim
 default's spread is the noise, and a tuned config replaces the default only when its
 median beats the default's by more than max(noise, min_gain_pct) percent.
 
-In a study that searches the Gluon prefix stage, the fastest Triton config is always a
-finalist. The Triton configs are decided first, against the default; a Gluon config wins
-only by beating that Triton choice the same way. Its row then carries the Triton choice as
-its Triton fields (the fallback wherever the Gluon kernel does not apply: another arch or
-Triton, the paged entry, longer drafts) and its median as ``measured.triton_us``.
+A row has two parts where the study searches the Gluon prefix stage. Its Triton fields are
+decided as above among the Triton finalists, against the default's Triton fields. Its gluon
+section is the Gluon finalist that beats the default's where the default has one (else the
+default's), or the fastest where it has none; it is kept only when it also beats the Triton
+part the same way, so a Gluon stage runs only where it measured faster. The row then holds
+the Triton part as its fallback (wherever the Gluon kernel does not apply: another arch or
+Triton, the paged entry, longer drafts) and its median as ``measured.triton_us``. The
+fastest Triton config is always a finalist.
 """
 
 from __future__ import annotations
@@ -93,12 +96,13 @@ def top_configs(study: optuna.Study, k: int, triton_only: bool = False) -> list[
     return out
 
 
-def finalists(study: optuna.Study, default: BlockConfig, k: int) -> list[BlockConfig]:
-    """The configs re-measured against the default: the ``k`` fastest, and the fastest
-    Triton one when a Gluon config is among them (a Gluon winner must beat it too)."""
-    tops = [c for c in top_configs(study, k) if c != default]
+def finalists(study: optuna.Study, references: list[BlockConfig], k: int) -> list[BlockConfig]:
+    """The configs re-measured beside the references (the default, and its Triton fields where
+    it has a gluon section): the ``k`` fastest, and the fastest Triton one when a Gluon config
+    is among them (a Gluon winner must beat it too)."""
+    tops = [c for c in top_configs(study, k) if c not in references]
     if any(c.gluon is not None for c in tops):
-        tops += [c for c in top_configs(study, 1, triton_only=True) if c != default and c not in tops]
+        tops += [c for c in top_configs(study, 1, triton_only=True) if c not in references and c not in tops]
     return tops
 
 
@@ -157,22 +161,27 @@ Samples = tuple[BlockConfig, list[float]]  # a config and its re-measured times
 
 
 def decide_lowerings(
-    default: Samples, candidates: list[Samples], min_gain_pct: float
+    default: Samples, triton_default: Samples, candidates: list[Samples], min_gain_pct: float
 ) -> tuple[Samples | None, Samples | None, float]:
-    """(Triton choice, Gluon choice, noise). The Triton choice is what ``decide`` picks among
-    the Triton finalists against the default: the default itself when none wins, None when
-    nothing Triton ran. A Gluon finalist is chosen only where it beats the Triton choice the
-    same way in turn (by more than max(noise, min_gain_pct) percent); None otherwise."""
+    """(Triton part, Gluon part, noise) of the row a study writes (the module docstring).
+
+    ``triton_default`` is the default's Triton fields (the default itself when it has no
+    gluon section). The Triton part is None when no Triton config ran; the Gluon part None
+    where no Gluon config beats the Triton part."""
     triton = [c for c in candidates if c[0].gluon is None]
     gluon = [c for c in candidates if c[0].gluon is not None]
-    won, noise = decide(default[1], triton, min_gain_pct)
-    reference = triton[won] if won is not None else (default if default[1] else None)
-    if not gluon:
-        return reference, None, noise
-    won, gluon_noise = decide(reference[1] if reference is not None else [], gluon, min_gain_pct)
-    if won is None:
-        return reference, None, noise
-    return reference, gluon[won], gluon_noise if reference is not None else noise
+    won, noise = decide(triton_default[1], triton, min_gain_pct)
+    triton_part = triton[won] if won is not None else (triton_default if triton_default[1] else None)
+    if default[0].gluon is not None:
+        won, _ = decide(default[1], gluon, min_gain_pct)
+        gluon_part = gluon[won] if won is not None else default
+    else:
+        won, _ = decide([], gluon, min_gain_pct)  # no Gluon reference: the fastest
+        gluon_part = gluon[won] if won is not None else None
+    if gluon_part is None or not gluon_part[1]:
+        return triton_part, None, noise
+    won, gluon_noise = decide(triton_part[1] if triton_part is not None else [], [gluon_part], min_gain_pct)
+    return (triton_part, gluon_part, gluon_noise) if won is not None else (triton_part, None, noise)
 
 
 def finalize(
@@ -182,20 +191,24 @@ def finalize(
     backend: Backend,
     timing: Timing,
 ) -> JobResult:
-    """Re-measure the default and the finalists; pick the winner (``decide_lowerings``). A
-    Gluon winner's config takes the Triton choice as its Triton fields (the default when no
-    Triton config ran)."""
+    """Re-measure the default (and its Triton fields alone where it has a gluon section) and
+    the finalists; decide the row (``decide_lowerings``). A Gluon part takes the Triton part as
+    its Triton fields (the default's when no Triton config ran)."""
     import optuna
 
-    tops = finalists(study, default, timing.top_k)
-    samples, errors = measure_interleaved(backend, [default, *tops], timing.repeats)
+    triton_default = default.model_copy(update={"gluon": None})
+    references = list(dict.fromkeys([default, triton_default]))
+    tops = finalists(study, references, timing.top_k)
+    samples, errors = measure_interleaved(backend, [*references, *tops], timing.repeats)
+    measured = list(zip([*references, *tops], samples, strict=True))
     default_samples, default_error = samples[0], errors[0]
-    candidates = list(zip(tops, samples[1:], strict=True))
-    triton, gluon, noise = decide_lowerings((default, default_samples), candidates, timing.min_gain_pct)
+    candidates = measured[len(references):]
+    triton, gluon, noise = decide_lowerings(measured[0], measured[len(references) - 1], candidates,
+                                            timing.min_gain_pct)
     default_us = statistics.median(default_samples) if default_samples else None
     chosen, chosen_us, triton_us = None, None, None
     if gluon is not None:
-        fallback = triton[0] if triton is not None else default
+        fallback = triton[0] if triton is not None else triton_default
         chosen, chosen_us = fallback.model_copy(update={"gluon": gluon[0].gluon}), statistics.median(gluon[1])
         triton_us = statistics.median(triton[1]) if triton is not None else None
     elif triton is not None:
@@ -339,11 +352,13 @@ def format_results(results: list[JobResult]) -> str:
             decision = f"nothing ran: {r.default_error or 'every trial pruned'}"
         elif r.default_error:
             decision = f"tuned (default failed: {r.default_error[:60]})"
+        elif not r.replaced:
+            decision = "kept default (no win beyond noise)"
         elif r.chosen.gluon is not None:
-            versus = f", Triton's best {r.triton_us:.2f} us" if r.triton_us else ""
+            versus = f", its Triton fields {r.triton_us:.2f} us" if r.triton_us else ""
             decision = f"tuned: Gluon prefix stage{versus}"
         else:
-            decision = "tuned" if r.replaced else "kept default (no win beyond noise)"
+            decision = "tuned"
         rows.append(
             (
                 j.layout.name,

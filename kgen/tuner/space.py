@@ -12,9 +12,10 @@ Where the layout's module has a Gluon prefix stage (``select_lowering.offered_lo
 the study is on its arch under its Triton version, the space has a second branch: a
 ``lowering`` axis (triton | gluon) and the Gluon stage's own axes (``[gluon_prefix]`` in
 ``spaces.toml``), pruned by the rules its launcher runs (``rules.gluon_rows``,
-``rules.gluon_shared_bytes``). A Gluon trial's config is the built-in default with a
-``gluon`` section; ``results.finalize`` gives a Gluon winner the Triton config the study
-chose as its Triton fields, the fallback wherever the Gluon kernel does not apply.
+``rules.gluon_shared_bytes``). A Gluon trial's config is the default's Triton fields with
+the trial's ``gluon`` section; ``results.finalize`` gives a Gluon winner the Triton config
+the study chose as its Triton fields, the fallback wherever the Gluon kernel does not apply.
+Elsewhere the study's default loses the gluon section the built-in one may carry.
 """
 
 from __future__ import annotations
@@ -155,8 +156,8 @@ class ArchEntry(BaseModel):
 
 
 class GluonSpace(BaseModel):
-    """Choices of the Gluon prefix stage's axes (BlockConfig.gluon) and the config a study
-    enqueues as its first Gluon trial. Every choice must be a value GluonConfig takes."""
+    """Choices of the Gluon prefix stage's axes (BlockConfig.gluon). Every choice must be a
+    value GluonConfig takes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -166,7 +167,6 @@ class GluonSpace(BaseModel):
     programs_per_sm: tuple[int, ...] = Field(min_length=1)
     max_splits: tuple[int, ...] = Field(min_length=1)
     min_tokens_per_split: tuple[int, ...] = Field(min_length=1)
-    first_trial: GluonConfig | None = None
 
     @field_validator("block_n", "num_stages", "lazy_rescale", *SPLIT_AXES)
     @classmethod
@@ -313,7 +313,7 @@ class ProblemShape:
     draft_first_rows: tuple[int, ...] = ()
     # The module's lowering (select_lowering.offered_lowering): whether it has a Gluon prefix stage.
     lowering: Lowering = Lowering("triton")
-    # The built-in default (default_config): the Triton fields of a Gluon trial's config.
+    # The built-in default (default_config, with its gluon section if it has one).
     default: BlockConfig | None = None
 
     @classmethod
@@ -489,6 +489,15 @@ class SearchSpace:
         return cls(profile=profile, shape=shape, axes=axes, gluon_axes=gluon_axes, gluon_note=note)
 
     @property
+    def default(self) -> BlockConfig:
+        """The study's default: the built-in one (``ProblemShape.default``), without its gluon
+        section where the study does not search the Gluon stage (the launcher does not run it
+        there, and a row written from it must not carry it)."""
+        if self.shape.default is None:
+            raise TuneError("the study has no default config (ProblemShape.of sets it)")
+        return self.shape.default if self.gluon_axes else self.shape.default.model_copy(update={"gluon": None})
+
+    @property
     def conditional(self) -> bool:
         """Whether trials pick a lowering first (the sampler then groups each branch's axes)."""
         return bool(self.gluon_axes)
@@ -507,9 +516,7 @@ class SearchSpace:
         return cfg
 
     def _gluon_config(self, params: dict[str, int | str]) -> BlockConfig:
-        """A Gluon trial: the built-in default's Triton fields with the trial's gluon section."""
-        if self.shape.default is None:
-            raise TuneError("a Gluon trial needs the study's default config (ProblemShape.of sets it)")
+        """A Gluon trial: the default's Triton fields with the trial's gluon section."""
         own = {n.removeprefix(GLUON_PARAM): v for n, v in params.items() if n.startswith(GLUON_PARAM)}
         gluon = GluonConfig(
             block_n=own["block_n"],
@@ -517,7 +524,7 @@ class SearchSpace:
             lazy_rescale=bool(own["lazy_rescale"]),
             split=SplitPolicy(**{n: own[n] for n in SPLIT_AXES}),
         )
-        return self.shape.default.model_copy(update={"gluon": gluon})
+        return self.default.model_copy(update={"gluon": gluon})
 
     def why_not(self, cfg: BlockConfig) -> str | None:
         if cfg.gluon is not None:
@@ -583,14 +590,6 @@ class SearchSpace:
             notes.append(f"draft_tile {want} -> {choices[0]} (not a choice)")
             return choices[0]
         return want
-
-    def gluon_first_trial(self) -> BlockConfig | None:
-        """The spaces file's first Gluon trial as a config of this study, where it searches the
-        Gluon prefix stage (None elsewhere)."""
-        first = self.profile.gluon.first_trial if self.profile.gluon is not None else None
-        if not self.gluon_axes or first is None or self.shape.default is None:
-            return None
-        return self.shape.default.model_copy(update={"gluon": first})
 
     def size(self) -> int:
         triton = math.prod(len(v) for v in self.axes.values())
