@@ -157,8 +157,8 @@ class Measured(BaseModel):
     default_us: float = Field(gt=0)
     noise_pct: float = Field(default=0.0, ge=0)
     workloads: list[dict[str, int]] = Field(default_factory=list)
-    # Rows whose config has a gluon section: the median of their Triton fields (the study's
-    # fastest Triton config) in the same re-measurement the Gluon kernel won.
+    # Rows whose config has a gluon section: the median of their Triton fields (the Triton
+    # config the study chose) in the same re-measurement the Gluon kernel won.
     triton_us: float | None = Field(default=None, gt=0)
 
 

@@ -308,3 +308,27 @@ def test_the_interpreter_never_times_a_gluon_config(mla_module) -> None:
     with pytest.raises(TuneError, match="not _gluon_prefix_stage"):
         backend.check(gluon_cfg())
 
+
+
+@pytest.mark.gpu
+def test_on_the_h200_a_gluon_trial_checks_and_times_the_gluon_kernel() -> None:
+    """The real backend on sm_90: the default's Gluon stage is what launch_params names, passes
+    the reference check and is timed apart from its Triton fields (faster, as measured)."""
+    from kgen.tuner.gpu import detect_device
+
+    device = detect_device()
+    if device.arch != "sm_90":
+        pytest.skip(f"the Gluon prefix stage runs on sm_90, this GPU is {device.arch}")
+    module = kgen.load(MLA, "bfloat16")
+    backend = GpuBackend(module, "sm_90", LAYOUTS[MLA], "bfloat16", "bfloat16", 16, 1,
+                         [Workload(batch=16, prefix=4096, draft=4)], WORKLOADS.check,
+                         Timing(replays=5, min_input_sets=2, max_input_sets=4), l2_bytes=device.l2_bytes)
+    gluon = space_for("sm_90").default
+    triton_fields = gluon.model_copy(update={"gluon": None})
+    assert gluon.gluon is not None
+    assert set(backend.prefix_kernels(gluon).values()) == {PREFIX_KERNELS["gluon"]}
+    assert set(backend.prefix_kernels(triton_fields).values()) == {PREFIX_KERNELS["triton"]}
+    assert backend.check(gluon) is None and backend.check(triton_fields) is None
+    gluon_us, triton_us = backend.measure(gluon), backend.measure(triton_fields)
+    # docs/perf-notes.md, "Gluon prefix stage (MLA, sm_90)": faster than the Triton config wherever measured.
+    assert 0 < gluon_us < triton_us, (gluon_us, triton_us)
