@@ -97,8 +97,8 @@ _FP32_POINTER = re.compile(r"^Partial_\w+$")
 _FP32_SCALARS = frozenset({"qk_scale", "sm_scale"})
 _SCALE_ARGS = frozenset({"k_scale", "v_scale"})
 _I64_SCALAR = re.compile(r"(^|_)(offset|offsets|elem_offset|base)$")
-_I32_SCALAR = re.compile(r"^(stride_\w+|max_splits|min_tokens_per_split|num_\w+|group|head_blocks|page_shift"
-                         r"|block_n|\w+_len|\w+_size)$")
+_I32_SCALAR = re.compile(r"^(stride_\w+|max_splits|min_tokens_per_split|tokens_per_split|slots_per_request"
+                         r"|draft_blocks|num_\w+|group|head_blocks|page_shift|block_n|\w+_len|\w+_size)$")
 
 
 class CheckError(KgenError):
@@ -161,14 +161,15 @@ class ModuleInfo:
     path: Path
     uri: str
     layout: str
-    variant: str
+    variant: str  # grouped, per_head, or batch_invariant (the grouped kernel's batch-invariant mode)
     kv_dtype: str
     q_dtype: str
 
 
 def find_modules(generated: Path | None = None, layouts: Iterable[str] = (), kv_dtypes: Iterable[str] = (),
                  q_dtypes: Iterable[str] = (), variants: Iterable[str] = ()) -> list[ModuleInfo]:
-    """The generated modules (``generated/verify*.py``), optionally only some layouts / dtypes / variants."""
+    """The generated modules (``generated/verify*.py``), optionally only some layouts / dtypes / variants
+    (grouped, per_head, batch_invariant)."""
     from kgen.loader import generated_dir
     from kgen.spec import KV_DTYPES, Q_DTYPES, canonical_dtype
 
@@ -180,7 +181,8 @@ def find_modules(generated: Path | None = None, layouts: Iterable[str] = (), kv_
     found = []
     for path in sorted(directory.glob("verify*.py")):
         module = load_module_file(path)
-        info = ModuleInfo(path, module.URI, module.LAYOUT, module.VARIANT, _torch_name(module.KV_DTYPE),
+        kind = "batch_invariant" if getattr(module, "BATCH_INVARIANT", False) else module.VARIANT
+        info = ModuleInfo(path, module.URI, module.LAYOUT, kind, _torch_name(module.KV_DTYPE),
                           _torch_name(module.Q_DTYPE))
         if ((not wanted_layouts or info.layout in wanted_layouts) and (not wanted_kv or info.kv_dtype in wanted_kv)
                 and (not wanted_q or info.q_dtype in wanted_q)
@@ -274,16 +276,26 @@ def jit_int_class(value: int) -> str:
     return "div16" if value % 16 == 0 else "plain"
 
 
+# The int arguments runtime_scalars can give (the default and the batch-invariant modules').
+RUNTIME_INTS = ("group", "head_blocks", "max_splits", "page_shift", "block_n", "min_tokens_per_split",
+                "tokens_per_split", "draft_blocks")
+
+
 def runtime_scalars(module: ModuleType, arch: str, num_sms: int, point: Point) -> dict[str, int]:
     """Values of the int arguments the launcher computes from shapes (the rest are strides of
     the engine's tensors): the JIT specializes on them, so they are part of the variant."""
     plan = module._plan_launch(arch, num_sms, point.group, point.batch, point.draft, point.page_size, None)
     if plan is None:
         return {}
-    return {"group": point.group, "head_blocks": plan["head_blocks"], "max_splits": plan["max_splits"],
-            "min_tokens_per_split": plan["min_tokens"], "page_shift": plan["page_shift"], "block_n": plan["block_n"],
-            # partial_lse is [tokens, heads, max_splits], contiguous: its head stride is max_splits.
-            "stride_pl_head": plan["max_splits"]}
+    scalars = {"group": point.group, "head_blocks": plan["head_blocks"], "max_splits": plan["max_splits"],
+               "page_shift": plan["page_shift"], "block_n": plan["block_n"],
+               # partial_lse is [rows, heads, splits], contiguous: its head stride is its split count.
+               "stride_pl_head": plan["max_splits"]}
+    if "min_tokens" in plan:
+        scalars["min_tokens_per_split"] = plan["min_tokens"]
+    else:  # a batch-invariant module: its split size and draft blocks (all do_not_specialize)
+        scalars.update(tokens_per_split=plan["tokens_per_split"], draft_blocks=plan["draft_blocks"])
+    return scalars
 
 
 def complete_launch(module: ModuleType, kernel_name: str, constexprs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -452,9 +464,9 @@ def _distinct_launch(info: ModuleInfo, module: ModuleType, arch_name: str, kerne
                                   json.dumps({k: v for k, v in encoded.items() if k != "SCALES_ON_DEVICE"},
                                              sort_keys=True), sg.replace('"*fp32"', '"fp32"'),
                                   tuple(d for d in dv if d not in _SCALE_ARGS)))
-    for name in scalars:  # one runtime int at a time (max_splits with the stride that equals it)
-        if name == "stride_pl_head":
-            continue
+    # One runtime int at a time (max_splits with the stride that equals it), every module's ints
+    # for every variant, so that an int only some modules pass does not skew the multipliers.
+    for name in RUNTIME_INTS:
         names = {name, "stride_pl_head"} if name == "max_splits" else {name}
         one = {k: ("i32" if k in names else v) for k, v in signature.items()}
         proj.setdefault(f"int {name}", set()).add(
