@@ -87,7 +87,11 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     decisions += [
         Decision(NAME, "config elsewhere", configs.default.short(),
                  "archs without table rows and groups without a row take the built-in default, as in the default "
-                 "mode (its split policy is not used: the splits below replace it)"),
+                 "mode (its split policies, the Gluon section's too, are not used: the splits below replace them)"),
+        Decision(NAME, "prefix stage", "the config's: Gluon where its section applies, else Triton",
+                 "which stage runs depends on the config row, the GPU, the Triton version and the entry, never on "
+                 "the batch: the Gluon stage's program is fitted for the draft rows below too, and it serves only "
+                 "where the module's longest draft fits its key tile (not the batch's longest)"),
         Decision(NAME, "draft rows", DRAFT_ROWS,
                  f"every program is fitted for drafts of {DRAFT_ROWS} (BLOCK_H and L_PAD from the fit rules at "
                  f"L = {DRAFT_ROWS}) whatever the batch's longest draft: the rows a program holds decide its "
