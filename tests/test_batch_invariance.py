@@ -231,13 +231,16 @@ def test_refuses_nothing_the_default_takes(layout, kv, q):
             assert not taken, f"{arch} group {group}: the default takes {taken[:4]}, the invariant module nothing"
 
 
-def test_one_program_for_every_batch_and_draft():
-    """What the invariant module launches depends on no batch size, draft length or SM count."""
-    module = kgen.load("qwen3_5_gqa256", "bfloat16", batch_invariant=True)
-    for group in (4, 8, 16):
-        launches = {repr(module.launch_params("sm_90", sms, group, batch, draft))
-                    for sms in (1, 132) for batch in (1, 16, 64, 500) for draft in range(1, 17)}
-        assert len(launches) == 1, group
+@pytest.mark.parametrize(("layout", "groups"), [("qwen3_5_gqa256", (4, 8, 16)), ("mla_absorbed_512_64", (8, 16))])
+def test_one_program_for_every_batch_and_draft(layout, groups):
+    """What the invariant module launches (on sm_90, where MLA's table rows pick the Gluon
+    prefix stage) depends on no batch size, draft length or SM count."""
+    module = kgen.load(layout, "bfloat16", batch_invariant=True)
+    for group in groups:
+        for page_size in (None, 16):
+            launches = {repr(module.launch_params("sm_90", sms, group, batch, draft, page_size))
+                        for sms in (1, 132) for batch in (1, 16, 64, 500) for draft in range(1, 17)}
+            assert len(launches) == 1, (group, page_size)
 
 
 # ---------------------------------------------------------------------------------------- loading
