@@ -257,6 +257,15 @@ def test_index_dtype_option() -> None:
     assert run_bench(_parse("--list", "--index-dtype", "uint8")) == 2
 
 
+def test_mask_option() -> None:
+    assert {c.mask for c in cli.select_cases(_parse("--quick"))} == {"none"}  # the causal chain, by default
+    cases = cli.select_cases(_parse("--quick", "--mask", "tree,none"))
+    assert {(c.mask, c.mask_ab) for c in cases} == {("tree", "none")}
+    assert all(c.key.endswith("/mask-tree") for c in cases)
+    assert run_bench(_parse("--list", "--mask", "forest")) == 2
+    assert run_bench(_parse("--quick", "--mask", "tree,none", "--index-dtype", "int64,int32")) == 2
+
+
 def test_resume_refuses_another_index_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prior = write_json(make_run(), tmp_path / "a" / JSON_NAME)  # int64
     code = run_bench(_parse(*RESUME_CASES, "--index-dtype", "int32", "--resume", str(prior), "--out",
