@@ -243,8 +243,6 @@ def _verify_prefix_stage(
     Qo_Indptr,
     Kv_Bounds,
     Kv_Table,
-    Custom_Mask,
-    Mask_Indptr,
     Partial_O,
     Partial_Lse,
     qk_scale,
@@ -254,7 +252,6 @@ def _verify_prefix_stage(
     min_tokens_per_split,
     page_shift,
     stride_table,
-    stride_mask_row,
     stride_q_tok,
     stride_q_head,
     stride_k_page,
@@ -274,6 +271,11 @@ def _verify_prefix_stage(
     stride_po_split,
     stride_pl_tok,
     stride_pl_head,
+    # A tree's custom mask (None for the causal chain: then they are constexprs and no code
+    # reads them).
+    Custom_Mask,
+    Mask_Indptr,
+    stride_mask_row,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     L_PAD: tl.constexpr,
@@ -881,20 +883,22 @@ def _scales(k_scale, v_scale, device):
 
 
 def _mask_arguments(custom_mask, mask_indptr, paged):
-    """(Custom_Mask, Mask_Indptr, stride_mask_row) for the prefix stage: the mask's bytes as
-    uint8 (bool and int8 masks are the same bytes), or Nones for a call without a mask."""
+    """The prefix stage's mask arguments: the mask's bytes as uint8 (bool and int8 masks are
+    the same bytes), its offsets and, for the paged entry's [rows, W] mask, its row stride;
+    Nones (_NO_MASK) for a call without a mask."""
     if custom_mask is None:
-        return None, None, None
+        return _NO_MASK
     if paged:
-        return custom_mask.view(torch.uint8), mask_indptr, custom_mask.stride(0)
-    return custom_mask.reshape(-1).view(torch.uint8), mask_indptr, 0
+        mask, stride_mask_row = custom_mask.view(torch.uint8), custom_mask.stride(0)
+    else:
+        mask, stride_mask_row = custom_mask.reshape(-1).view(torch.uint8), 0
+    return {"Custom_Mask": mask, "Mask_Indptr": mask_indptr, "stride_mask_row": stride_mask_row}
 
 
 def _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table,
                           mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
                           k_strides, v_strides):
     prefix_constexprs, prefix_options = plan["prefix"]
-    mask, mask_starts, stride_mask_row = mask_arguments
     _verify_prefix_stage[grid](
         q,
         k_pool,
@@ -905,8 +909,6 @@ def _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, 
         qo_indptr,
         kv_bounds,
         kv_table,
-        mask,
-        mask_starts,
         partial_o,
         partial_lse,
         sm_scale * _LOG2E,
@@ -916,7 +918,6 @@ def _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, 
         plan["min_tokens"],
         plan["page_shift"],
         stride_table,
-        stride_mask_row,
         q.stride(0),
         q.stride(1),
         *k_strides,
@@ -932,6 +933,7 @@ def _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, 
         partial_o.stride(2),
         partial_lse.stride(0),
         partial_lse.stride(1),
+        **mask_arguments,
         DOT_DTYPE=tl.float32 if _INTERPRET else _TL_PREFIX_DOT_DTYPE,
         SCALES_ON_DEVICE=scales_on_device,
         **prefix_constexprs,
