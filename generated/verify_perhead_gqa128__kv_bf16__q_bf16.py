@@ -334,11 +334,6 @@ def _verify_prefix_stage(
         row_ok = (head_in_group < GROUP) & (draft_pos < q_len)
         q_head = (kv_head * GROUP + head_in_group).to(tl.int64)
         q_tok = q_start + draft_pos
-        if HAS_MASK:
-            mask_rows = _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len, stride_mask_row,
-                                   BLOCK_TABLE)
-        else:
-            mask_rows = Custom_Mask  # None: the chain reads no mask
         offs_d = tl.arange(0, BLOCK_D)
         q_row_ptr = Q + q_tok[:, None] * stride_q_tok + q_head[:, None] * stride_q_head
         q = tl.load(q_row_ptr + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -402,6 +397,12 @@ def _verify_prefix_stage(
             m_i = m_new
 
         if split == num_written - 1:
+            # The mask's row pointers live only here, not through the prefix loop.
+            if HAS_MASK:
+                mask_rows = _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len,
+                                       stride_mask_row, BLOCK_TABLE)
+            else:
+                mask_rows = Custom_Mask  # None: the chain reads no mask
             if ROW_BLOCKS > 1:
                 # Some of the draft rows: every DRAFT_N-wide tile of the draft columns they may see.
                 for first_col in range(0, _draft_columns(q_len, first_row, L_PAD, HAS_MASK), DRAFT_N):
