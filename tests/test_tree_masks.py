@@ -170,7 +170,8 @@ def test_index_check_catches_a_mask_too_short_for_a_request():
 
 def test_the_chain_kernel_is_compiled_without_the_mask():
     """Without a mask the prefix stage gets HAS_MASK False and None for its mask arguments (no
-    parameter, no code: the chain kernel is the one it was before trees); with one, HAS_MASK."""
+    mask parameter, no mask code in the chain kernel); with one, HAS_MASK and nothing else
+    changes."""
     module = kgen.load(GQA256, "bfloat16")
     chain = module.launch_params("sm_90", 132, 16, 64, 8)[0][1]
     tree = module.launch_params("sm_90", 132, 16, 64, 8, has_mask=True)[0][1]
