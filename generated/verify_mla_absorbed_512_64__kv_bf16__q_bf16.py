@@ -49,7 +49,10 @@ try:  # the Gluon prefix stage (below) is written for Triton 3.6.x; elsewhere th
         warpgroup_mma_wait,
     )
 
-    _HAS_GLUON = triton.__version__.startswith("3.6.")
+    # KGEN_NO_GLUON=1 in the environment when the module is imported: the Triton stage serves
+    # every call (an engine's switch; kgen bench runs under it to time the Triton chain).
+    _HAS_GLUON = (triton.__version__.startswith("3.6.")
+                  and os.environ.get("KGEN_NO_GLUON", "0") != "1")
 except ImportError:
     _HAS_GLUON = False
 

@@ -7,6 +7,9 @@ every draft token sees the whole prefix) and puts bytes of 1 between blocks, so 
 read outside its draft block would show. Outputs start as NaN (every valid row must be written).
 """
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 from kernel_cases import SMALL_SPLITS, build, check_parity, tolerance
@@ -198,3 +201,23 @@ def test_mask_path_has_no_host_sync(monkeypatch):
     assert module.why_not_paged(*paged) == ""
     module._mask_arguments(case.custom_mask, case.mask_indptr, False)
     module._mask_arguments(paged[13], paged[14], True)
+
+
+def test_a_tree_takes_the_triton_stage_where_a_chain_takes_gluon(monkeypatch):
+    """On sm_90 absorbed MLA's BF16 chain runs the Gluon prefix stage (its table rows say so),
+    which has no mask: a tree takes the Triton stage. KGEN_NO_GLUON=1 puts the chain there too."""
+    path = Path(kgen.load(MLA, "bfloat16").__file__)
+
+    def load(no_gluon: bool):
+        monkeypatch.setenv("KGEN_NO_GLUON", "1" if no_gluon else "0")
+        spec = importlib.util.spec_from_file_location(f"no_gluon_{no_gluon}_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    module = load(False)
+    if not module._HAS_GLUON:
+        pytest.skip("this Triton is not the one the Gluon stage is written for")
+    assert module.launch_params("sm_90", 132, 16, 64, 4)[0][0] == "_gluon_prefix_stage"
+    assert module.launch_params("sm_90", 132, 16, 64, 4, has_mask=True)[0][0] == "_verify_prefix_stage"
+    assert load(True).launch_params("sm_90", 132, 16, 64, 4)[0][0] == "_verify_prefix_stage"
