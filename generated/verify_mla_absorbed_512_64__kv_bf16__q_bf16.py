@@ -83,6 +83,9 @@ MERGE_ROWS = 16
 MERGE_SPLIT_CHUNK = 8
 # Longest draft (chain or tree) this module handles; longer ones fall back to another path.
 MAX_DRAFT_TOKENS = 64
+# Not batch invariant: the split count, block config and draft padding follow the batch and the
+# GPU, so a request's output bits depend on its batch (kgen.load(..., batch_invariant=True) fixes them).
+BATCH_INVARIANT = False
 _LOG2E = 1.4426950408889634
 # CPU runs (tests) go through Triton's interpreter, whose bf16 tl.dot is wrong: there the
 # dot operands are upcast to fp32. The GPU path keeps bfloat16 operands.
@@ -592,9 +595,9 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _gluon_slots(table_words, tok, INDEX_WORDS: gl.constexpr):
-        """Pool slots of prefix tokens `tok`: table entries read as 32-bit words (an int64
-        entry is its low word), as the Triton kernel reads them."""
-        return gl.load(table_words + INDEX_WORDS * tok, mask=tok >= 0, other=0).to(gl.int64)
+        """Pool slots of prefix tokens `tok` (int32): table entries read as 32-bit words (an
+        int64 entry is its low word), as the Triton kernel reads them."""
+        return gl.load(table_words + INDEX_WORDS * tok, mask=tok >= 0, other=0)
 
     @gluon.jit
     def _gluon_copy_rows(nope_dst, pe_dst, src, row_nope, row_pe, NOPE_LOAD: gl.constexpr, PE_LOAD: gl.constexpr,
@@ -607,11 +610,15 @@ if _HAS_GLUON:
         async_copy.async_copy_global_to_shared(pe_dst, src + NOPE_DIM + row_pe[:, None] + cols_pe[None, :], mask=mask_pe)
 
     @gluon.jit
-    def _gluon_attend_tile(q_nope, q_pe, k_nope, k_pe, p_smem, m_i, l_i, acc, limit, qk_scale,
+    def _gluon_attend_tile(q_nope, q_pe, k_nope, k_pe, p_smem, m_i, l_cols, acc, limit, qk_scale,
                            ROWS: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
                            BLOCK_N: gl.constexpr, LAZY_RESCALE: gl.constexpr):
         """One tile of the online softmax (log2 domain). Column c of the tile is visible to
-        row r when c < limit[r]. Returns the updated (m_i, l_i, acc)."""
+        row r when c < limit[r]. Returns the updated (m_i, l_cols, acc).
+
+        l_cols holds each row's sum-exp per score column, summed over columns once at the end:
+        a per-tile row sum would cross the two warpgroups through shared memory (the row max
+        must, since both halves of P share one reference)."""
         s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
         s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma(q_pe, k_pe.permute((1, 0)), s, is_async=True)
@@ -628,7 +635,7 @@ if _HAS_GLUON:
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_ref)
         p = gl.exp2(s - m_ref[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
+        l_cols = l_cols * alpha[:, None] + p
         p_smem.store(p.to(p_smem.dtype))
         fence_async_shared()  # generic-proxy stores, read next by wgmma through the async proxy
         gl.thread_barrier()  # both warpgroups' halves of P are in shared memory
@@ -639,7 +646,7 @@ if _HAS_GLUON:
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
         acc = warpgroup_mma(p_smem, k_nope, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        return m_new, l_i, acc
+        return m_new, l_cols, acc
 
     @gluon.jit(do_not_specialize=["max_splits", "min_tokens_per_split", "stride_pl_head"])
     def _gluon_prefix_stage(
@@ -731,7 +738,7 @@ if _HAS_GLUON:
             q_pe_smem.store(gl.load(Q + NOPE_DIM + q_row_pe[:, None] + cols_pe[None, :], mask=ok_pe[:, None], other=0.0))
 
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-            l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+            l_cols = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
             acc = gl.zeros([ROWS, NOPE_DIM], gl.float32, layout=O_LAYOUT)
 
             INDEX_WORDS: gl.constexpr = Kv_Table.dtype.element_ty.primitive_bitwidth // 32
@@ -747,13 +754,14 @@ if _HAS_GLUON:
                     first = split_start + i * BLOCK_N
                     _gluon_copy_rows(
                         k_nope_stages.index(i), k_pe_stages.index(i), K_Buffer,
-                        _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off,
-                        _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off,
+                        _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS).to(gl.int64) * stride_k_slot + head_off,
+                        _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS).to(gl.int64) * stride_k_slot + head_off,
                         NOPE_LOAD, PE_LOAD)
                 async_copy.commit_group()
             first = split_start + (NUM_STAGES - 1) * BLOCK_N
-            next_rows = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off
-            next_rows_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off
+            # Held as 32-bit slots (half the registers of 64-bit offsets) until their copies are issued.
+            next_slots = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS)
+            next_slots_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS)
             for t in range(num_tiles):
                 # Tile t's copies are the oldest group in flight: NUM_STAGES - 1 groups were
                 # committed before this iteration.
@@ -765,17 +773,18 @@ if _HAS_GLUON:
                 ahead = t + NUM_STAGES - 1
                 if ahead < num_tiles:
                     _gluon_copy_rows(k_nope_stages.index(ahead % NUM_STAGES), k_pe_stages.index(ahead % NUM_STAGES),
-                                     K_Buffer, next_rows, next_rows_pe, NOPE_LOAD, PE_LOAD)
+                                     K_Buffer, next_slots.to(gl.int64) * stride_k_slot + head_off,
+                                     next_slots_pe.to(gl.int64) * stride_k_slot + head_off, NOPE_LOAD, PE_LOAD)
                 async_copy.commit_group()  # an empty group past the end keeps the count above uniform
                 # The slots of the tile after it, loaded now and used one iteration later.
                 first = split_start + (ahead + 1) * BLOCK_N
-                next_rows = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off
-                next_rows_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS) * stride_k_slot + head_off
+                next_slots = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS)
+                next_slots_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS)
                 stage = t % NUM_STAGES
                 limit = gl.full([ROWS], 0, gl.int32, layout=gl.SliceLayout(1, S_LAYOUT)) + (split_end - split_start - t * BLOCK_N)
-                m_i, l_i, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(stage), k_pe_stages.index(stage),
-                                                   p_smem, m_i, l_i, acc, limit, qk_scale, ROWS, S_LAYOUT, O_LAYOUT,
-                                                   BLOCK_N, LAZY_RESCALE)
+                m_i, l_cols, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(stage),
+                                                      k_pe_stages.index(stage), p_smem, m_i, l_cols, acc, limit, qk_scale,
+                                                      ROWS, S_LAYOUT, O_LAYOUT, BLOCK_N, LAZY_RESCALE)
             async_copy.wait_group(0)
 
             if split == num_written - 1:
@@ -793,17 +802,19 @@ if _HAS_GLUON:
                 fence_async_shared()
                 gl.thread_barrier()
                 draft_pos = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) % L_PAD
-                m_i, l_i, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(0), k_pe_stages.index(0),
-                                                   p_smem, m_i, l_i, acc, gl.minimum(draft_pos + 1, q_len), qk_scale,
+                m_i, l_cols, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(0), k_pe_stages.index(0),
+                                                      p_smem, m_i, l_cols, acc, gl.minimum(draft_pos + 1, q_len), qk_scale,
                                                    ROWS, S_LAYOUT, O_LAYOUT, BLOCK_N, False)
 
             rows_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))
             cols_o = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
             head_o = head_block * BLOCK_H + rows_o // L_PAD
-            ok_o = (head_o < GROUP) & (rows_o % L_PAD < q_len)
+            draft_o = rows_o % L_PAD
+            ok_o = (head_o < GROUP) & (draft_o < q_len)
             q_head_o = (kv_head * GROUP + head_o).to(gl.int64)
-            q_tok_o = q_start + rows_o % L_PAD
-            l_safe = gl.where(ok_o, gl.convert_layout(l_i, gl.SliceLayout(1, O_LAYOUT)), 1.0)
+            q_tok_o = q_start + draft_o
+            l_i = gl.convert_layout(gl.sum(l_cols, 1), gl.SliceLayout(1, O_LAYOUT))
+            l_safe = gl.where(ok_o, l_i, 1.0)
             out = acc / l_safe[:, None]
             if num_written == 1:
                 # One split holds the whole request: write o here; the merge skips it.
@@ -1162,9 +1173,9 @@ def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=N
 
     Pure Python: `kgen check` compiles exactly these offline for each target. page_size None
     is the token-slot entry (verify_shared_kv_fwd), an int the paged entry (verify_paged_fwd);
-    has_mask a call with a custom mask (a tree). The merge stage is absent when every
-    request's prefix fits one split. Returns [] when no program fits the target (the entry
-    points refuse such calls).
+    has_mask a call with a custom mask (a tree).
+    The merge stage is absent when every request's prefix fits one split. Returns [] when no
+    program fits the target (the entry points refuse such calls).
     """
     if config is None:
         plan = _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads, has_mask)
@@ -1182,13 +1193,14 @@ def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=N
     return launches
 
 
-def _scratch(device, num_tokens, num_q_heads, max_splits):
-    """fp32 partials and log2-sum-exp, cached by shape so graph replays see one address."""
-    key = (str(device), num_tokens, num_q_heads, max_splits)
+def _scratch(device, rows, num_q_heads, splits):
+    """fp32 partials [rows, H_q, splits, D_v] and log2-sum-exp [rows, H_q, splits], cached by
+    shape so graph replays see one address. A row is a q token, a split one of the grid's."""
+    key = (str(device), rows, num_q_heads, splits)
     buffers = _SCRATCH.get(key)
     if buffers is None:
-        partial_o = torch.empty((num_tokens, num_q_heads, max_splits, V_HEAD_DIM.value), dtype=torch.float32, device=device)
-        partial_lse = torch.empty((num_tokens, num_q_heads, max_splits), dtype=torch.float32, device=device)
+        partial_o = torch.empty((rows, num_q_heads, splits, V_HEAD_DIM.value), dtype=torch.float32, device=device)
+        partial_lse = torch.empty((rows, num_q_heads, splits), dtype=torch.float32, device=device)
         buffers = _SCRATCH[key] = (partial_o, partial_lse)
     return buffers
 
@@ -1212,8 +1224,8 @@ def _mask_arguments(custom_mask, mask_indptr, paged):
     return {"Custom_Mask": mask, "Mask_Indptr": mask_indptr, "stride_mask_row": stride_mask_row}
 
 
-def _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table,
-                          mask_arguments, partial_o, partial_lse, sm_scale, stride_table,
+def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
+                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, stride_table,
                           k_strides, v_strides):
     prefix_constexprs, prefix_options = plan["prefix"]
     _verify_prefix_stage[grid](
@@ -1228,8 +1240,7 @@ def _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, 
         partial_o,
         partial_lse,
         sm_scale * _LOG2E,
-        plan["max_splits"],
-        plan["min_tokens"],
+        *split_ints,
         plan["page_shift"],
         stride_table,
         q.stride(0),
@@ -1272,37 +1283,38 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     if plan is None:
         raise ValueError(f"{URI}: no program fits {arch} for group {group}, draft length {max_len}")
     max_splits = plan["max_splits"]
+    split_ints = (max_splits, plan["min_tokens"])  # the split plan's ints, as both stages take them
     partial_o, partial_lse = _scratch(q.device, num_tokens, num_q_heads, max_splits)
+    grid = (num_kv_heads * plan["head_blocks"] * plan["row_blocks"], max_splits, batch)
     sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
     prefix_constexprs, prefix_options = plan["prefix"]
 
-    grid = (num_kv_heads * plan["head_blocks"] * plan["row_blocks"], max_splits, batch)
     mask_arguments = _mask_arguments(custom_mask, mask_indptr, page_size is not None)
     if plan["prefix_kernel"] == "_gluon_prefix_stage":
         _gluon_prefix_stage[grid](
             q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, sm_scale * _LOG2E,
-            max_splits, plan["min_tokens"], q.stride(0), q.stride(1), k_strides[0], k_strides[2],
+            *split_ints, q.stride(0), q.stride(1), k_strides[0], k_strides[2],
             k_extend.stride(0), k_extend.stride(1), o.stride(0), o.stride(1), partial_o.stride(0),
             partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0), partial_lse.stride(1),
             **prefix_constexprs, **prefix_options,
         )
     else:
-        _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table,
-                              mask_arguments, partial_o, partial_lse, sm_scale, stride_table,
+        _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
+                              kv_table, mask_arguments, partial_o, partial_lse, sm_scale, stride_table,
                               k_strides, v_strides)
     if plan["merge"] is None:
         return  # every request had one split and wrote o itself
     merge_constexprs, merge_options = plan["merge"]
     merge_heads = merge_constexprs["MERGE_HEADS"]
-    _verify_merge_stage[(cdiv(num_q_heads, merge_heads), batch, cdiv(V_HEAD_DIM.value, MERGE_BLOCK_DV.value))](
+    merge_grid = (cdiv(num_q_heads, merge_heads), batch, cdiv(V_HEAD_DIM.value, MERGE_BLOCK_DV.value))
+    _verify_merge_stage[merge_grid](
         o,
         qo_indptr,
         kv_bounds,
         partial_o,
         partial_lse,
         num_q_heads,
-        max_splits,
-        plan["min_tokens"],
+        *split_ints,
         plan["block_n"],
         stride_table,
         o.stride(0),

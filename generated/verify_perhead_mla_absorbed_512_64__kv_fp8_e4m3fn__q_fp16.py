@@ -64,6 +64,9 @@ MERGE_ROWS = 16
 MERGE_SPLIT_CHUNK = 8
 # Longest draft (chain or tree) this module handles; longer ones fall back to another path.
 MAX_DRAFT_TOKENS = 64
+# Not batch invariant: the split count, block config and draft padding follow the batch and the
+# GPU, so a request's output bits depend on its batch (kgen.load(..., batch_invariant=True) fixes them).
+BATCH_INVARIANT = False
 _LOG2E = 1.4426950408889634
 # CPU runs (tests) go through Triton's interpreter, whose bf16 tl.dot is wrong: there the
 # dot operands are upcast to fp32. The GPU path keeps float16 operands.
@@ -837,9 +840,9 @@ def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=N
 
     Pure Python: `kgen check` compiles exactly these offline for each target. page_size None
     is the token-slot entry (verify_shared_kv_fwd), an int the paged entry (verify_paged_fwd);
-    has_mask a call with a custom mask (a tree). The merge stage is absent when every
-    request's prefix fits one split. Returns [] when no program fits the target (the entry
-    points refuse such calls).
+    has_mask a call with a custom mask (a tree).
+    The merge stage is absent when every request's prefix fits one split. Returns [] when no
+    program fits the target (the entry points refuse such calls).
     """
     if config is None:
         plan = _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads, has_mask)
@@ -857,13 +860,14 @@ def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=N
     return launches
 
 
-def _scratch(device, num_tokens, num_q_heads, max_splits):
-    """fp32 partials and log2-sum-exp, cached by shape so graph replays see one address."""
-    key = (str(device), num_tokens, num_q_heads, max_splits)
+def _scratch(device, rows, num_q_heads, splits):
+    """fp32 partials [rows, H_q, splits, D_v] and log2-sum-exp [rows, H_q, splits], cached by
+    shape so graph replays see one address. A row is a q token, a split one of the grid's."""
+    key = (str(device), rows, num_q_heads, splits)
     buffers = _SCRATCH.get(key)
     if buffers is None:
-        partial_o = torch.empty((num_tokens, num_q_heads, max_splits, V_HEAD_DIM.value), dtype=torch.float32, device=device)
-        partial_lse = torch.empty((num_tokens, num_q_heads, max_splits), dtype=torch.float32, device=device)
+        partial_o = torch.empty((rows, num_q_heads, splits, V_HEAD_DIM.value), dtype=torch.float32, device=device)
+        partial_lse = torch.empty((rows, num_q_heads, splits), dtype=torch.float32, device=device)
         buffers = _SCRATCH[key] = (partial_o, partial_lse)
     return buffers
 
@@ -907,8 +911,8 @@ def _mask_arguments(custom_mask, mask_indptr, paged):
     return {"Custom_Mask": mask, "Mask_Indptr": mask_indptr, "stride_mask_row": stride_mask_row}
 
 
-def _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table,
-                          mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
+def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
+                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
                           k_strides, v_strides):
     prefix_constexprs, prefix_options = plan["prefix"]
     _verify_prefix_stage[grid](
@@ -925,8 +929,7 @@ def _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, 
         sm_scale * _LOG2E,
         k_scale,
         v_scale,
-        plan["max_splits"],
-        plan["min_tokens"],
+        *split_ints,
         plan["page_shift"],
         stride_table,
         q.stride(0),
@@ -970,29 +973,30 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     if plan is None:
         raise ValueError(f"{URI}: no program fits {arch} for group {group}, draft length {max_len}")
     max_splits = plan["max_splits"]
+    split_ints = (max_splits, plan["min_tokens"])  # the split plan's ints, as both stages take them
     partial_o, partial_lse = _scratch(q.device, num_tokens, num_q_heads, max_splits)
+    grid = (num_kv_heads * plan["head_blocks"] * plan["row_blocks"], max_splits, batch)
     sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
     prefix_constexprs, prefix_options = plan["prefix"]
     k_scale, v_scale, scales_on_device = _scales(k_scale, v_scale, q.device)
 
-    grid = (num_kv_heads * plan["head_blocks"] * plan["row_blocks"], max_splits, batch)
     mask_arguments = _mask_arguments(custom_mask, mask_indptr, page_size is not None)
-    _launch_triton_prefix(grid, plan, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table,
-                          mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
+    _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
+                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
                           k_strides, v_strides)
     if plan["merge"] is None:
         return  # every request had one split and wrote o itself
     merge_constexprs, merge_options = plan["merge"]
     merge_heads = merge_constexprs["MERGE_HEADS"]
-    _verify_merge_stage[(cdiv(num_q_heads, merge_heads), batch, cdiv(V_HEAD_DIM.value, MERGE_BLOCK_DV.value))](
+    merge_grid = (cdiv(num_q_heads, merge_heads), batch, cdiv(V_HEAD_DIM.value, MERGE_BLOCK_DV.value))
+    _verify_merge_stage[merge_grid](
         o,
         qo_indptr,
         kv_bounds,
         partial_o,
         partial_lse,
         num_q_heads,
-        max_splits,
-        plan["min_tokens"],
+        *split_ints,
         plan["block_n"],
         stride_table,
         o.stride(0),

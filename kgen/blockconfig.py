@@ -157,6 +157,9 @@ class Measured(BaseModel):
     default_us: float = Field(gt=0)
     noise_pct: float = Field(default=0.0, ge=0)
     workloads: list[dict[str, int]] = Field(default_factory=list)
+    # Rows whose config has a gluon section: the median of their Triton fields (the Triton
+    # config the study chose) in the same re-measurement the Gluon kernel won.
+    triton_us: float | None = Field(default=None, gt=0)
 
 
 class TableEntry(BaseModel):
@@ -374,7 +377,8 @@ def installed_triton_version() -> str | None:
     return None
 
 
-def _major_minor(version: str) -> tuple[int, int] | None:
+def major_minor(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a version string ("3.6.0" -> (3, 6)); None when it names none."""
     match = re.match(r"\s*(\d+)\.(\d+)", version)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
@@ -393,7 +397,7 @@ def check_triton_version(
     installed = installed if installed is not None else installed_triton_version()
     if not made or not installed:
         return None
-    made_mm, inst_mm = _major_minor(made), _major_minor(installed)
+    made_mm, inst_mm = major_minor(made), major_minor(installed)
     if made_mm is None or inst_mm is None or made_mm == inst_mm:
         return None
     where = source or f"the {table.arch} table"

@@ -8,13 +8,15 @@ from pathlib import Path
 
 from kgen.passes.context import BuildContext, load_context
 from kgen.passes.pipeline import run_pipeline
-from kgen.plan import VARIANTS, Plan, Variant, new_plan
+from kgen.plan import URI_PREFIXES, Plan, Variant, new_plan
 from kgen.spec import LayoutSpec, load_layouts
 
 
 def specializations(specs: dict[str, LayoutSpec], layouts: list[str] | None = None,
                     kv_dtypes: list[str] | None = None) -> Iterator[Plan]:
-    """Every (layout, KV dtype, query dtype, variant) the specs ask for, as fresh plans."""
+    """Every (layout, KV dtype, query dtype, variant, batch-invariant or not) the specs ask for,
+    as fresh plans: the grouped and per-head kernels, and the grouped kernel's batch-invariant
+    mode."""
     for name, spec in sorted(specs.items()):
         if layouts and name not in layouts:
             continue
@@ -22,8 +24,8 @@ def specializations(specs: dict[str, LayoutSpec], layouts: list[str] | None = No
             if kv_dtypes and kv not in kv_dtypes:
                 continue
             for q in spec.dtypes.q:
-                for variant in VARIANTS:
-                    yield new_plan(spec, kv, q, variant)
+                for variant, batch_invariant in URI_PREFIXES:
+                    yield new_plan(spec, kv, q, variant, batch_invariant)
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,9 @@ def build_all(out_dir: Path | None = None, check_only: bool = False, layout_dir:
 
 
 def build_one(layout: str, kv_dtype: str, q_dtype: str, variant: Variant = "grouped",
-              out_dir: Path | None = None, ctx: BuildContext | None = None) -> Plan:
+              out_dir: Path | None = None, ctx: BuildContext | None = None, batch_invariant: bool = False) -> Plan:
     specs = load_layouts()
     if layout not in specs:
         raise KeyError(f"unknown layout {layout!r}; known: {', '.join(sorted(specs))} (see `kgen list`)")
     ctx = ctx or load_context(out_dir)
-    return run_pipeline(new_plan(specs[layout], kv_dtype, q_dtype, variant), ctx)
+    return run_pipeline(new_plan(specs[layout], kv_dtype, q_dtype, variant, batch_invariant), ctx)

@@ -99,8 +99,8 @@ _FP32_POINTER = re.compile(r"^Partial_\w+$")
 _FP32_SCALARS = frozenset({"qk_scale", "sm_scale"})
 _SCALE_ARGS = frozenset({"k_scale", "v_scale"})
 _I64_SCALAR = re.compile(r"(^|_)(offset|offsets|elem_offset|base)$")
-_I32_SCALAR = re.compile(r"^(stride_\w+|max_splits|min_tokens_per_split|num_\w+|group|head_blocks|page_shift"
-                         r"|block_n|\w+_len|\w+_size)$")
+_I32_SCALAR = re.compile(r"^(stride_\w+|max_splits|min_tokens_per_split|tokens_per_split|slots_per_request"
+                         r"|row_blocks|num_\w+|group|head_blocks|page_shift|block_n|\w+_len|\w+_size)$")
 
 
 class CheckError(KgenError):
@@ -111,6 +111,17 @@ class CheckError(KgenError):
 # Modules and what they launch
 # ---------------------------------------------------------------------------------------
 
+def _import_gluon() -> None:
+    """Import Triton's Gluon (where this Triton has it) in the process's own environment.
+
+    Gluon wraps triton.language's standard functions when it is first imported; in a process
+    running the interpreter (the tests) those are interpreted functions, which it accepts only
+    while TRITON_INTERPRET is set. A module with a Gluon prefix stage imported first in the
+    compile environment would fail there."""
+    with contextlib.suppress(ImportError):
+        import triton.experimental.gluon  # noqa: F401
+
+
 @contextlib.contextmanager
 def _compile_environment() -> Iterator[None]:
     """Import generated modules as a GPU process would: no interpreter, PDL at its default.
@@ -118,6 +129,7 @@ def _compile_environment() -> Iterator[None]:
     The module reads TRITON_INTERPRET (its dot dtype) and KGEN_NO_PDL at import and
     @triton.jit picks the interpreter from TRITON_INTERPRET at decoration time.
     """
+    _import_gluon()
     saved = {name: os.environ.pop(name) for name in ("TRITON_INTERPRET", "KGEN_NO_PDL") if name in os.environ}
     try:
         yield
@@ -151,14 +163,15 @@ class ModuleInfo:
     path: Path
     uri: str
     layout: str
-    variant: str
+    variant: str  # grouped, per_head, or batch_invariant (the grouped kernel's batch-invariant mode)
     kv_dtype: str
     q_dtype: str
 
 
 def find_modules(generated: Path | None = None, layouts: Iterable[str] = (), kv_dtypes: Iterable[str] = (),
                  q_dtypes: Iterable[str] = (), variants: Iterable[str] = ()) -> list[ModuleInfo]:
-    """The generated modules (``generated/verify*.py``), optionally only some layouts / dtypes / variants."""
+    """The generated modules (``generated/verify*.py``), optionally only some layouts / dtypes / variants
+    (grouped, per_head, batch_invariant)."""
     from kgen.loader import generated_dir
     from kgen.spec import KV_DTYPES, Q_DTYPES, canonical_dtype
 
@@ -170,7 +183,8 @@ def find_modules(generated: Path | None = None, layouts: Iterable[str] = (), kv_
     found = []
     for path in sorted(directory.glob("verify*.py")):
         module = load_module_file(path)
-        info = ModuleInfo(path, module.URI, module.LAYOUT, module.VARIANT, _torch_name(module.KV_DTYPE),
+        kind = "batch_invariant" if getattr(module, "BATCH_INVARIANT", False) else module.VARIANT
+        info = ModuleInfo(path, module.URI, module.LAYOUT, kind, _torch_name(module.KV_DTYPE),
                           _torch_name(module.Q_DTYPE))
         if ((not wanted_layouts or info.layout in wanted_layouts) and (not wanted_kv or info.kv_dtype in wanted_kv)
                 and (not wanted_q or info.q_dtype in wanted_q)
@@ -266,6 +280,11 @@ def jit_int_class(value: int) -> str:
     return "div16" if value % 16 == 0 else "plain"
 
 
+# The int arguments runtime_scalars can give (the default and the batch-invariant modules').
+RUNTIME_INTS = ("group", "head_blocks", "max_splits", "page_shift", "block_n", "min_tokens_per_split",
+                "tokens_per_split", "row_blocks")
+
+
 def runtime_scalars(module: ModuleType, arch: str, num_sms: int, point: Point) -> dict[str, int]:
     """Values of the int arguments the launcher computes from shapes (the rest are strides of
     the engine's tensors): the JIT specializes on them, so they are part of the variant."""
@@ -273,10 +292,15 @@ def runtime_scalars(module: ModuleType, arch: str, num_sms: int, point: Point) -
     plan = module._planned(arch, num_sms, point.group, point.batch, point.draft, point.page_size, 1, point.mask)
     if plan is None:
         return {}
-    return {"group": point.group, "head_blocks": plan["head_blocks"], "max_splits": plan["max_splits"],
-            "min_tokens_per_split": plan["min_tokens"], "page_shift": plan["page_shift"], "block_n": plan["block_n"],
-            # partial_lse is [tokens, heads, max_splits], contiguous: its head stride is max_splits.
-            "stride_pl_head": plan["max_splits"]}
+    scalars = {"group": point.group, "head_blocks": plan["head_blocks"], "max_splits": plan["max_splits"],
+               "page_shift": plan["page_shift"], "block_n": plan["block_n"],
+               # partial_lse is [rows, heads, splits], contiguous: its head stride is its split count.
+               "stride_pl_head": plan["max_splits"]}
+    if "min_tokens" in plan:
+        scalars["min_tokens_per_split"] = plan["min_tokens"]
+    else:  # a batch-invariant module: its split size and row blocks (all do_not_specialize)
+        scalars.update(tokens_per_split=plan["tokens_per_split"], row_blocks=plan["row_blocks"])
+    return scalars
 
 
 def complete_launch(module: ModuleType, kernel_name: str, constexprs: dict[str, Any]) -> list[dict[str, Any]]:
@@ -449,9 +473,9 @@ def _distinct_launch(info: ModuleInfo, module: ModuleType, arch_name: str, kerne
                                   json.dumps({k: v for k, v in encoded.items() if k != "SCALES_ON_DEVICE"},
                                              sort_keys=True), sg.replace('"*fp32"', '"fp32"'),
                                   tuple(d for d in dv if d not in _SCALE_ARGS)))
-    for name in scalars:  # one runtime int at a time (max_splits with the stride that equals it)
-        if name == "stride_pl_head":
-            continue
+    # One runtime int at a time (max_splits with the stride that equals it), every module's ints
+    # for every variant, so that an int only some modules pass does not skew the multipliers.
+    for name in RUNTIME_INTS:
         names = {name, "stride_pl_head"} if name == "max_splits" else {name}
         one = {k: ("i32" if k in names else v) for k, v in signature.items()}
         proj.setdefault(f"int {name}", set()).add(

@@ -75,7 +75,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from kgen.explain import explain
 
     print(explain(args.layout, args.kv_dtype, args.q_dtype, args.variant, arch=args.arch,
-                  model=args.model, topk=args.topk, group=args.group, show_source=args.source))
+                  model=args.model, topk=args.topk, group=args.group, show_source=args.source,
+                  batch_invariant=args.batch_invariant))
     return 0
 
 
@@ -148,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", default="bfloat16", help="bf16 | fp8 | fp8_e4m3fnuz (default bf16)")
     p.add_argument("--q-dtype", default="bfloat16", help="bf16 | fp16 (default bf16)")
     p.add_argument("--variant", default="grouped", choices=["grouped", "per_head"])
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="the grouped kernel's batch-invariant module: what it fixes, and why")
     p.add_argument("--arch", default=None, help="GPU arch for the gate and table lookup, e.g. sm_90, gfx950")
     p.add_argument("--model", default=None, help="HuggingFace architecture name for the gate")
     p.add_argument("--topk", type=int, default=1, help="EAGLE topk for the gate (default 1)")
@@ -173,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", action="append", help="only these layouts (repeatable or comma-separated)")
     p.add_argument("--kv-dtype", action="append", help="only these KV dtypes (bf16, fp8, fp8_e4m3fnuz, ...)")
     p.add_argument("--q-dtype", action="append", help="only these query dtypes (bf16, fp16)")
-    p.add_argument("--variant", action="append", help="only grouped or per_head modules")
+    p.add_argument("--variant", action="append",
+                   help="only grouped, per_head or batch_invariant (the grouped kernel's batch-invariant mode) modules")
     p.add_argument("--entry", action="append", help="narrow the domain to token-slot or paged calls (a narrowed "
                    "run proves only that part)")
     p.add_argument("--index-dtype", action="append", help="narrow the domain to int32 or int64 index tensors")

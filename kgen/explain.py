@@ -8,7 +8,7 @@ from kgen.errors import SpecError, UsageError
 from kgen.loader import check_variant
 from kgen.passes.context import load_context
 from kgen.passes.pipeline import run_pipeline
-from kgen.plan import SECTION_OF_PASS, Plan, new_plan
+from kgen.plan import SECTION_OF_PASS, Plan, module_uri, new_plan
 from kgen.spec import KV_DTYPES, Q_DTYPES, canonical_dtype, load_layouts
 
 
@@ -76,7 +76,7 @@ def _gate_lines(spec_name: str, arch: str | None, model: str | None, topk: int, 
 
 def explain(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16", variant: str = "grouped",
             arch: str | None = None, model: str | None = None, topk: int = 1, group: int | None = None,
-            show_source: bool = False) -> str:
+            show_source: bool = False, batch_invariant: bool = False) -> str:
     specs = load_layouts()
     if layout not in specs:
         raise SpecError(f"unknown layout {layout!r}; known layouts: {', '.join(sorted(specs))}")
@@ -84,12 +84,14 @@ def explain(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16", 
     kv = canonical_dtype(kv_dtype, KV_DTYPES, "KV")
     q = canonical_dtype(q_dtype, Q_DTYPES, "query")
     variant = check_variant(variant)
+    module_uri(layout, kv, q, variant, batch_invariant)  # a UsageError for a mode the variant lacks
     listed = spec.attention.group_sizes
     if group is None:
         group = max(listed)
     elif isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise UsageError(f"--group must be a positive number of query heads per KV head, got {group!r}")
-    lines = [f"kgen explain {layout} --kv-dtype {kv} --q-dtype {q} --variant {variant}"]
+    lines = [f"kgen explain {layout} --kv-dtype {kv} --q-dtype {q} --variant {variant}"
+             + (" --batch-invariant" if batch_invariant else "")]
     if group not in listed:
         # Explained, not refused: a module runs any group; only the table rows and the gate differ.
         lines.append(
@@ -98,7 +100,7 @@ def explain(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16", 
             f"the runtime gate sends it to the per-head kernel"
         )
     collected: list[str] = []
-    previous: list[Plan] = [new_plan(spec, kv, q, variant)]
+    previous: list[Plan] = [new_plan(spec, kv, q, variant, batch_invariant)]
 
     def show_pass(name: str, after: Plan) -> None:
         collected.extend(_format_pass(name, previous[-1], after))

@@ -35,7 +35,7 @@ GENERATED_ENV = "KGEN_GENERATED_DIR"
 PACKAGE_DIR = Path(__file__).resolve().parent
 INSTALLED_DIR = PACKAGE_DIR / "_generated"
 _LAYOUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_MODULE_NAME = re.compile(r"verify_(?:perhead_)?(?P<layout>\w+?)__kv_(?P<kv>\w+?)__q_(?P<q>\w+)")
+_MODULE_NAME = re.compile(r"verify_(?:perhead_|batch_invariant_)?(?P<layout>\w+?)__kv_(?P<kv>\w+?)__q_(?P<q>\w+)")
 
 _LOCK = threading.Lock()
 _LOADED: dict[str, ModuleType] = {}
@@ -126,7 +126,7 @@ def _spec_names() -> list[str]:
         return []
 
 
-def _not_found(layout: str, kv: str, q: str, variant: Variant, uri: str) -> UsageError:
+def _not_found(layout: str, kv: str, q: str, variant: Variant, uri: str, mode: str) -> UsageError:
     """The error for a module that is not in the search path: what exists and how to build it."""
     dirs = search_path()
     modules = available_modules()
@@ -137,7 +137,7 @@ def _not_found(layout: str, kv: str, q: str, variant: Variant, uri: str) -> Usag
             built.setdefault(match["layout"], set()).add(f"kv {match['kv']} / q {match['q']}")
     if layout in built:
         return ModuleNotGeneratedError(
-            f"no generated module {uri}.py for layout {layout!r} ({variant}, KV {kv}, query {q}) "
+            f"no generated module {uri}.py for layout {layout!r} ({mode}, KV {kv}, query {q}) "
             f"in {_dirs_text(dirs)}; "
             f"the dtypes generated for it are {', '.join(sorted(built[layout]))}; "
             f"to use other dtypes add them to the layout spec and {_build_hint()}"
@@ -169,8 +169,12 @@ def _import_file(uri: str, path: Path) -> ModuleType:
 
 
 def load(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16",
-         variant: Variant = "grouped") -> ModuleType:
+         variant: Variant = "grouped", batch_invariant: bool = False) -> ModuleType:
     """The generated module for a layout and dtypes (``bf16``/``fp8`` spellings accepted).
+
+    ``batch_invariant=True`` gives the grouped kernel's batch-invariant mode (its own module,
+    ``verify_batch_invariant_...``): a request's output bits do not depend on the batch it is
+    in. The default modules are NOT batch invariant (docs/runtime.md).
 
     Imports ``<uri>.py`` from the first directory of ``search_path()`` that has it; each
     module is imported once per process. It never builds: a module that is not generated
@@ -181,17 +185,19 @@ def load(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16",
     kv = canonical_dtype(kv_dtype, KV_DTYPES, "KV")
     q = canonical_dtype(q_dtype, Q_DTYPES, "query")
     variant = check_variant(variant)
+    if not isinstance(batch_invariant, bool):
+        raise UsageError(f"batch_invariant must be True or False, got {batch_invariant!r}")
     layout = str(layout)
     if not _LAYOUT_NAME.fullmatch(layout):
         raise UsageError(f"unknown layout {layout!r}: a layout name is a Python identifier (`kgen list` shows them)")
-    uri = module_uri(layout, kv, q, variant)
+    uri = module_uri(layout, kv, q, variant, batch_invariant)
     with _LOCK:
         module = _LOADED.get(uri)
         if module is not None:
             return module
         path = next((d / f"{uri}.py" for d in search_path() if (d / f"{uri}.py").is_file()), None)
         if path is None:
-            raise _not_found(layout, kv, q, variant, uri)
+            raise _not_found(layout, kv, q, variant, uri, "batch-invariant" if batch_invariant else variant)
         module = _import_file(uri, path)
         _LOADED[uri] = module
         return module

@@ -3,10 +3,12 @@
 A plan starts from one layout spec plus the dtypes and variant to generate for. It grows in
 sections that follow the passes, each a frozen dataclass one pass fills:
 
-    spec, kv_dtype, q_dtype, variant    the request (validate checks it)
+    spec, kv_dtype, q_dtype, variant,   the request (validate checks it)
+    batch_invariant
     specialization                      specialize: what the source contains at all
     tiles                               legalize: tile widths and masks Triton's rules need
     config                              select_config: the block configs baked in per arch
+    invariance                          fix_invariance: what the batch-invariant mode fixes
     fit                                 fit: the targets and what one program stages
     lowering                            select_lowering: which kernel language renders it
     output                              render, check, emit: the source and where it went
@@ -25,16 +27,28 @@ from typing import Any, Literal
 
 from kgen import rules
 from kgen.blockconfig import BlockConfig
-from kgen.errors import BuildError
+from kgen.errors import BuildError, UsageError
 from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec
 
 Variant = Literal["grouped", "per_head"]
 VARIANTS: tuple[Variant, ...] = ("grouped", "per_head")
 
 
-def module_uri(layout: str, kv_dtype: str, q_dtype: str, variant: Variant = "grouped") -> str:
+# The name prefix of each module kind: (variant, batch_invariant) -> prefix.
+URI_PREFIXES: dict[tuple[Variant, bool], str] = {
+    ("grouped", False): "verify",
+    ("per_head", False): "verify_perhead",
+    ("grouped", True): "verify_batch_invariant",
+}
+
+
+def module_uri(layout: str, kv_dtype: str, q_dtype: str, variant: Variant = "grouped",
+               batch_invariant: bool = False) -> str:
     """The one name of a specialization: file name, ``kgen.load`` key, cache and table key."""
-    prefix = "verify" if variant == "grouped" else "verify_perhead"
+    prefix = URI_PREFIXES.get((variant, bool(batch_invariant)))
+    if prefix is None:
+        raise UsageError(f"the batch-invariant mode is a specialization of the grouped kernel; variant {variant!r} "
+                         "has none (use variant='grouped' with batch_invariant=True)")
     return f"{prefix}_{layout}__kv_{KV_DTYPES[kv_dtype]}__q_{Q_DTYPES[q_dtype]}"
 
 
@@ -128,6 +142,19 @@ class BlockConfigs:
 
 
 @dataclass(frozen=True)
+class Invariance:
+    """fix_invariance: what a batch-invariant module fixes so that a request's output bits do
+    not depend on the batch, the other requests or the GPU's size (``enabled`` False: the
+    default mode, where they do)."""
+
+    enabled: bool
+    tokens_per_split: int | None = None  # every split but a request's last holds exactly this many tokens
+    max_splits: int | None = None  # splits per request before they grow to whole multiples of tokens_per_split
+    draft_rows: int | None = None  # the draft length every program is fitted for (its L_PAD, whatever the batch)
+    merge_split_chunk: int | None = None  # splits a merge program combines per unrolled chunk
+
+
+@dataclass(frozen=True)
 class Fit:
     """fit: the targets a module is checked for and what one program stages (rules.kernel_shape)."""
 
@@ -174,7 +201,8 @@ class Output:
 
 # Which pass fills which section (``kgen explain`` prints a section after its pass).
 SECTION_OF_PASS = {
-    "specialize": "specialization", "legalize": "tiles", "select_config": "config", "fit": "fit",
+    "specialize": "specialization", "legalize": "tiles", "select_config": "config",
+    "fix_invariance": "invariance", "fit": "fit",
     "select_lowering": "lowering", "render": "output", "check": "output", "emit": "output",
 }
 
@@ -185,17 +213,19 @@ class Plan:
     kv_dtype: str
     q_dtype: str
     variant: Variant = "grouped"
+    batch_invariant: bool = False
     decisions: tuple[Decision, ...] = ()
     specialization: Specialization | None = None
     tiles: Tiles | None = None
     config: BlockConfigs | None = None
+    invariance: Invariance | None = None
     fit: Fit | None = None
     lowering: Lowering | None = None
     output: Output | None = None
 
     @property
     def uri(self) -> str:
-        return module_uri(self.spec.name, self.kv_dtype, self.q_dtype, self.variant)
+        return module_uri(self.spec.name, self.kv_dtype, self.q_dtype, self.variant, self.batch_invariant)
 
     @property
     def grouped(self) -> bool:
@@ -203,6 +233,8 @@ class Plan:
 
     @property
     def variant_summary(self) -> str:
+        if self.batch_invariant:
+            return "grouped-head shared-KV, batch invariant (fixed tokens per split, block config and draft rows)"
         return ("grouped-head shared-KV" if self.grouped
                 else "per-head split-KV baseline (one query head per program)")
 
@@ -238,5 +270,6 @@ class Plan:
         return [d for d in self.decisions if d.pass_name == pass_name]
 
 
-def new_plan(spec: LayoutSpec, kv_dtype: str, q_dtype: str, variant: Variant = "grouped") -> Plan:
-    return Plan(spec=spec, kv_dtype=kv_dtype, q_dtype=q_dtype, variant=variant)
+def new_plan(spec: LayoutSpec, kv_dtype: str, q_dtype: str, variant: Variant = "grouped",
+             batch_invariant: bool = False) -> Plan:
+    return Plan(spec=spec, kv_dtype=kv_dtype, q_dtype=q_dtype, variant=variant, batch_invariant=batch_invariant)

@@ -7,6 +7,8 @@ unwritten outputs), in chunks so a pool of many GiB needs no fp32 copy of itself
 page table is a random permutation of slots unless ``shuffle=False``. ``poison_unnamed_slots`` puts NaN in every slot
 a case does not name and ``to_paged`` copies a case's prefixes into a vLLM-style paged cache
 (NaN wherever no prefix token lies), so that a kernel reading outside a request shows up.
+``batch_of`` puts single-request cases into one batch (the same request among other
+neighbours, for the tests of batch invariance).
 
 Trees (EAGLE topk > 1): ``eagle_tree`` draws one request's [L, L] draft mask, ``set_draft_masks``
 gives a case one per request in SGLang's layout (``sglang_mask``; the paged entry's rows come
@@ -256,6 +258,63 @@ def set_draft_masks(case: VerifyCase, draft_masks: Sequence[torch.Tensor], gap: 
     case.custom_mask, case.mask_indptr = sglang_mask(case.draft_masks, case.prefix_lens(), gap, case.q.device)
     case.is_causal = is_causal
     return case
+
+
+def batch_of(cases: Sequence[VerifyCase], seed: int = 0, spare_indices: int = 0,
+             mask_gap: int = 0) -> tuple[VerifyCase, list[slice]]:
+    """One batch holding the requests of ``cases`` in order, each with its own data (the tests of
+    batch invariance put the same request among different neighbours), and each case's rows of
+    q and o in it. The pools are concatenated, then their slots shuffled (seeded), and the page
+    table follows; ``spare_indices`` more entries after kv_indptr[-1] make kv_indices longer
+    than the batch needs, as an engine's preallocated (CUDA-graph) index buffer is. Every case
+    must have the same KV heads, dtypes, index dtype and scales. Trees (``set_draft_masks``):
+    every case has one or none does, and the batch gets theirs in SGLang's layout, its mask
+    blocks ``mask_gap`` bytes apart (the neighbours then change where a request's block lies)."""
+    first = cases[0]
+    if any(c.kv_indptr.numel() != 2 for c in cases):
+        raise ValueError("batch_of takes single-request cases")
+    trees = [c.draft_masks is not None for c in cases]
+    if any(trees) and not all(trees):
+        raise ValueError("batch_of needs every case to have a draft mask (set_draft_masks) or none")
+    if any((c.k_scale, c.v_scale, c.kv_indices.dtype) != (first.k_scale, first.v_scale, first.kv_indices.dtype)
+           for c in cases):
+        raise ValueError("batch_of needs cases with the same scales and kv_indices dtype")
+    latent = first.v_buffer.data_ptr() == first.k_buffer.data_ptr()  # absorbed MLA: V is K's latent columns
+    v_dim = first.v_buffer.shape[-1]
+    rows, start = [], 0
+    for c in cases:
+        rows.append(slice(start, start + c.q.shape[0]))
+        start += c.q.shape[0]
+    offsets = [0]
+    for c in cases:
+        offsets.append(offsets[-1] + c.k_buffer.shape[0])
+    order = torch.randperm(offsets[-1], generator=torch.Generator().manual_seed(seed)).to(first.k_buffer.device)
+
+    def pool(buffers: list[torch.Tensor]) -> torch.Tensor:
+        joined = torch.cat(buffers)
+        out = torch.empty_like(joined)
+        _bits(out)[order] = _bits(joined)  # slot j of the joined pools moves to slot order[j]
+        return out
+
+    k_pool = pool([c.k_buffer for c in cases])
+    v_pool = k_pool[..., :v_dim] if latent else pool([c.v_buffer for c in cases])
+    indices = torch.cat([order[c.kv_indices.long() + off] for c, off in zip(cases, offsets[:-1], strict=True)])
+    if spare_indices:
+        indices = torch.cat([indices, order[:1].repeat(spare_indices)])
+    k_ext = torch.cat([c.k_extend for c in cases])
+    v_ext = k_ext[..., :v_dim] if latent else torch.cat([c.v_extend for c in cases])
+    draft_lens = [c.q.shape[0] for c in cases]
+    prefix_lens = [int(c.kv_indptr[-1]) for c in cases]
+    q = torch.cat([c.q for c in cases])
+    batch = VerifyCase(
+        q=q, k_extend=k_ext, v_extend=v_ext, o=torch.full_like(torch.cat([c.o for c in cases]), float("nan")),
+        k_buffer=k_pool, v_buffer=v_pool, qo_indptr=_indptr(draft_lens, q.device),
+        kv_indptr=_indptr(prefix_lens, q.device), kv_indices=indices.to(first.kv_indices.dtype),
+        max_len_extend=max(draft_lens), k_scale=first.k_scale, v_scale=first.v_scale, sm_scale=first.sm_scale,
+    )
+    if all(trees):
+        set_draft_masks(batch, [m for c in cases for m in c.draft_masks], mask_gap, first.is_causal)
+    return batch, rows
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -386,3 +386,67 @@ def test_execute_with_a_baseline_build_on_cpu(tmp_path: Path, capsys: pytest.Cap
     assert f"vs the build in {before}" in summary
     assert f"geometric mean {(1.04 * 0.99) ** 0.5:.3f} over 2 cases, worst 1.040 at {run.cases[0].key}" in summary
     assert f"grouped kernel vs the build in {before}" in render_markdown(again)
+
+
+# ----------------------------------------------------------------- --batch-invariant
+
+
+def test_batch_invariant_option_is_checked_before_measuring(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / "verify_gqa128__kv_bf16__q_bf16.py").write_text("")
+    for extra, why in ((("--kernels", "per_head"), "keep it in --kernels"),
+                       (("--index-dtype", "int64,int32"), "run one at a time"),
+                       (("--baseline-modules", str(built)), "run one at a time")):  # fmt: skip
+        assert run_bench(_parse("--quick", "--batch-invariant", *extra)) == 2
+        assert why in capsys.readouterr().err
+    result = write_json(make_run(), tmp_path / "result.json")
+    assert run_bench(_parse("--batch-invariant", "--from-json", str(result))) == 2
+    assert "does not go with --from-json" in capsys.readouterr().err
+    assert run_bench(_parse("--quick", "--batch-invariant", "--compare", str(result))) == 2
+    assert "compare with a --batch-invariant run" in capsys.readouterr().err
+    assert cli.batch_invariant_run(_parse("--batch-invariant")) and not cli.batch_invariant_run(_parse())
+
+
+def test_execute_batch_invariant_against_the_default_on_cpu(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """--batch-invariant through the real provider: the batch-invariant grouped module and the
+    default one (Triton's interpreter), each checked and timed with the timer's pair(); the JSON
+    keeps both times and the ratio, the summary and bench.md their geometric mean and worst."""
+    from test_bench_peers import fake_timer
+
+    from kgen.bench.peers import DeviceProvider
+    from kgen.bench.report import BenchMeta, read_run, render_markdown
+    from kgen.bench.timing import PairedTiming
+
+    class PairingFakeTimer:
+        def __init__(self) -> None:
+            self.pairs = 0
+
+        def __call__(self, fn, n_sets):  # noqa: ANN001, ANN204
+            return fake_timer(fn, n_sets)
+
+        def pair(self, fn_a, fn_b, n_sets):  # noqa: ANN001, ANN202
+            self.pairs += 1
+            fn_a(n_sets - 1)
+            fn_b(n_sets - 1)
+            return PairedTiming.from_samples([10.0 * r for r in (1.06, 1.05, 1.07, 1.05, 1.06)], [10.0] * 5, n_sets,
+                                             "fake")
+
+    args = _parse("--layout", "gqa128:8", "--kv-dtype", "bf16", "--batch", "2", "--prefix", "32", "--draft", "2",
+                  "--kernels", "grouped", "--batch-invariant", "--no-progress", "--flex-sweep", "none")
+    provider = DeviceProvider(device="cpu", l2_bytes=1 << 16, compile_flex=False, select_timer=fake_timer,
+                              batch_invariant=cli.batch_invariant_run(args))  # fmt: skip
+    timer = PairingFakeTimer()
+    run = cli.execute(args, cli.select_cases(args), provider, timer, BenchMeta(gpu_name="cpu", batch_invariant=True),
+                      tmp_path)
+    (case,) = run.cases
+    grouped = case.kernels["grouped"]
+    assert case.status == "ok" and timer.pairs == 1 and grouped.max_rel_err < 2e-2
+    assert grouped.mode_ab.module == "verify_gqa128__kv_bf16__q_bf16" and grouped.mode_ab.max_rel_err < 2e-2
+    assert grouped.mode_ab.ratio == pytest.approx(1.06) and grouped.median_us == pytest.approx(10.6)
+    assert "invariant/default=1.060" in capsys.readouterr().out
+    again = read_run(write_json(run, tmp_path / "bench.json"))
+    assert f"geometric mean 1.060 over 1 cases, worst 1.060 at {case.key}" in cli.summary_text(again)
+    text = render_markdown(again)
+    assert "batch-invariant / default" in text and "the batch-invariant modules" in text

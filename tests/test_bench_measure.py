@@ -431,3 +431,35 @@ def test_an_earlier_build_that_does_not_load_leaves_the_current_figure_alone() -
     assert res.build_ab.status == "error" and "has no verify_x.py" in res.build_ab.note
     no_pair = measure_kernel(_build_ab_run(KernelRun(fn=FakeLaunch("t", 1.0))), FakeTimer(), 10, None, TOLERANCE_BF16)
     assert no_pair.status == "error" and "cannot time two builds" in no_pair.note
+
+
+# ----------------------------------------------------------------- --batch-invariant
+
+
+def _mode_ab_run(default: KernelRun) -> KernelRun:
+    return KernelRun(fn=FakeLaunch("invariant", 104.0), n_sets=3, check=lambda: 1e-3, index_dtype="int64",
+                     module="verify_batch_invariant_x", default_mode=default)  # fmt: skip
+
+
+def test_measure_kernel_times_the_default_module_in_alternation() -> None:
+    """--batch-invariant: the grouped figures are the batch-invariant module's; the default
+    module's time and the ratio batch-invariant / default are its mode_ab."""
+    timer = FakePairTimer(ratios=(1.04, 1.03, 1.05, 1.02, 1.04))
+    default = KernelRun(fn=FakeLaunch("default", 100.0), n_sets=3, check=lambda: 2e-3, module="verify_x")
+    res = measure_kernel(_mode_ab_run(default), timer, 10**6, COPY_GBPS, TOLERANCE_BF16)
+    assert timer.pairs == [("invariant", "default", 3)] and timer.seen == []
+    assert res.build_ab is None and res.index_ab is None and res.median_us == pytest.approx(104.0)
+    ab = res.mode_ab
+    assert (ab.module, ab.status, ab.median_us, ab.alternations) == ("verify_x", "ok", 100.0, 5)
+    assert ab.ratio == pytest.approx(1.04) and ab.max_rel_err == 2e-3
+    assert KernelResult.model_validate_json(res.model_dump_json()) == res
+    no_pair = measure_kernel(_mode_ab_run(KernelRun(fn=FakeLaunch("t", 1.0))), FakeTimer(), 10, None, TOLERANCE_BF16)
+    assert no_pair.status == "error" and "cannot time two modes" in no_pair.note
+
+
+def test_a_wrong_default_module_fails_the_case() -> None:
+    case = case_for(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 64, 16384, 4)
+    wrong = KernelRun(fn=FakeLaunch("default", 100.0), n_sets=3, check=lambda: 0.5, module="verify_x")
+    res = measure_kernel(_mode_ab_run(wrong), FakePairTimer(), 10**6, COPY_GBPS, TOLERANCE_BF16)
+    assert res.status == "ok" and res.mode_ab.status == "failed"
+    assert make_case_result(case, {"grouped": res}).status == "FAILED"

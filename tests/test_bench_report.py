@@ -274,3 +274,12 @@ def test_committed_baselines_record_the_engines_index_dtype() -> None:
     for name in ("h200.json", "h200_matrix.json"):
         run = read_run(root / name)
         assert {c.case.indices for c in run.cases} == {"int64"}
+
+
+def test_compare_refuses_runs_of_two_modes() -> None:
+    """A --batch-invariant run's grouped figures are another module's than a default run's."""
+    invariant = make_run()
+    invariant.meta.batch_invariant = True
+    with pytest.raises(BenchReportError, match="compare runs of one mode"):
+        compare_runs(invariant, make_run())
+    assert compare_runs(invariant, invariant).ok

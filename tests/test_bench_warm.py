@@ -81,3 +81,11 @@ def test_run_job_compiles_both_index_dtypes_of_an_ab(monkeypatch: pytest.MonkeyP
     case = case_for(load_layouts()["gqa128"], 8, "bfloat16", 1, 32, 2, index_dtype_ab="int32")
     warm.run_job(warm.WarmJob("grouped", asdict(case)), "cpu")
     assert module.index_dtypes == [torch.int64, torch.int32]
+
+
+def test_batch_invariant_runs_warm_the_batch_invariant_modules_too() -> None:
+    cases = build_matrix(SPECS, quick=True)
+    jobs = warm_jobs(cases, ["grouped"], batch_invariant=True)
+    kinds = [j.kind for j in jobs]
+    assert kinds.count("batch_invariant") == kinds.count("grouped") == 4 * 2 * 2
+    assert warm_jobs(cases, ["per_head"], batch_invariant=True)[0].kind == "per_head"

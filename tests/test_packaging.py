@@ -37,8 +37,8 @@ uris = []
 for name, spec in sorted(load_layouts().items()):
     for kv in spec.dtypes.kv:
         for q in spec.dtypes.q:
-            for variant in ("grouped", "per_head"):
-                m = kgen.load(name, kv, q, variant=variant)
+            for variant, batch_invariant in (("grouped", False), ("per_head", False), ("grouped", True)):
+                m = kgen.load(name, kv, q, variant=variant, batch_invariant=batch_invariant)
                 assert Path(m.__file__).parent == kgen.loader.INSTALLED_DIR, m.__file__
                 uris.append(m.URI)
 bad = sorted(n for n in sys.modules if n.split(".")[0] == "jinja2" or n.startswith(("kgen.passes", "kgen.build")))

@@ -16,13 +16,14 @@ from kgen.errors import BuildError, SpecError, TableError
 from kgen.passes.check import check
 from kgen.passes.context import load_context
 from kgen.passes.fit import fit
+from kgen.passes.fix_invariance import CONFIG_BATCH, DRAFT_ROWS, MAX_SPLITS, TOKENS_PER_SPLIT, fix_invariance
 from kgen.passes.legalize import next_pow2
 from kgen.passes.pipeline import PASSES, run_pipeline
 from kgen.passes.render import render
 from kgen.passes.select_config import select_config
 from kgen.passes.specialize import specialize
 from kgen.passes.validate import validate
-from kgen.plan import SECTION_OF_PASS, Lowering, Output, config_literal, new_plan
+from kgen.plan import SECTION_OF_PASS, BlockConfigs, ConfigEntry, Lowering, Output, config_literal, new_plan
 from kgen.spec import load_layouts, parse_layout
 
 SPECS = load_layouts()
@@ -389,10 +390,12 @@ def test_explain_shows_every_field_each_pass_fills(ctx):
     """A section field a pass fills and `kgen explain` does not print is a decision nobody sees."""
     from kgen.explain import explain
 
-    for layout, kv in (("qwen3_5_gqa256", "float8_e4m3fn"), ("mla_absorbed_512_64", "bfloat16")):
-        text = explain(layout, kv)
+    cases = (("qwen3_5_gqa256", "float8_e4m3fn", False), ("mla_absorbed_512_64", "bfloat16", False),
+             ("qwen3_5_gqa256", "bfloat16", True))
+    for layout, kv, invariant in cases:
+        text = explain(layout, kv, batch_invariant=invariant)
         blocks = dict(re.findall(r"── after (\w+) ─+\n(.*?)(?=\n── |\Z)", text, re.S))
-        plan = new_plan(SPECS[layout], kv, "bfloat16")
+        plan = new_plan(SPECS[layout], kv, "bfloat16", batch_invariant=invariant)
         for fn in PASSES:
             after = fn(plan, ctx)
             section = SECTION_OF_PASS.get(fn.__name__)
@@ -418,3 +421,58 @@ def test_the_gluon_prefix_stage_is_offered_only_where_it_applies(ctx, kv, q, off
         assert decision.value == "gluon/mla_prefix_stage.py.j2" and "sm_90" in decision.why
     else:
         assert decision.value is None and ("kv_storage" in decision.why or "q_dtype_is_kv_dtype" in decision.why)
+
+
+def _configs_with_rows(ctx, rows):
+    plan = _through(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16", batch_invariant=True), ctx,
+                    "select_config")
+    return dataclasses.replace(plan, config=BlockConfigs(default=plan.config.default, default_why="test",
+                                                          by_arch={"sm_90": tuple(rows)}))
+
+
+def test_fix_invariance_keeps_one_row_per_group_for_every_batch(ctx):
+    """Each group's row whose bucket holds the speed bar's batch, widened to every batch; a
+    group whose rows miss it takes the default config (no row)."""
+    cfg = {n: BlockConfig(block_h=16, block_n=n, num_warps=4, num_stages=2) for n in (16, 32, 64)}
+    rows = [ConfigEntry(16, 1, 8, cfg[16]), ConfigEntry(16, 9, CONFIG_BATCH, cfg[32]),
+            ConfigEntry(16, CONFIG_BATCH + 1, 1 << 30, cfg[16]), ConfigEntry(8, 100, 200, cfg[64])]
+    plan = fix_invariance(_configs_with_rows(ctx, rows), ctx)
+    assert plan.config.by_arch["sm_90"] == (ConfigEntry(16, 1, 1 << 30, cfg[32]),)
+    section = plan.invariance
+    assert (section.enabled, section.tokens_per_split, section.max_splits, section.draft_rows) == (
+        True, TOKENS_PER_SPLIT, MAX_SPLITS, DRAFT_ROWS)
+    decided = {d.what: d for d in plan.decisions_of("fix_invariance")}
+    assert "group 8: the default config" in decided["config sm_90"].value
+    split = decided["tokens per split"]
+    assert split.value == TOKENS_PER_SPLIT and "fixed split size" in split.why
+
+
+def test_fix_invariance_says_a_default_module_is_not_invariant(ctx):
+    plan = _through(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx, "fix_invariance")
+    assert plan.invariance.enabled is False
+    (decision,) = plan.decisions_of("fix_invariance")
+    assert decision.value is False and "depend on the batch" in decision.why
+
+
+def test_fit_walks_only_the_invariant_draft_rows(ctx):
+    """A batch-invariant module fits every program for DRAFT_ROWS: no fit decision names
+    another draft length (the default module's range over 1..16 changes programs at L 5-16)."""
+    default = _through(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"), ctx, "fit")
+    invariant = _through(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16", batch_invariant=True), ctx, "fit")
+    assert any(d.value != f"L {DRAFT_ROWS}" for d in default.decisions_of("fit") if d.what.startswith("sm_90 group"))
+    assert all(d.value == f"L {DRAFT_ROWS}" for d in invariant.decisions_of("fit") if d.what.startswith("sm_90 group"))
+
+
+def test_validate_refuses_a_per_head_batch_invariant_plan(ctx):
+    with pytest.raises(SpecError, match="no batch-invariant mode"):
+        validate(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16", "per_head", batch_invariant=True), ctx)
+
+
+def test_explain_batch_invariant_from_the_cli(capsys):
+    from kgen.cli import main
+
+    assert main(["explain", "gqa64", "--batch-invariant"]) == 0
+    text = capsys.readouterr().out
+    assert "uri: verify_batch_invariant_gqa64__kv_bf16__q_bf16" in text
+    assert f"tokens per split   = {TOKENS_PER_SPLIT}" in text and "── after fix_invariance" in text
+    assert main(["explain", "gqa64", "--variant", "per_head", "--batch-invariant"]) == 2

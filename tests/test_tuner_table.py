@@ -179,8 +179,8 @@ def test_same_major_minor_or_no_version_does_not_warn() -> None:
 
 def test_schema_doc_lists_every_field() -> None:
     doc = (TABLE_DIR / "SCHEMA.md").read_text()
-    from kgen.blockconfig import SplitPolicy
+    from kgen.blockconfig import GluonConfig, SplitPolicy
 
-    for model in (TableFile, TableMetadata, TableEntry, BlockConfig, SplitPolicy, Measured):
+    for model in (TableFile, TableMetadata, TableEntry, BlockConfig, GluonConfig, SplitPolicy, Measured):
         for name, field in model.model_fields.items():
             assert f"`{field.alias or name}`" in doc, f"SCHEMA.md does not document {model.__name__}.{name}"

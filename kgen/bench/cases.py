@@ -30,6 +30,8 @@ PEER_KERNELS = ("flex", "sdpa")
 KERNELS = KGEN_KERNELS + PEER_KERNELS
 # Speed-ups and --compare verdicts are about this kernel: the one kgen exists to make.
 HEADLINE_KERNEL = "grouped"
+# The grouped kernel's batch-invariant module (--batch-invariant), as a loader's variant name.
+BATCH_INVARIANT = "batch_invariant"
 
 # The full matrix (issue 5): Qwen3.5 GQA 256 at TP2 and TP8, absorbed MLA, GQA 128.
 DEFAULT_LAYOUT_GROUPS: tuple[tuple[str, int], ...] = (

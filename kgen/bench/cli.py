@@ -50,6 +50,8 @@ from kgen.bench.report import (
     index_ab_summary,
     mask_ab_summary,
     merge_runs,
+    mode_ab_line,
+    mode_ab_summary,
     read_run,
     speedup_summary,
     write_json,
@@ -78,6 +80,8 @@ EPILOG = """examples:
   cp -r generated /tmp/before; (change kgen, kgen build)
   kgen bench --quick --kernels grouped --baseline-modules /tmp/before
                                                       this build vs the earlier one, alternated graph replays
+  kgen bench --batch-invariant --kernels grouped --layout qwen3_5_gqa256:16 --kv-dtype bf16 --batch 64 --prefix 16K
+                                                      the batch-invariant modules vs the default ones, alternated
   kgen bench --list                                   the cases, no GPU needed
   kgen bench --time-limit 500 --out a; kgen bench --resume a/bench.json --out a
                                                       a matrix longer than one sitting"""
@@ -132,6 +136,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         metavar="DIR",
         help="a copy of an earlier build's generated/: for every case, its same-named grouped module and the "
         "current one are timed in alternation in one process (CUDA-graph replays, the median of at least 5 "
+        "alternations); the JSON holds both times and their ratio, the summary their geometric mean and the worst",
+    )
+    sel.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="the grouped kernel's figures are its batch-invariant module's (kgen.load(..., batch_invariant=True)), "
+        "timed in alternation with the default module in one process (CUDA-graph replays, the median of at least 5 "
         "alternations); the JSON holds both times and their ratio, the summary their geometric mean and the worst",
     )
     sel.add_argument(
@@ -262,6 +273,21 @@ def baseline_modules_dir(args: argparse.Namespace) -> Path | None:
     return path
 
 
+def batch_invariant_run(args: argparse.Namespace) -> bool:
+    """``--batch-invariant``: a run that times the grouped kernel's batch-invariant modules
+    against the default ones, with one kv_indices dtype and no other A/B."""
+    if not getattr(args, "batch_invariant", False):
+        return False
+    if "grouped" not in select_kernels(args):
+        raise BenchUsageError("--batch-invariant times the grouped kernel: keep it in --kernels")
+    if parse_index_dtypes(args.index_dtype)[1] is not None or getattr(args, "baseline_modules", None):
+        raise BenchUsageError("--batch-invariant is an A/B, and so are two --index-dtype values and "
+                              "--baseline-modules: run one at a time")  # fmt: skip
+    if args.from_json:
+        raise BenchUsageError("--batch-invariant measures: it does not go with --from-json")
+    return True
+
+
 def select_kernels(args: argparse.Namespace) -> list[str]:
     names = split_list(args.kernels) or list(KERNELS)
     unknown = [n for n in names if n not in KERNELS]
@@ -286,6 +312,9 @@ def _run(args: argparse.Namespace) -> int:
         raise BenchUsageError("two --index-dtype and two --mask values are two A/Bs: run one at a time")
     baseline = read_run(args.compare) if args.compare else None  # a bad path fails before measuring
     baseline_modules_dir(args)  # a bad --baseline-modules fails before measuring too
+    if batch_invariant_run(args) and baseline is not None and not baseline.meta.batch_invariant:
+        raise BenchUsageError(f"--compare {args.compare} holds the default modules' figures and --batch-invariant "
+                              "times the batch-invariant ones: compare with a --batch-invariant run")
     if args.from_json:
         run = read_run(args.from_json)
         out_dir = Path(args.out) if args.out else None
@@ -324,6 +353,9 @@ def case_line(res: CaseResult) -> str:
         pct += f" mask {res.case.mask}/{g.mask_ab.mask}={g.mask_ab.ratio:.3f}"
     if g.build_ab is not None:
         pct += f" now/then={g.build_ab.ratio:.3f}" if g.build_ab.ratio is not None else f" then {g.build_ab.status}"
+    if g.mode_ab is not None:
+        pct += (f" invariant/default={g.mode_ab.ratio:.3f}" if g.mode_ab.ratio is not None
+                else f" default {g.mode_ab.status}")
     ups = " ".join(f"x{k}={v:.2f}" for k, v in res.speedup.items())
     bad = " ".join(
         f"{k} {r.status} ({(r.note or str(r.max_rel_err))[:60]})" for k, r in res.kernels.items() if r.status != "ok"
@@ -344,6 +376,9 @@ def summary_text(run: BenchRun) -> str:
     build = build_ab_summary(run.cases)
     if build is not None:
         lines.append(f"  {build_ab_line(build, run.meta.baseline_modules)}")
+    mode = mode_ab_summary(run.cases)
+    if mode is not None:
+        lines.append(f"  {mode_ab_line(mode)}")
     lines += [f"  FAILED: {key}" for key in failed]
     return "\n".join(lines)
 
@@ -417,9 +452,11 @@ def collect_meta(args: argparse.Namespace, copy_gbps: float, copy_bytes: int) ->
             "l2_rotate_factor": 2.0,
             "index_ab_alternations": CudaGraphTimer(replays=args.replays).alternations,
             "build_ab_alternations": CudaGraphTimer(replays=args.replays).alternations,
+            "mode_ab_alternations": CudaGraphTimer(replays=args.replays).alternations,
         },  # fmt: skip
         flex_sweep=flex_sweep_mode(args),
         baseline_modules=str(baseline_modules_dir(args) or "") or None,
+        batch_invariant=batch_invariant_run(args),
     )
 
 
@@ -447,6 +484,9 @@ def measure_or_resume(args: argparse.Namespace, cases: Sequence[Case], out_dir: 
         return measure(args, cases, out_dir)
     prior = read_run(args.resume)
     _same_index_dtypes(prior, cases, args.resume)
+    if prior.meta.batch_invariant != batch_invariant_run(args):
+        raise BenchUsageError(f"--resume {args.resume} was {'' if prior.meta.batch_invariant else 'not '}a "
+                              "--batch-invariant run: resume with the same mode")
     done = {c.key for c in prior.cases if c.status != "skipped"}
     todo = [c for c in cases if c.key not in done]
     print(f"resuming {args.resume}: {len(cases) - len(todo)} of {len(cases)} cases measured there", flush=True)
@@ -500,7 +540,7 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path,
     meta = collect_meta(args, copy_gbps, copy_bytes)
     print(f"{meta.gpu_name} ({meta.arch}): copy ceiling {copy_gbps:.0f} GB/s; {len(cases)} cases", flush=True)
     provider = DeviceProvider(l2_bytes=meta.l2_bytes or (50 << 20), seed=args.seed, compile_flex=not args.flex_eager,
-                              baseline_modules=baseline_modules_dir(args))
+                              baseline_modules=baseline_modules_dir(args), batch_invariant=batch_invariant_run(args))
     if finish is not None:
         finish(BenchRun(meta=meta))  # a resume from another GPU fails here, before any timing
     warm_up(args, cases, meta, started)
@@ -523,7 +563,7 @@ def warm_up(args: argparse.Namespace, cases: Sequence[Case], meta: BenchMeta, st
     kernels = [k for k in select_kernels(args) if not (k == "flex" and args.flex_eager)]
     mode = flex_sweep_mode(args)
     labels = [flex_label(o) for o in FLEX_SWEEP_GRID] if mode != "none" else []
-    jobs = warm_jobs(cases, kernels, sweep_cases(cases, mode), labels)
+    jobs = warm_jobs(cases, kernels, sweep_cases(cases, mode), labels, batch_invariant_run(args))
     timeout = args.precompile_timeout
     if args.time_limit > 0:
         timeout = min(timeout, 0.5 * args.time_limit - (time.monotonic() - started))

@@ -62,6 +62,9 @@ class KernelRun:
     mask_alt: KernelRun | None = None  # the same kernel with the case's other mask, timed in alternation
     baseline: KernelRun | None = None  # the same kernel of an earlier build, timed in alternation
     baseline_modules: str = ""  # where ``baseline``'s module came from
+    module: str = ""  # the generated module fn launches (its URI; kgen kernels)
+    # The default grouped module, timed in alternation with this batch-invariant one (--batch-invariant).
+    default_mode: KernelRun | None = None
 
 
 class Measured(BaseModel):
@@ -108,6 +111,14 @@ class BuildAB(Alternated):
     modules: str
 
 
+class ModeAB(Alternated):
+    """The default grouped module, timed in alternation with the batch-invariant one whose
+    figures the kernel's are (``--batch-invariant``): ratio > 1 means the batch-invariant
+    module is slower."""
+
+    module: str
+
+
 class KernelResult(Measured):
     """One kernel on one case, as written to JSON."""
 
@@ -123,6 +134,7 @@ class KernelResult(Measured):
     index_ab: IndexAB | None = None
     mask_ab: MaskAB | None = None
     build_ab: BuildAB | None = None
+    mode_ab: ModeAB | None = None
 
     @property
     def timed(self) -> bool:
@@ -217,6 +229,10 @@ def measure_kernel(
     if run.baseline is not None:
         label = {"modules": run.baseline_modules}
         return _measure_pair(run, run.baseline, timer, {**base, "status": status}, nbytes, copy_gbps, "build_ab", label)
+    if run.default_mode is not None:
+        label = {"module": run.default_mode.module}
+        return _measure_pair(run, run.default_mode, timer, {**base, "status": status}, nbytes, copy_gbps, "mode_ab",
+                             label)
     try:
         timing = timer(run.fn, run.n_sets)
     except Exception as exc:  # noqa: BLE001
@@ -224,8 +240,10 @@ def measure_kernel(
     return _timed_result({**base, "status": status}, timing, nbytes, copy_gbps)
 
 
-AB_MODELS: dict[str, type[Alternated]] = {"index_ab": IndexAB, "mask_ab": MaskAB, "build_ab": BuildAB}
-AB_WHAT = {"index_ab": "two index dtypes", "mask_ab": "two draft masks", "build_ab": "two builds"}
+AB_MODELS: dict[str, type[Alternated]] = {"index_ab": IndexAB, "mask_ab": MaskAB, "build_ab": BuildAB,
+                                          "mode_ab": ModeAB}
+AB_WHAT = {"index_ab": "two index dtypes", "mask_ab": "two draft masks", "build_ab": "two builds",
+           "mode_ab": "two modes"}
 
 
 def _measure_pair(
@@ -285,11 +303,11 @@ def speedups(kernels: Mapping[str, KernelResult]) -> dict[str, float]:
 
 
 def case_status(kernels: Mapping[str, KernelResult]) -> Literal["ok", "FAILED"]:
-    """FAILED when a kgen kernel is wrong or broke (with either kv_indices dtype of an A/B);
-    a peer's trouble is its own row."""
+    """FAILED when a kgen kernel is wrong or broke (with either kv_indices dtype of an A/B, or
+    either module of a --batch-invariant A/B); a peer's trouble is its own row."""
     bad = any(
         kernels[k].status in ("failed", "error")
-        or (kernels[k].index_ab is not None and kernels[k].index_ab.status in ("failed", "error"))  # type: ignore[union-attr]
+        or any(ab is not None and ab.status in ("failed", "error") for ab in (kernels[k].index_ab, kernels[k].mode_ab))
         for k in KGEN_KERNELS
         if k in kernels
     )

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from kgen.bench.cases import HEADLINE_KERNEL, KGEN_KERNELS, Case, input_sets
+from kgen.bench.cases import BATCH_INVARIANT, HEADLINE_KERNEL, KGEN_KERNELS, Case, input_sets
 from kgen.bench.inputs import (
     CaseInputs,
     PeerInputs,
@@ -48,7 +48,8 @@ from kgen.bench.measure import VARIANT_SEP, KernelRun, _short
 from kgen.bench.timing import EagerTimer, Timer
 from kgen.testing import relative_error
 
-Loader = Callable[[str, str, str], ModuleType]  # (layout, kv_dtype, variant) -> module
+# (layout, kv_dtype, variant) -> module; the variant BATCH_INVARIANT is the grouped kernel's batch-invariant module.
+Loader = Callable[[str, str, str], ModuleType]
 
 # The FlexAttention sweep: a small grid over the knobs its decode kernel reads.
 FLEX_SWEEP_GRID: tuple[dict[str, int], ...] = tuple(
@@ -66,6 +67,8 @@ MATH_BYTES_LIMIT = 8 << 30
 def _default_loader(layout: str, kv_dtype: str, variant: str) -> ModuleType:
     import kgen
 
+    if variant == BATCH_INVARIANT:
+        return kgen.load(layout, kv_dtype, "bfloat16", batch_invariant=True)
     return kgen.load(layout, kv_dtype, "bfloat16", variant=variant)
 
 
@@ -94,6 +97,7 @@ def scratch_bytes_of(module: ModuleType, case: Case, arch: str, num_sms: int) ->
         "max_len_extend": case.draft,
         "arch": arch,
         "num_sms": num_sms,
+        "kv_indices_len": case.batch * case.prefix,  # a batch-invariant module's scratch depends on it
     }
     kwargs = {}
     for name, param in inspect.signature(fn).parameters.items():
@@ -142,14 +146,22 @@ def baseline_run(case: Case, inputs: CaseInputs, variant: str, current: ModuleTy
 
 
 def kgen_run(
-    case: Case, inputs: CaseInputs, variant: str, loader: Loader | None = None, baseline_modules: Path | None = None
+    case: Case, inputs: CaseInputs, variant: str, loader: Loader | None = None, baseline_modules: Path | None = None,
+    batch_invariant: bool = False,
 ) -> KernelRun:
     """The generated module's ``launch`` on set ``i`` with the case's kv_indices dtype and
     mask; the check NaN-fills o first. A case with ``index_dtype_ab`` also gets ``alt``: the
     same launch on the other dtype's page table, timed in alternation with this one; one with
     ``mask_ab`` gets ``mask_alt``: the same launch with the other mask. With
     ``baseline_modules`` the grouped kernel also gets ``baseline``: the same-named module of
-    that directory (an earlier build), timed in alternation with this one."""
+    that directory (an earlier build), timed in alternation with this one. With
+    ``batch_invariant`` the grouped kernel is the batch-invariant module and gets
+    ``default_mode``: the default grouped module, timed in alternation with it."""
+    if batch_invariant and variant == HEADLINE_KERNEL:
+        run = kgen_run(case, inputs, BATCH_INVARIANT, loader)
+        if run.fn is not None:
+            run.default_mode = kgen_run(case, inputs, HEADLINE_KERNEL, loader)
+        return run
     try:
         module = (loader or _default_loader)(case.layout, case.kv_dtype, variant)
     except Exception as exc:  # noqa: BLE001
@@ -199,6 +211,7 @@ def kgen_run(
         index_dtype=case.indices,
         alt=alt,
         mask_alt=mask_alt,
+        module=str(getattr(module, "URI", "")),
     )
     if baseline_modules is not None and variant == HEADLINE_KERNEL:
         run.baseline = baseline_run(case, inputs, variant, module, baseline_modules)
@@ -481,6 +494,9 @@ class DeviceProvider:
     # A copy of an earlier build's generated/: its grouped modules are timed in alternation
     # with the current ones (``--baseline-modules``).
     baseline_modules: Path | None = None
+    # The grouped kernel is the batch-invariant module, timed in alternation with the default
+    # one (``--batch-invariant``).
+    batch_invariant: bool = False
     # (layout, group, L == 1, options) -> why FlexAttention refused it: a refusal of a head
     # width holds for every batch and prefix, and each attempt costs a compile.
     flex_refused: dict[tuple[str, int, bool, str], str] = field(default_factory=dict)
@@ -493,7 +509,8 @@ class DeviceProvider:
         try:
             for name in sorted(names):
                 if name in KGEN_KERNELS:
-                    runs[name] = kgen_run(case, inputs, name, self.loader, self.baseline_modules)
+                    runs[name] = kgen_run(case, inputs, name, self.loader, self.baseline_modules,
+                                          self.batch_invariant)
             peer_names = sorted(n for n in names if n not in KGEN_KERNELS)
             if peer_names:
                 runs.update(self._peers(case, inputs, peer_names))

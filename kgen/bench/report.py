@@ -72,6 +72,9 @@ class BenchMeta(BaseModel):
     flex_sweep: str = "none"
     # --baseline-modules: the earlier build whose grouped modules were timed against these.
     baseline_modules: str | None = None
+    # --batch-invariant: the grouped figures are the batch-invariant modules', each timed in
+    # alternation with the default module (the kernels' mode_ab).
+    batch_invariant: bool = False
     duration_s: float | None = None
     notes: list[str] = Field(default_factory=list)
 
@@ -221,6 +224,12 @@ def _header(run: BenchRun) -> list[str]:
     build = build_ab_summary(run.cases)
     if build is not None:
         lines.append(f"- {build_ab_line(build, m.baseline_modules)}, each the median of alternated graph replays")
+    if m.batch_invariant:
+        lines.append("- grouped: the batch-invariant modules (`kgen.load(..., batch_invariant=True)`), each timed in "
+                     "alternation with the default module")
+    mode = mode_ab_summary(run.cases)
+    if mode is not None:
+        lines.append(f"- {mode_ab_line(mode)}, each the median of alternated graph replays")
     for note in m.notes:
         lines.append(f"- {note}")
     return lines
@@ -250,8 +259,9 @@ def _index_cell(case: Case) -> str:
     return case.index_dtype or f"{LEGACY_INDEX_DTYPE}?"
 
 
-def _ratio_cell(res: KernelResult | None) -> str:
-    ab = res.index_ab if res is not None else None
+def _ratio_cell(res: KernelResult | None, field: str = "index_ab") -> str:
+    """The median ratio (p10–p90) of an A/B: ``field`` is index_ab or mode_ab."""
+    ab = getattr(res, field) if res is not None else None
     if ab is None:
         return "-"
     if ab.ratio is None:
@@ -270,10 +280,11 @@ def _ab_title(run: BenchRun) -> str | None:
     return None
 
 
-def _case_row(c: CaseResult, ab: bool = False) -> str:
+def _case_row(c: CaseResult, ab: bool = False, mode: bool = False) -> str:
     k = c.kernels
     g = k.get("grouped")
     ratios = [_ratio_cell(g), _ratio_cell(k.get("per_head"))] if ab else []
+    ratios += [_ratio_cell(g, "mode_ab")] if mode else []
     cells = [
         str(c.case.batch), str(c.case.prefix), str(c.case.draft), _index_cell(c.case),
         _cell_us(g) + (f" ({_fmt(g.p10_us)}–{_fmt(g.p90_us)})" if g and g.timed else ""),
@@ -291,10 +302,11 @@ def _case_row(c: CaseResult, ab: bool = False) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _table_head(ab: str | None) -> list[str]:
+def _table_head(ab: str | None, mode: bool = False) -> list[str]:
     """The case table's header; with an A/B of index dtypes, the two ratio columns (median
-    over the alternations, p10–p90)."""
+    over the alternations, p10–p90); with --batch-invariant, the batch-invariant / default one."""
     ratios = [f"grouped {ab}", f"per-head {ab}"] if ab else []
+    ratios += ["batch-invariant / default"] if mode else []
     names = ["batch", "prefix", "L", "kv_indices", "grouped µs (p10–p90)", "GB/s", "% copy", *ratios,
              "per-head µs", "FlexAttention µs", "SDPA µs", "× per-head", "× flex", "× SDPA", "scratch MiB",
              "max rel err (grouped / per-head)", "status"]  # fmt: skip
@@ -307,11 +319,12 @@ def _case_tables(run: BenchRun) -> list[str]:
     lines: list[str] = []
     title = None
     ab = _ab_title(run)
+    mode = any(g.mode_ab is not None for c in run.cases if (g := c.kernels.get(HEADLINE_KERNEL)) is not None)
     for c in run.cases:
         if _group_title(c) != title:
             title = _group_title(c)
-            lines += ["", f"## {title}", "", *_table_head(ab)]
-        lines.append(_case_row(c, ab is not None))
+            lines += ["", f"## {title}", "", *_table_head(ab, mode)]
+        lines.append(_case_row(c, ab is not None, mode))
     return lines
 
 
@@ -560,6 +573,10 @@ def compare_runs(
     Like is compared with like: a case is judged only on a figure of the baseline's
     kv_indices dtype (this run's main figure, or its alternated one with ``--index-dtype
     a,b``); otherwise it is listed as not compared."""
+    if current.meta.batch_invariant != baseline.meta.batch_invariant:
+        which = {True: "the batch-invariant modules", False: "the default modules"}
+        raise BenchReportError(f"the run's grouped figures are {which[current.meta.batch_invariant]}', the "
+                               f"baseline's {which[baseline.meta.batch_invariant]}': compare runs of one mode")
     result = Comparison(threshold=threshold)
     now = current.by_key()
     for key, base in baseline.by_key().items():
@@ -661,8 +678,8 @@ def mask_ab_summary(cases: Sequence[CaseResult]) -> dict[str, tuple[str, float, 
 
 @dataclass(frozen=True)
 class BuildABSummary:
-    """The grouped kernel against an earlier build over a run: the geometric mean of the
-    cases' current/baseline ratios, and the worst (largest) one."""
+    """The grouped kernel's ratios of one A/B over a run (now / then against an earlier build,
+    or batch-invariant / default): their geometric mean, and the worst (largest) one."""
 
     geomean: float
     worst: float
@@ -670,19 +687,37 @@ class BuildABSummary:
     cases: int
 
 
-def build_ab_summary(cases: Sequence[CaseResult]) -> BuildABSummary | None:
-    """None when no case timed the grouped kernel against a baseline build."""
+def _ab_summary(cases: Sequence[CaseResult], field: str) -> BuildABSummary | None:
+    """The grouped kernel's ratios of one A/B (``field``: build_ab or mode_ab) over a run:
+    their geometric mean and the worst; None when no case has one."""
     pts = [
         (ab.ratio, c.key)
         for c in cases
         if HEADLINE_KERNEL in c.kernels
-        and (ab := c.kernels[HEADLINE_KERNEL].build_ab) is not None
+        and (ab := getattr(c.kernels[HEADLINE_KERNEL], field)) is not None
         and ab.ratio is not None
     ]
     if not pts:
         return None
     worst = max(pts)
     return BuildABSummary(geomean(p[0] for p in pts) or math.nan, worst[0], worst[1], len(pts))
+
+
+def build_ab_summary(cases: Sequence[CaseResult]) -> BuildABSummary | None:
+    """None when no case timed the grouped kernel against a baseline build."""
+    return _ab_summary(cases, "build_ab")
+
+
+def mode_ab_summary(cases: Sequence[CaseResult]) -> BuildABSummary | None:
+    """None when no case timed the batch-invariant module against the default one."""
+    return _ab_summary(cases, "mode_ab")
+
+
+def mode_ab_line(summary: BuildABSummary) -> str:
+    return (
+        f"batch-invariant module vs the default one (time batch-invariant / time default): geometric mean "
+        f"{summary.geomean:.3f} over {summary.cases} cases, worst {summary.worst:.3f} at {summary.worst_key}"
+    )
 
 
 def build_ab_line(summary: BuildABSummary, modules: str | None) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from kgen.bench.cases import KGEN_KERNELS, Case
+from kgen.bench.cases import BATCH_INVARIANT, HEADLINE_KERNEL, KGEN_KERNELS, Case
 
 # Longest a worker may take; what is not compiled by then is compiled by the main process.
 DEFAULT_TIMEOUT_S = 240.0
@@ -34,7 +34,7 @@ DEFAULT_TIMEOUT_S = 240.0
 class WarmJob:
     """One compilation: a kgen variant or a FlexAttention option set, on a small case."""
 
-    kind: str  # "grouped", "per_head" or "flex"
+    kind: str  # "grouped", "per_head", "batch_invariant" (the grouped kernel's batch-invariant module) or "flex"
     case: dict
     options: str = ""  # FlexAttention options label ("" = default)
 
@@ -48,10 +48,12 @@ def warm_jobs(
     kernels: Iterable[str],
     sweep: Sequence[Case] = (),
     sweep_labels: Sequence[str] = (),
+    batch_invariant: bool = False,
 ) -> list[WarmJob]:
-    """One job per distinct compilation the run will need. The prefix is the matrix's
-    shortest: it does not change a kgen specialization, and FlexAttention's KV length is
-    dynamic (but must stay past one 128-token block, or it would specialize)."""
+    """One job per distinct compilation the run will need (with ``batch_invariant``, the
+    grouped kernel's batch-invariant module too). The prefix is the matrix's shortest: it
+    does not change a kgen specialization, and FlexAttention's KV length is dynamic (but must
+    stay past one 128-token block, or it would specialize)."""
     kernels = list(kernels)
     prefix = max(256, min((c.prefix for c in cases), default=1024))
     jobs: dict[tuple, WarmJob] = {}
@@ -60,6 +62,8 @@ def warm_jobs(
         for kind in KGEN_KERNELS:
             if kind in kernels:
                 jobs.setdefault((kind, small.key), WarmJob(kind, asdict(small)))
+        if batch_invariant and HEADLINE_KERNEL in kernels:
+            jobs.setdefault((BATCH_INVARIANT, small.key), WarmJob(BATCH_INVARIANT, asdict(small)))
         if "flex" in kernels:  # the peers read bf16 whatever the pool holds
             peer = replace(small, kv_dtype="bfloat16")
             jobs.setdefault(("flex", peer.peer_key, ""), WarmJob("flex", asdict(peer)))
@@ -94,7 +98,7 @@ def run_job(job: WarmJob, device: str) -> None:
     inputs = build_inputs(case, device, 1)
     if job.kind == "flex":
         run = flex_run(case, build_peer_inputs(inputs), inputs, parse_flex_label(job.options))
-    elif job.kind in KGEN_KERNELS:
+    elif job.kind in (*KGEN_KERNELS, BATCH_INVARIANT):
         run = kgen_run(case, inputs, job.kind)
     else:
         raise ValueError(f"unknown kernel {job.kind!r}")

@@ -3,9 +3,10 @@
 The module fits at run time with the launch rules it carries (kgen/rules.py), because the
 draft length is known only then. This pass runs the same rules over the whole accepted
 domain (every checked target, every config the module holds for it, every listed group,
-draft lengths 1..MAX_DRAFT_TOKENS) so that ``kgen explain`` shows what changes where and
-why, and so that a module that would refuse an input on a target says so at build time.
-``kgen check`` then compiles those programs offline and proves the rules right.
+draft lengths 1..MAX_DRAFT_TOKENS, or the one draft length a batch-invariant module fits
+every program for) so that ``kgen explain`` shows what changes where and why, and so that a
+module that would refuse an input on a target says so at build time. ``kgen check`` then
+compiles those programs offline and proves the rules right.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def _configs_for(configs: BlockConfigs, groups: tuple[int, ...],
     return labelled
 
 
-def _ranges(lengths: list[int]) -> str:
+def ranges(lengths: list[int]) -> str:
     """'1-4, 9' for [1, 2, 3, 4, 9]."""
     spans: list[list[int]] = []
     for n in lengths:
@@ -47,12 +48,14 @@ def _ranges(lengths: list[int]) -> str:
 
 def _fit_decisions(plan: Plan, arch: str, target: dict, shape: dict) -> tuple[list[Decision], list[str]]:
     decisions, refusals = [], []
-    max_draft_tokens = plan.tiles.max_draft_tokens
+    invariance = plan.need("invariance", NAME)
+    # A batch-invariant module fits each program once, for its fixed draft rows.
+    lengths = (invariance.draft_rows,) if invariance.enabled else range(1, plan.tiles.max_draft_tokens + 1)
     for label, config, groups in _configs_for(plan.config, tuple(plan.spec.attention.group_sizes), arch):
         launch = config.model_dump(exclude_none=True)
         for group in groups:
             changes: dict[str, list[int]] = {}
-            for length in range(1, max_draft_tokens + 1):
+            for length in lengths:
                 fitted = fit_program(target, shape, launch, group, length, plan.grouped)
                 if fitted is None:
                     refusals.append(f"{arch} {label}, group {group}, draft length {length}")
@@ -63,7 +66,7 @@ def _fit_decisions(plan: Plan, arch: str, target: dict, shape: dict) -> tuple[li
                            + "; ".join(reasons))
                     changes.setdefault(key, []).append(length)
             for key, lengths in changes.items():
-                decisions.append(Decision(NAME, f"{arch} group {group}", f"L {_ranges(lengths)}",
+                decisions.append(Decision(NAME, f"{arch} group {group}", f"L {ranges(lengths)}",
                                           f"{label}: {key}"))
     return decisions, refusals
 

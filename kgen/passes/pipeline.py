@@ -1,7 +1,7 @@
-"""The pass pipeline: validate -> specialize -> legalize -> select_config -> fit -> select_lowering
--> render -> check -> emit. Every pass is ``(plan, ctx) -> plan``; its name is its function's.
-Passes that read nothing from the build context (validate, specialize, legalize, select_lowering,
-check) also take ``ctx=None``, so the tuner can run specialize and legalize alone."""
+"""The pass pipeline: validate -> specialize -> legalize -> select_config -> fix_invariance -> fit
+-> select_lowering -> render -> check -> emit. Every pass is ``(plan, ctx) -> plan``; its name is its function's.
+Passes that read nothing from the build context (validate, specialize, legalize, fix_invariance,
+select_lowering, check) also take ``ctx=None``, so the tuner can run specialize and legalize alone."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from kgen.passes.check import check
 from kgen.passes.context import BuildContext
 from kgen.passes.emit import emit
 from kgen.passes.fit import fit
+from kgen.passes.fix_invariance import fix_invariance
 from kgen.passes.legalize import legalize
 from kgen.passes.render import render
 from kgen.passes.select_config import select_config
@@ -21,8 +22,8 @@ from kgen.plan import Plan
 
 PassFn = Callable[[Plan, BuildContext], Plan]
 
-PASSES: tuple[PassFn, ...] = (validate, specialize, legalize, select_config, fit, select_lowering, render, check,
-                              emit)
+PASSES: tuple[PassFn, ...] = (validate, specialize, legalize, select_config, fix_invariance, fit, select_lowering,
+                              render, check, emit)
 
 
 def run_pipeline(plan: Plan, ctx: BuildContext, stop_after: str | None = None,

@@ -7,6 +7,15 @@ and one Triton version (kgen/templates/lowerings.json says which layouts); the m
 carries both kernels, and a block-config table row that measured the Gluon kernel faster
 (its config's ``gluon`` section) makes the launcher pick it. Everywhere else, and wherever
 the Gluon kernel does not apply at run time, the Triton kernel serves.
+
+``offered_lowering`` answers "does this module have a Gluon prefix stage" from the layout,
+dtypes and variant alone; the pass and the tuner's search space (kgen/tuner/space.py) both
+ask it. The pass also says, for the default config and each table row of the Gluon arch with
+a ``gluon`` section, whether the Gluon program fits the arch's shared memory (kgen/rules.py,
+``gluon_shared_bytes``) and at which draft lengths it launches (``gluon_rows``): the
+launcher's own rules, so explain and launch agree. A module without the stage runs the
+Triton fields of such configs (rows are shared by the query dtypes of a KV dtype), and says
+so; a ``gluon`` section in another arch's table is an error (nothing could launch it).
 """
 
 from __future__ import annotations
@@ -16,8 +25,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kgen import rules
+from kgen.blockconfig import BlockConfig
+from kgen.errors import TableError
 from kgen.passes.context import BuildContext
-from kgen.plan import Decision, Lowering, Plan
+from kgen.passes.fit import ranges
+from kgen.plan import ConfigEntry, Decision, Lowering, Plan
 from kgen.spec import FP8_DTYPES
 
 NAME = "select_lowering"
@@ -43,19 +56,87 @@ def unmet(requires: dict[str, Any], facts: dict[str, Any]) -> list[str]:
     return [f"{k}: wanted {v!r}, layout has {facts.get(k)!r}" for k, v in requires.items() if facts.get(k) != v]
 
 
-def select_lowering(plan: Plan, ctx: BuildContext | None = None) -> Plan:
-    plan.need("fit", NAME)
-    decisions = [Decision(NAME, "lowering", TRITON,
-                          "Triton kernels for every target in kgen/tables/targets.json: the portable path, the "
-                          "fallback and the parity reference")]
+def offered_lowering(plan: Plan) -> tuple[Lowering, Decision]:
+    """The lowering of a plan from its layout, KV dtype and variant alone, and the decision
+    about its Gluon prefix stage: offered where kgen/templates/lowerings.json's requirements
+    hold, with the reason either way."""
     entry = second_lowerings()["gluon_prefix"]
     missing = unmet(entry["requires"], _layout_facts(plan))
     if missing:
-        decisions.append(Decision(NAME, "gluon_prefix", None, "no Gluon prefix stage: " + "; ".join(missing)))
-        return plan.with_(decisions, lowering=Lowering(TRITON))
-    decisions.append(Decision(
+        return Lowering(TRITON), Decision(NAME, "gluon_prefix", None, "no Gluon prefix stage: " + "; ".join(missing))
+    decision = Decision(
         NAME, "gluon_prefix", entry["template"],
         f"{entry['why']}. Emitted beside the Triton kernel; launched on {entry['arch']} under Triton "
-        f"{entry['triton']}.x for table rows whose config has a gluon section"))
-    return plan.with_(decisions, lowering=Lowering(TRITON, gluon_prefix=entry["template"], gluon_arch=entry["arch"],
-                                                   gluon_triton=entry["triton"]))
+        f"{entry['triton']}.x for configs (the default, table rows) with a gluon section")
+    return Lowering(TRITON, gluon_prefix=entry["template"], gluon_arch=entry["arch"],
+                    gluon_triton=entry["triton"]), decision
+
+
+def _row_label(arch: str, row: ConfigEntry) -> str:
+    return f"{arch} row group {row.group_size} batch {row.batch_min}-{row.batch_max}"
+
+
+def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockConfig) -> Decision:
+    """What a config with a gluon section launches on the Gluon arch's token-slot entry, by
+    draft length, and why: the launcher's rules (``_gluon_prefix``) run over the module's drafts."""
+    gluon, arch = config.gluon, lowering.gluon_arch
+    triton = config.model_copy(update={"gluon": None}).short()
+    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, gluon.block_n, gluon.num_stages)
+    limit = plan.fit.targets[arch]["shared_bytes"]
+    if need > limit:
+        return Decision(NAME, label, "Triton at every L",
+                        f"{gluon.short()} does not fit: its program needs {need} B of shared memory, {arch} has "
+                        f"{limit} B (rules.gluon_shared_bytes), so the launcher runs the Triton config "
+                        f"({triton}) instead", warning=True)
+    drafts = range(1, plan.tiles.max_draft_tokens + 1)
+    gluon_at = [n for n in drafts if rules.gluon_rows(n, gluon.block_n) is not None]
+    longer = [n for n in drafts if n not in gluon_at]
+    value = f"Gluon at L {ranges(gluon_at)}" if gluon_at else "Triton at every L"
+    if longer:
+        value += f", Triton at L {ranges(longer)}"
+    by_rows: dict[tuple[int, int], list[int]] = {}
+    for n in gluon_at:
+        by_rows.setdefault(rules.gluon_rows(n, gluon.block_n), []).append(n)
+    programs = ", ".join(f"{h} x {p} at L {ranges(ns)}" for (h, p), ns in by_rows.items())
+    return Decision(
+        NAME, label, value,
+        f"{gluon.short()} fits: {need} of {limit} B of shared memory (rules.gluon_shared_bytes); BLOCK_H x L_PAD "
+        f"{programs or '-'} (rules.gluon_rows). Launched on the token-slot entry under Triton "
+        f"{lowering.gluon_triton}.x; the paged entry, another Triton"
+        + (f", drafts longer than BLOCK_N {gluon.block_n}" if longer else "")
+        + f" and other archs run the Triton config ({triton})")
+
+
+def gluon_config_decisions(plan: Plan, lowering: Lowering) -> list[Decision]:
+    """What the default and each table row with a gluon section launch in this module. A
+    gluon section in a table of another arch than the Gluon stage's is an error naming the
+    table and the row: no module could launch it."""
+    configs = plan.need("config", NAME)
+    gluon_arch = lowering.gluon_arch or second_lowerings()["gluon_prefix"]["arch"]
+    for arch, rows in configs.by_arch.items():
+        for row in rows:
+            if row.config.gluon is not None and arch != gluon_arch:
+                raise TableError(
+                    f"{configs.table_sources.get(arch, arch)}: the row for {plan.spec.name} ({plan.kv_dtype}, group "
+                    f"{row.group_size}, batch {row.batch_min}-{row.batch_max}) has a gluon section, but the Gluon "
+                    f"prefix stage runs on {gluon_arch} only; remove the section")
+    labelled = [(f"{gluon_arch} default", configs.default)]
+    labelled += [(_row_label(gluon_arch, row), row.config) for row in configs.by_arch.get(gluon_arch, ())]
+    labelled = [(label, config) for label, config in labelled if config.gluon is not None]
+    if lowering.gluon_prefix is not None:
+        return [_gluon_launches(plan, lowering, label, config) for label, config in labelled]
+    if not labelled:
+        return []
+    missing = unmet(second_lowerings()["gluon_prefix"]["requires"], _layout_facts(plan))
+    return [Decision(NAME, "gluon sections", "not launched",
+                     f"{', '.join(label for label, _ in labelled)} carry a gluon section, but this module has no "
+                     f"Gluon prefix stage ({'; '.join(missing)}): their Triton fields serve")]
+
+
+def select_lowering(plan: Plan, ctx: BuildContext | None = None) -> Plan:
+    plan.need("fit", NAME)
+    lowering, gluon = offered_lowering(plan)
+    decisions = [Decision(NAME, "lowering", TRITON,
+                          "Triton kernels for every target in kgen/tables/targets.json: the portable path, the "
+                          "fallback and the parity reference"), gluon]
+    return plan.with_([*decisions, *gluon_config_decisions(plan, lowering)], lowering=lowering)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kgen.errors import SpecError
 from kgen.passes.context import BuildContext
-from kgen.plan import VARIANTS, Decision, Plan
+from kgen.plan import URI_PREFIXES, VARIANTS, Decision, Plan
 
 NAME = "validate"
 
@@ -23,6 +23,9 @@ def validate(plan: Plan, ctx: BuildContext | None = None) -> Plan:
         )
     if plan.variant not in VARIANTS:
         raise SpecError(f"unknown variant {plan.variant!r}; expected one of {VARIANTS}")
+    if (plan.variant, plan.batch_invariant) not in URI_PREFIXES:
+        raise SpecError(f"variant {plan.variant!r} has no batch-invariant mode: it is a specialization of the "
+                        "grouped kernel")
     shape = spec.attention
     return plan.with_([
         Decision(NAME, "layout", spec.name, f"from {spec.source}"),

@@ -17,7 +17,7 @@ from kgen.blockconfig import TABLE_DIR, BlockConfig, resolve_tables
 from kgen.errors import KgenError
 from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, load_layouts
 from kgen.tuner.errors import TuneError
-from kgen.tuner.space import SPACES_FILE, SpacesFile, arch_profile, default_config, load_spaces
+from kgen.tuner.space import SPACES_FILE, SearchSpace, SpacesFile, arch_profile, load_spaces
 from kgen.tuner.study import (
     STORAGE_ENV,
     BackendSpec,
@@ -187,10 +187,15 @@ def current_config(job: TuneJob) -> BlockConfig | None:
     return entry.config if entry else None
 
 
-def _enqueue(job: TuneJob) -> tuple[BlockConfig, ...]:
-    default = default_config(job.layout, job.group_size, job.kv_dtype)
-    current = current_config(job)
-    return (default,) if current is None or current == default else (default, current)
+def _enqueue(job: TuneJob, space: SearchSpace) -> tuple[BlockConfig, ...]:
+    """The first trials of a study: the default (what the winner must beat), then the table's
+    current config; a config with a gluon section is followed by its Triton fields alone
+    (the Triton reference of its Gluon stage, and its fallback)."""
+    wanted: list[BlockConfig] = []
+    for cfg in (space.default, current_config(job)):
+        if cfg is not None:
+            wanted += [cfg, cfg.model_copy(update={"gluon": None})] if cfg.gluon else [cfg]
+    return tuple(dict.fromkeys(wanted))
 
 
 # --------------------------------------------------------------------------- dry run
@@ -209,7 +214,7 @@ def dry_run(
         key = (job.layout.name, job.kv_dtype, job.group_size)
         if key not in shown:
             shown.add(key)
-            default = default_config(job.layout, job.group_size, job.kv_dtype)
+            default = space.default
             params, notes = space.params_of(default)
             lines += [
                 f"== {job.layout.name}  kv={job.kv_dtype}  q={job.q_dtype}  group={job.group_size}",
@@ -278,7 +283,7 @@ def _tune_job(
 
     space = build_space(job, spaces)
     spec = BackendSpec(kind=args.objective, seed=args.seed, synthetic_delay_s=args.synthetic_delay)
-    enqueue = _enqueue(job)
+    enqueue = _enqueue(job, space)
     progress = not args.no_progress
     backend = None
     if args.workers == 1:

@@ -11,6 +11,11 @@ launches rotating over them in one CUDA graph, replays it ``replays`` times betw
 events and keeps the median per launch. The bucket's cost is the geometric mean over its
 workloads.
 
+Lowering: a config with a ``gluon`` section must launch the Gluon prefix stage on every
+workload; the backend asks the module's ``launch_params`` (the function ``launch`` runs
+from) on the device the module sees, and refuses to time a config whose launch would fall
+back to the Triton kernel (another arch or Triton, a draft the Gluon program does not fit).
+
 Correctness: before any timing, the config runs a small case (one request per prefix in
 ``[check].prefixes``) and its output is compared with ``kgen.reference.reference_verify``.
 Problems come from ``kgen.testing.make_case``, the builder the tests and the benchmark use.
@@ -30,6 +35,9 @@ from kgen.blockconfig import BlockConfig
 from kgen.spec import FP8_DTYPES
 from kgen.tuner.errors import TuneError
 from kgen.tuner.objective import FatalDeviceError
+
+# The prefix-stage kernel a launch names (launch_params) for a config without / with a gluon section.
+PREFIX_KERNELS = {"triton": "_verify_prefix_stage", "gluon": "_gluon_prefix_stage"}
 
 if TYPE_CHECKING:
     from kgen.spec import LayoutSpec
@@ -221,14 +229,42 @@ class GpuBackend:
             self._check_case = (case, case.reference())
         return self._check_case
 
+    def prefix_kernels(self, config: BlockConfig) -> dict[Workload, str]:
+        """The prefix-stage kernel ``launch`` runs for ``config`` on each workload, from the
+        module's ``launch_params`` on the device as the module sees it (its ``_device_info``)."""
+        import torch
+
+        device = torch.device(self.device)
+        arch, num_sms, _ = self.module._device_info(device.type, device.index)
+        cfg = self._cfg(config)
+        return {w: self.module.launch_params(arch, num_sms, self.group_size, w.batch, w.draft, None, cfg,
+                                             self.num_kv_heads)[0][0]
+                for w in self.workloads}
+
+    def _require_lowering(self, config: BlockConfig) -> None:
+        """A Gluon config must launch the Gluon prefix stage on every workload: timing the
+        Triton kernel under its name would put a row in the table that never runs as timed."""
+        if config.gluon is None:
+            return
+        wanted = PREFIX_KERNELS["gluon"]
+        other = {w.label(): k for w, k in self.prefix_kernels(config).items() if k != wanted}
+        if other:
+            raise TuneError(
+                f"the config has a gluon section, but launch_params runs {sorted(set(other.values()))} at "
+                f"{sorted(other)}, not {wanted}: the Gluon prefix stage does not apply here (arch, Triton "
+                f"version, or a draft its program does not fit)"
+            )
+
     def check(self, config: BlockConfig) -> str | None:
         """None when the config's output on the small case matches the reference
         elementwise (``torch.allclose``: ``|out - ref| <= atol + rtol * |ref|``; NaN fills
-        catch unwritten rows)."""
+        catch unwritten rows). A Gluon config that would not launch the Gluon kernel raises
+        TuneError first (the trial is pruned with the reason)."""
         import torch
 
         from kgen.testing import relative_error
 
+        self._require_lowering(config)
         case, expected = self._reference_case()
         case.o.fill_(float("nan"))
         self._launch(case, config)

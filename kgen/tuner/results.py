@@ -4,6 +4,15 @@ A study's best value was measured once, among many noisy trials: it is biased lo
 the best few distinct configs and the default are measured again ``repeats`` times; the
 default's spread is the noise, and a tuned config replaces the default only when its
 median beats the default's by more than max(noise, min_gain_pct) percent.
+
+A row has two parts where the study searches the Gluon prefix stage. Its Triton fields are
+decided as above among the Triton finalists, against the default's Triton fields. Its gluon
+section is the Gluon finalist that beats the default's where the default has one (else the
+default's), or the fastest where it has none; it is kept only when it also beats the Triton
+part the same way, so a Gluon stage runs only where it measured faster. The row then holds
+the Triton part as its fallback (wherever the Gluon kernel does not apply: another arch or
+Triton, the paged entry, longer drafts) and its median as ``measured.triton_us``. The
+fastest Triton config is always a finalist.
 """
 
 from __future__ import annotations
@@ -52,6 +61,8 @@ class JobResult:
     chosen_us: float | None
     replaced: bool
     candidates: list[tuple[BlockConfig, float]] = field(default_factory=list)
+    # A Gluon winner's Triton fallback (its row's Triton fields): its median in the re-measurement.
+    triton_us: float | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -66,8 +77,9 @@ def spread_pct(samples: list[float]) -> float:
     return 100.0 * (max(samples) - min(samples)) / med if med > 0 else 0.0
 
 
-def top_configs(study: optuna.Study, k: int) -> list[BlockConfig]:
-    """The ``k`` fastest distinct configs of the study's complete trials."""
+def top_configs(study: optuna.Study, k: int, triton_only: bool = False) -> list[BlockConfig]:
+    """The ``k`` fastest distinct configs of the study's complete trials (only those without
+    a gluon section with ``triton_only``)."""
     import optuna
 
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -77,11 +89,21 @@ def top_configs(study: optuna.Study, k: int) -> list[BlockConfig]:
         if raw is None:
             continue
         cfg = BlockConfig.model_validate(raw)
-        if cfg not in out:
+        if cfg not in out and not (triton_only and cfg.gluon is not None):
             out.append(cfg)
         if len(out) == k:
             break
     return out
+
+
+def finalists(study: optuna.Study, references: list[BlockConfig], k: int) -> list[BlockConfig]:
+    """The configs re-measured beside the references (the default, and its Triton fields where
+    it has a gluon section): the ``k`` fastest, and the fastest Triton one when a Gluon config
+    is among them (a Gluon winner must beat it too)."""
+    tops = [c for c in top_configs(study, k) if c not in references]
+    if any(c.gluon is not None for c in tops):
+        tops += [c for c in top_configs(study, 1, triton_only=True) if c not in references and c not in tops]
+    return tops
 
 
 def _check_reason(backend: Backend, cfg: BlockConfig) -> str | None:
@@ -135,6 +157,33 @@ def decide(
     return (best_i if best_us < default_us * (1.0 - threshold / 100.0) else None), noise
 
 
+Samples = tuple[BlockConfig, list[float]]  # a config and its re-measured times
+
+
+def decide_lowerings(
+    default: Samples, triton_default: Samples, candidates: list[Samples], min_gain_pct: float
+) -> tuple[Samples | None, Samples | None, float]:
+    """(Triton part, Gluon part, noise) of the row a study writes (the module docstring).
+
+    ``triton_default`` is the default's Triton fields (the default itself when it has no
+    gluon section). The Triton part is None when no Triton config ran; the Gluon part None
+    where no Gluon config beats the Triton part."""
+    triton = [c for c in candidates if c[0].gluon is None]
+    gluon = [c for c in candidates if c[0].gluon is not None]
+    won, noise = decide(triton_default[1], triton, min_gain_pct)
+    triton_part = triton[won] if won is not None else (triton_default if triton_default[1] else None)
+    if default[0].gluon is not None:
+        won, _ = decide(default[1], gluon, min_gain_pct)
+        gluon_part = gluon[won] if won is not None else default
+    else:
+        won, _ = decide([], gluon, min_gain_pct)  # no Gluon reference: the fastest
+        gluon_part = gluon[won] if won is not None else None
+    if gluon_part is None or not gluon_part[1]:
+        return triton_part, None, noise
+    won, gluon_noise = decide(triton_part[1] if triton_part is not None else [], [gluon_part], min_gain_pct)
+    return (triton_part, gluon_part, gluon_noise) if won is not None else (triton_part, None, noise)
+
+
 def finalize(
     job: TuneJob,
     study: optuna.Study,
@@ -142,19 +191,28 @@ def finalize(
     backend: Backend,
     timing: Timing,
 ) -> JobResult:
-    """Re-measure the default and the top ``timing.top_k`` configs; pick the winner."""
+    """Re-measure the default (and its Triton fields alone where it has a gluon section) and
+    the finalists; decide the row (``decide_lowerings``). A Gluon part takes the Triton part as
+    its Triton fields (the default's when no Triton config ran)."""
     import optuna
 
-    tops = [c for c in top_configs(study, timing.top_k) if c != default]
-    samples, errors = measure_interleaved(backend, [default, *tops], timing.repeats)
+    triton_default = default.model_copy(update={"gluon": None})
+    references = list(dict.fromkeys([default, triton_default]))
+    tops = finalists(study, references, timing.top_k)
+    samples, errors = measure_interleaved(backend, [*references, *tops], timing.repeats)
+    measured = list(zip([*references, *tops], samples, strict=True))
     default_samples, default_error = samples[0], errors[0]
-    candidates = list(zip(tops, samples[1:], strict=True))
-    winner, noise = decide(default_samples, candidates, timing.min_gain_pct)
+    candidates = measured[len(references):]
+    triton, gluon, noise = decide_lowerings(measured[0], measured[len(references) - 1], candidates,
+                                            timing.min_gain_pct)
     default_us = statistics.median(default_samples) if default_samples else None
-    if winner is not None:
-        chosen, chosen_us = candidates[winner][0], statistics.median(candidates[winner][1])
-    else:
-        chosen, chosen_us = (default, default_us) if default_samples else (None, None)
+    chosen, chosen_us, triton_us = None, None, None
+    if gluon is not None:
+        fallback = triton[0] if triton is not None else triton_default
+        chosen, chosen_us = fallback.model_copy(update={"gluon": gluon[0].gluon}), statistics.median(gluon[1])
+        triton_us = statistics.median(triton[1]) if triton is not None else None
+    elif triton is not None:
+        chosen, chosen_us = triton[0], statistics.median(triton[1])
     pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     return JobResult(
@@ -168,8 +226,9 @@ def finalize(
         noise_pct=noise,
         chosen=chosen,
         chosen_us=chosen_us,
-        replaced=winner is not None,
+        replaced=chosen is not None and chosen != default,
         candidates=[(c, statistics.median(s)) for c, s in candidates if s],
+        triton_us=triton_us,
     )
 
 
@@ -188,6 +247,7 @@ def entry_for(result: JobResult) -> TableEntry | None:
             default_us=round(result.default_us, 3),
             noise_pct=round(result.noise_pct, 2),
             workloads=[w.model_dump() for w in job.workloads],
+            triton_us=round(result.triton_us, 3) if result.triton_us is not None else None,
         )
     return TableEntry(
         layout=job.layout.name,
@@ -292,8 +352,13 @@ def format_results(results: list[JobResult]) -> str:
             decision = f"nothing ran: {r.default_error or 'every trial pruned'}"
         elif r.default_error:
             decision = f"tuned (default failed: {r.default_error[:60]})"
+        elif not r.replaced:
+            decision = "kept default (no win beyond noise)"
+        elif r.chosen.gluon is not None:
+            versus = f", its Triton fields {r.triton_us:.2f} us" if r.triton_us else ""
+            decision = f"tuned: Gluon prefix stage{versus}"
         else:
-            decision = "tuned" if r.replaced else "kept default (no win beyond noise)"
+            decision = "tuned"
         rows.append(
             (
                 j.layout.name,

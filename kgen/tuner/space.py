@@ -7,10 +7,20 @@ is compiled, every config whose program the launcher would change: it runs the l
 the generated modules carry (``kgen/rules.py``, ``fit``) against the arch's row of
 ``kgen/tables/targets.json`` (shared memory per block, warp size, matrix instruction), so the
 tuner and the launcher cannot disagree about what fits.
+
+Where the layout's module has a Gluon prefix stage (``select_lowering.offered_lowering``) and
+the study is on its arch under its Triton version, the space has a second branch: a
+``lowering`` axis (triton | gluon) and the Gluon stage's own axes (``[gluon_prefix]`` in
+``spaces.toml``), pruned by the rules its launcher runs (``rules.gluon_rows``,
+``rules.gluon_shared_bytes``). A Gluon trial's config is the default's Triton fields with
+the trial's ``gluon`` section; ``results.finalize`` gives a Gluon winner the Triton config
+the study chose as its Triton fields, the fallback wherever the Gluon kernel does not apply.
+Elsewhere the study's default loses the gluon section the built-in one may carry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -24,12 +34,21 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kgen import rules
-from kgen.blockconfig import TARGETS_FILE, BlockConfig, SplitPolicy, read_defaults
+from kgen.blockconfig import (
+    TARGETS_FILE,
+    BlockConfig,
+    GluonConfig,
+    SplitPolicy,
+    installed_triton_version,
+    major_minor,
+    read_defaults,
+)
 from kgen.errors import TableError, read_validated
 from kgen.passes.fit import plan_kernel_shape
 from kgen.passes.legalize import legalize
+from kgen.passes.select_lowering import offered_lowering
 from kgen.passes.specialize import GQA_DRAFT_FIRST_ROWS, draft_tile_either, specialize
-from kgen.plan import new_plan
+from kgen.plan import Lowering, new_plan
 from kgen.rules import next_pow2, row_blocking
 from kgen.spec import FP8_DTYPES, LayoutSpec
 from kgen.targets import read_targets, target_dicts
@@ -51,6 +70,13 @@ PLACEMENT_AXES = ("draft_tile",)
 Placement = Literal["first", "after"]
 # The launch rules' constants: they change what fits, so the study name hashes them.
 RULE_CONSTANTS = ("MIN_DOT", "MAX_ROWS", "ACC_REGISTERS_PER_THREAD", "SHARED_MARGIN_BYTES", "WGMMA_MIN_ROWS")
+# Which kernel serves the prefix stage: a categorical parameter of studies that search the
+# Gluon prefix stage; its axes are parameters named GLUON_PARAM + the GluonConfig field.
+LOWERING_AXIS = "lowering"
+LOWERINGS = ("triton", "gluon")
+GLUON_PARAM = "gluon."
+GLUON_KERNEL_AXES = ("block_n", "num_stages", "lazy_rescale")
+GLUON_RULE_CONSTANTS = ("GLUON_ROWS", "GLUON_MAX_ROW_BLOCK", "SHARED_MARGIN_BYTES")
 
 
 # --------------------------------------------------------------------------- the data file
@@ -129,6 +155,39 @@ class ArchEntry(BaseModel):
     axes: AxesOverride | None = None
 
 
+class GluonSpace(BaseModel):
+    """Choices of the Gluon prefix stage's axes (BlockConfig.gluon). Every choice must be a
+    value GluonConfig takes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_n: tuple[int, ...] = Field(min_length=1)
+    num_stages: tuple[int, ...] = Field(min_length=1)
+    lazy_rescale: tuple[Literal[0, 1], ...] = Field(min_length=1)
+    programs_per_sm: tuple[int, ...] = Field(min_length=1)
+    max_splits: tuple[int, ...] = Field(min_length=1)
+    min_tokens_per_split: tuple[int, ...] = Field(min_length=1)
+
+    @field_validator("block_n", "num_stages", "lazy_rescale", *SPLIT_AXES)
+    @classmethod
+    def _sorted(cls, values: tuple) -> tuple:
+        return _sorted_unique(values)
+
+    @model_validator(mode="after")
+    def _choices_are_configs(self) -> GluonSpace:
+        # GluonConfig and SplitPolicy say what is legal: one fact, checked here per choice.
+        for block_n, stages in itertools.product(self.block_n, self.num_stages):
+            GluonConfig(block_n=block_n, num_stages=stages)
+        for name in SPLIT_AXES:
+            for value in getattr(self, name):
+                SplitPolicy(**{name: value})
+        return self
+
+    def axes(self) -> dict[str, tuple[int, ...]]:
+        """The Optuna parameters of the Gluon branch and their choices."""
+        return {GLUON_PARAM + n: tuple(getattr(self, n)) for n in (*GLUON_KERNEL_AXES, *SPLIT_AXES)}
+
+
 class SpacesFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -136,6 +195,7 @@ class SpacesFile(BaseModel):
     arch_families: dict[str, str] = Field(min_length=1)
     family: dict[str, Family] = Field(min_length=1)
     arch: dict[str, ArchEntry] = Field(default_factory=dict)
+    gluon_prefix: GluonSpace | None = None
 
     @model_validator(mode="after")
     def _families_exist(self) -> SpacesFile:
@@ -168,6 +228,7 @@ class ArchProfile:
     axes: Axes
     baseline_knobs: dict[str, int] = field(default_factory=dict)
     gpus: str = ""
+    gluon: GluonSpace | None = None  # spaces.toml's [gluon_prefix]: searched where a study may launch it
 
     @property
     def warp_size(self) -> int:
@@ -231,6 +292,7 @@ def arch_profile(arch: str, spaces: SpacesFile, targets_file: Path = TARGETS_FIL
         axes=axes,
         baseline_knobs=dict(fam.baseline_knobs),
         gpus=entry.gpus if entry else "",
+        gluon=spaces.gluon_prefix,
     )
 
 
@@ -249,6 +311,10 @@ class ProblemShape:
     # The module emits both draft-tile placements; unset, it drafts first at these rows.
     draft_tile_either: bool = False
     draft_first_rows: tuple[int, ...] = ()
+    # The module's lowering (select_lowering.offered_lowering): whether it has a Gluon prefix stage.
+    lowering: Lowering = Lowering("triton")
+    # The built-in default (default_config, with its gluon section if it has one).
+    default: BlockConfig | None = None
 
     @classmethod
     def of(
@@ -259,15 +325,18 @@ class ProblemShape:
         group: int,
         drafts: tuple[int, ...],
     ) -> ProblemShape:
-        """The grouped module's shape, from the same passes that generate it."""
+        """The grouped module's shape and lowering, from the same passes that generate it."""
         plan = legalize(specialize(new_plan(layout, kv_dtype, q_dtype, "grouped")))
         either = draft_tile_either(layout.attention)
+        lowering, _ = offered_lowering(plan)
         return cls(
             kernel=plan_kernel_shape(plan),
             group_size=group,
             drafts=tuple(sorted(set(drafts))),
             draft_tile_either=either,
             draft_first_rows=GQA_DRAFT_FIRST_ROWS if either else (),
+            lowering=lowering,
+            default=default_config(layout, group, kv_dtype),
         )
 
 
@@ -330,6 +399,48 @@ def why_not(cfg: BlockConfig, shape: ProblemShape, profile: ArchProfile) -> str 
     return None
 
 
+def gluon_why_not(gluon: GluonConfig, shape: ProblemShape, profile: ArchProfile) -> str | None:
+    """Why a Gluon config would not run as the Gluon kernel in this study, or None: the
+    launcher (``_gluon_prefix``) runs the Triton kernel where the program overflows shared
+    memory or a draft length of the study does not fit its tile or rows, so timing it would
+    time the Triton kernel under a Gluon name."""
+    need = rules.gluon_shared_bytes(shape.kernel, gluon.block_n, gluon.num_stages)
+    limit = profile.target["shared_bytes"]
+    if need > limit:
+        return (
+            f"the Gluon program (BLOCK_N {gluon.block_n}, {gluon.num_stages} stages) needs {need} B of shared "
+            f"memory, {profile.target_name} has {limit} B (rules.gluon_shared_bytes): the launcher runs the Triton "
+            f"kernel"
+        )
+    for draft in shape.drafts:
+        if rules.gluon_rows(draft, gluon.block_n) is None:
+            return (
+                f"at L={draft} the launcher runs the Triton kernel: the draft does not fit one {gluon.block_n}-token "
+                f"tile or a program's {rules.GLUON_ROWS} rows (rules.gluon_rows)"
+            )
+    return None
+
+
+def gluon_searched(profile: ArchProfile, shape: ProblemShape, triton_version: str | None) -> tuple[bool, str]:
+    """Whether a study searches the Gluon prefix stage, and why (or why not): the module must
+    have one, and the study run on its arch under its Triton version, where the launcher
+    launches it. An empty reason for layouts without one (nothing to say)."""
+    lowering = shape.lowering
+    if lowering.gluon_prefix is None:
+        return False, ""
+    stage = f"the Gluon prefix stage ({lowering.gluon_prefix}: {lowering.gluon_arch}, Triton {lowering.gluon_triton}.x)"
+    if _base_arch(profile.arch) != lowering.gluon_arch:
+        return False, f"not searched: {stage} runs on {lowering.gluon_arch} only, this study is {profile.arch}"
+    if triton_version is None or major_minor(triton_version) != major_minor(lowering.gluon_triton):
+        return False, f"not searched: {stage} runs under its Triton only, this is Triton {triton_version}"
+    if profile.gluon is None:
+        return False, f"not searched: the spaces file has no [gluon_prefix] table for {stage}"
+    return True, (
+        f"searched: the {LOWERING_AXIS} axis picks the Triton kernel or {stage}; a Gluon trial keeps the "
+        f"default's Triton fields, and a Gluon winner gets the Triton config the study chose as its fallback"
+    )
+
+
 # --------------------------------------------------------------------------- the space
 
 
@@ -342,14 +453,23 @@ def default_config(layout: LayoutSpec, group_size: int, kv_dtype: str = "bfloat1
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """The choices of one study, and the rules that prune configs before compiling."""
+    """The choices of one study, and the rules that prune configs before compiling.
+
+    ``axes`` are the Triton kernel's; ``gluon_axes`` the Gluon prefix stage's (parameters
+    named ``gluon.<field>``), empty where the study does not search it (``gluon_note`` says
+    why, for layouts that have one). With Gluon axes every trial first picks its
+    ``lowering``, then the axes of that branch only (a conditional space)."""
 
     profile: ArchProfile
     shape: ProblemShape
     axes: dict[str, tuple[int, ...]]
+    gluon_axes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    gluon_note: str = ""
 
     @classmethod
-    def build(cls, profile: ArchProfile, shape: ProblemShape) -> SearchSpace:
+    def build(cls, profile: ArchProfile, shape: ProblemShape, triton_version: str | None = None) -> SearchSpace:
+        """The study's space; ``triton_version`` (default: the installed one) decides, with the
+        arch, whether the Gluon prefix stage is searched."""
         cap = next_pow2(shape.group_size)
         kernel = tuple(n for n in KERNEL_AXES if getattr(profile.axes, n))
         if shape.draft_tile_either:  # MLA and per-head modules have one fixed placement
@@ -363,10 +483,29 @@ class SearchSpace:
                 f"search space for {profile.arch}, group {shape.group_size} has no choice for "
                 f"{empty}: widen these axes in spaces.toml"
             )
-        return cls(profile=profile, shape=shape, axes=axes)
+        version = installed_triton_version() if triton_version is None else triton_version
+        searched, note = gluon_searched(profile, shape, version)
+        gluon_axes = profile.gluon.axes() if searched and profile.gluon is not None else {}
+        return cls(profile=profile, shape=shape, axes=axes, gluon_axes=gluon_axes, gluon_note=note)
 
-    def config(self, params: dict[str, int]) -> BlockConfig:
+    @property
+    def default(self) -> BlockConfig:
+        """The study's default: the built-in one (``ProblemShape.default``), without its gluon
+        section where the study does not search the Gluon stage (the launcher does not run it
+        there, and a row written from it must not carry it)."""
+        if self.shape.default is None:
+            raise TuneError("the study has no default config (ProblemShape.of sets it)")
+        return self.shape.default if self.gluon_axes else self.shape.default.model_copy(update={"gluon": None})
+
+    @property
+    def conditional(self) -> bool:
+        """Whether trials pick a lowering first (the sampler then groups each branch's axes)."""
+        return bool(self.gluon_axes)
+
+    def config(self, params: dict[str, int | str]) -> BlockConfig:
         """The BlockConfig named by one set of Optuna parameters."""
+        if params.get(LOWERING_AXIS) == "gluon":
+            return self._gluon_config(params)
         split = SplitPolicy(**{n: params[n] for n in SPLIT_AXES})
         knobs = {n: params[n] for n in ROCM_AXES if n in self.axes}
         switches = {n: bool(params[n]) or None for n in KERNEL_AXES if n in self.axes}  # off is the default
@@ -376,14 +515,35 @@ class SearchSpace:
             cfg = cfg.model_copy(update={"draft_tile": params["draft_tile"]})
         return cfg
 
+    def _gluon_config(self, params: dict[str, int | str]) -> BlockConfig:
+        """A Gluon trial: the default's Triton fields with the trial's gluon section."""
+        own = {n.removeprefix(GLUON_PARAM): v for n, v in params.items() if n.startswith(GLUON_PARAM)}
+        gluon = GluonConfig(
+            block_n=own["block_n"],
+            num_stages=own["num_stages"],
+            lazy_rescale=bool(own["lazy_rescale"]),
+            split=SplitPolicy(**{n: own[n] for n in SPLIT_AXES}),
+        )
+        return self.default.model_copy(update={"gluon": gluon})
+
     def why_not(self, cfg: BlockConfig) -> str | None:
+        if cfg.gluon is not None:
+            if not self.gluon_axes:
+                return f"the Gluon prefix stage is not searched here: {self.gluon_note or 'the module has none'}"
+            return gluon_why_not(cfg.gluon, self.shape, self.profile)
         return why_not(cfg, self.shape, self.profile)
 
     def suggest(self, trial: optuna.Trial) -> BlockConfig:
-        """Ask the trial for every axis; prune (before compiling) a config that cannot fit."""
+        """Ask the trial for every axis (of its lowering's branch); prune (before compiling) a
+        config that cannot fit."""
         import optuna
 
-        params = {n: trial.suggest_categorical(n, list(c)) for n, c in self.axes.items()}
+        params: dict[str, int | str] = {}
+        branch = self.axes
+        if self.gluon_axes:
+            params[LOWERING_AXIS] = trial.suggest_categorical(LOWERING_AXIS, list(LOWERINGS))
+            branch = self.gluon_axes if params[LOWERING_AXIS] == "gluon" else self.axes
+        params.update({n: trial.suggest_categorical(n, list(c)) for n, c in branch.items()})
         cfg = self.config(params)
         reason = self.why_not(cfg)
         if reason is not None:
@@ -391,11 +551,23 @@ class SearchSpace:
             raise optuna.TrialPruned(f"does not fit: {reason}")
         return cfg
 
-    def params_of(self, cfg: BlockConfig) -> tuple[dict[str, int], list[str]]:
+    def params_of(self, cfg: BlockConfig) -> tuple[dict[str, int | str], list[str]]:
         """The nearest point of the space to ``cfg`` (for enqueueing a default) and notes on
-        every value that had to move. Missing ROCm knobs take the family's baseline."""
-        values = {**cfg.model_dump(exclude={"split"}), **cfg.split.model_dump()}
-        params, notes = {}, []
+        every value that had to move. Missing ROCm knobs take the family's baseline. A gluon
+        section maps to the Gluon branch where the study searches it and is left out elsewhere."""
+        notes: list[str] = []
+        if cfg.gluon is not None and self.gluon_axes:
+            gluon = cfg.gluon
+            values = {**gluon.model_dump(exclude={"split"}), **gluon.split.model_dump()}
+            params: dict[str, int | str] = {LOWERING_AXIS: "gluon"}
+            for name, choices in self.gluon_axes.items():
+                own = name.removeprefix(GLUON_PARAM)
+                params[name] = _nearest(name, choices, int(values[own]), notes)
+            return params, notes
+        if cfg.gluon is not None:
+            notes.append(f"gluon section left out: {self.gluon_note or 'the module has no Gluon prefix stage'}")
+        values = {**cfg.model_dump(exclude={"split", "gluon"}), **cfg.split.model_dump()}
+        params = {LOWERING_AXIS: "triton"} if self.gluon_axes else {}
         for name, choices in self.axes.items():
             want = values.get(name)
             if name in PLACEMENT_AXES:
@@ -403,10 +575,7 @@ class SearchSpace:
                 continue
             if want is None:
                 want = self.profile.baseline_knobs.get(name, choices[0])
-            got = min(choices, key=lambda c: (abs(math.log2(c + 1) - math.log2(want + 1)), c))
-            if got != want:
-                notes.append(f"{name} {want} -> {got} (nearest choice)")
-            params[name] = got
+            params[name] = _nearest(name, choices, want, notes)
         return params, notes
 
     def _placement_param(self, cfg: BlockConfig, choices: tuple[str, ...], notes: list[str]) -> str:
@@ -423,35 +592,45 @@ class SearchSpace:
         return want
 
     def size(self) -> int:
-        return math.prod(len(v) for v in self.axes.values())
+        triton = math.prod(len(v) for v in self.axes.values())
+        return triton + (math.prod(len(v) for v in self.gluon_axes.values()) if self.gluon_axes else 0)
 
     def feasible_configs(self) -> list[BlockConfig]:
         """Every config that passes the estimates, split policy fixed at its first choice
-        (the split axes never change what fits)."""
-        names = [n for n in self.axes if n not in SPLIT_AXES]
-        fixed = {n: self.axes[n][0] for n in SPLIT_AXES}
+        (the split axes never change what fits), the Triton ones first."""
         out = []
-        for combo in itertools.product(*(self.axes[n] for n in names)):
-            cfg = self.config({**dict(zip(names, combo, strict=True)), **fixed})
-            if self.why_not(cfg) is None:
-                out.append(cfg)
+        branches: list[tuple[dict[str, tuple[int, ...]], dict[str, str]]] = [(self.axes, {})]
+        if self.gluon_axes:
+            branches.append((self.gluon_axes, {LOWERING_AXIS: "gluon"}))
+        for branch, base in branches:
+            splits = {n for n in branch if n.removeprefix(GLUON_PARAM) in SPLIT_AXES}
+            names = [n for n in branch if n not in splits]
+            fixed = {n: branch[n][0] for n in splits}
+            for combo in itertools.product(*(branch[n] for n in names)):
+                cfg = self.config({**base, **dict(zip(names, combo, strict=True)), **fixed})
+                if self.why_not(cfg) is None:
+                    out.append(cfg)
         return out
 
     def feasible_count(self) -> int:
+        feasible = self.feasible_configs()
+        triton = sum(1 for c in feasible if c.gluon is None)
         splits = math.prod(len(self.axes[n]) for n in SPLIT_AXES)
-        return len(self.feasible_configs()) * splits
+        gluon_splits = math.prod(len(self.gluon_axes[GLUON_PARAM + n]) for n in SPLIT_AXES) if self.gluon_axes else 0
+        return triton * splits + (len(feasible) - triton) * gluon_splits
 
     def digest(self, extra: object = None) -> str:
         """A short hash of the choices, the target, the launch rules' constants, the kernel
         shape and ``extra`` (the workloads): the study name carries it, so a changed space
-        never resumes an old, mismatched study."""
+        never resumes an old, mismatched study. The Gluon branch enters it only where it is
+        searched, so the other studies keep their names."""
         constants = {n: getattr(rules, n) for n in RULE_CONSTANTS}
-        blob = json.dumps(
-            {"axes": self.axes, "target": self.profile.target, "rules": constants, "kernel": self.shape.kernel,
-             "extra": extra},
-            sort_keys=True,
-            default=str,
-        )
+        content: dict[str, object] = {"axes": self.axes, "target": self.profile.target, "rules": constants,
+                                      "kernel": self.shape.kernel, "extra": extra}
+        if self.gluon_axes:
+            content["gluon"] = {"axes": self.gluon_axes, "rules": {n: getattr(rules, n) for n in GLUON_RULE_CONSTANTS},
+                                "lowering": dataclasses.asdict(self.shape.lowering)}
+        blob = json.dumps(content, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
     def describe(self) -> str:
@@ -465,6 +644,21 @@ class SearchSpace:
             f"accumulator width {k['acc_width']}, "
             f"group {s.group_size}, draft lengths {list(s.drafts)}",
         ]
-        lines += [f"  {n:<22} {list(v)}" for n, v in self.axes.items()]
-        lines.append(f"  {self.size()} configs, {self.feasible_count()} run as written (kgen/rules.py fit)")
+        width = max([22, *(len(n) + 1 for n in self.gluon_axes)])
+        lines += [f"  {n:<{width}} {list(v)}" for n, v in self.axes.items()]
+        if self.gluon_note:
+            lines.append(f"  gluon prefix stage: {self.gluon_note}")
+        if self.gluon_axes:
+            lines.append(f"  {LOWERING_AXIS:<{width}} {list(LOWERINGS)}")
+            lines += [f"  {n:<{width}} {list(v)}" for n, v in self.gluon_axes.items()]
+        lines.append(f"  {self.size()} configs, {self.feasible_count()} run as written (kgen/rules.py fit"
+                     + (", gluon_rows, gluon_shared_bytes)" if self.gluon_axes else ")"))
         return "\n".join(lines)
+
+
+def _nearest(name: str, choices: tuple[int, ...], want: int, notes: list[str]) -> int:
+    """The choice nearest ``want`` on a log scale (the smaller on a tie); a note when it moved."""
+    got = min(choices, key=lambda c: (abs(math.log2(c + 1) - math.log2(want + 1)), c))
+    if got != want:
+        notes.append(f"{name} {want} -> {got} (nearest choice)")
+    return got

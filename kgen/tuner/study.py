@@ -210,15 +210,18 @@ def _as_storage(storage: str | optuna.storages.BaseStorage) -> Any:
 # --------------------------------------------------------------------------- the study
 
 
-def make_sampler(seed: int, worker: int = 0) -> optuna.samplers.TPESampler:
+def make_sampler(seed: int, worker: int = 0, conditional: bool = False) -> optuna.samplers.TPESampler:
     """Seeded TPE; each worker gets its own seed, and ``constant_liar`` keeps parallel
-    workers from proposing the config another is still timing."""
+    workers from proposing the config another is still timing. A conditional space (a
+    ``lowering`` axis whose branches have their own axes) is sampled by groups of axes that
+    occur together (``group``), so each branch is modelled jointly from its own trials."""
     import optuna
 
+    extra = {"group": True} if conditional else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(
-            seed=seed + 1000 * worker, multivariate=True, constant_liar=True, n_startup_trials=10
+            seed=seed + 1000 * worker, multivariate=True, constant_liar=True, n_startup_trials=10, **extra
         )
 
 
@@ -237,7 +240,7 @@ def open_study(
     study = optuna.create_study(
         study_name=study_name(job, space),
         storage=_as_storage(storage),
-        sampler=make_sampler(seed, worker),
+        sampler=make_sampler(seed, worker, space.conditional),
         direction="minimize",
         load_if_exists=True,
     )

@@ -1,0 +1,140 @@
+"""fix_invariance: what the batch-invariant mode fixes, and why.
+
+A default module chooses its launch from the batch: the split count from the batch size and
+the GPU's multiprocessors, the block config from the batch's bucket of the table, the draft
+padding (L_PAD, and with it the program's rows, its matrix instruction and where the draft
+tile runs) from the batch's longest draft. Each choice changes the order in which a request's
+floating-point sums are taken, so the same request gives other bits in another batch.
+
+A batch-invariant module (``kgen.load(..., batch_invariant=True)``) fixes all of them: one
+block config per arch and group, programs fitted for one draft length, splits of a fixed
+number of tokens counted from the prefix's first token, and the merge in split order, a
+fixed chunk at a time. What is left to the batch is only how many programs run (the grid),
+never what one computes. This pass records each fixed choice with its reason; for a default
+module it records that the module is not batch invariant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kgen.passes.context import BuildContext
+from kgen.plan import ConfigEntry, Decision, Invariance, Plan
+
+NAME = "fix_invariance"
+# Prefix tokens per split. Batch 64, prefix 16K (the mode's speed bar) then has 4 splits a
+# request: 256 programs for one KV head and one head block, two waves at one program per SM,
+# the same tokens per SM as the default's 2 splits of 8K in one wave. The partials cost
+# 8 x rows x D_v bytes a split (written, then read by the merge) against S x K/V row bytes of
+# prefix: 128 / S of the KV traffic for GQA 256 group 16 (3.1% at 4096, where the default's
+# 8K splits pay 1.6%); 2048 would double that and the waves' pipeline starts.
+TOKENS_PER_SPLIT = 4096
+# Splits per request before the split size grows: prefixes up to 32K keep splits of exactly
+# TOKENS_PER_SPLIT; a longer one takes splits of a whole multiple of it (its own length
+# decides). It bounds the split grid and the scratch of a call whose kv_indices (or block
+# table) is sized for the engine's longest context, as under CUDA-graph capture: MLA at
+# batch 128, L 4 then takes 134 MB (16 would double it).
+MAX_SPLITS = 8
+# The draft length every program is fitted for: EAGLE chains of 3 steps, the benchmark's L 4.
+# Longer drafts run in blocks of L_PAD rows over more programs.
+DRAFT_ROWS = 4
+# The batch whose table row becomes the one config of a group: the mode's speed bar.
+CONFIG_BATCH = 64
+ALL_BATCHES = (1, 1 << 30)
+
+NOT_INVARIANT_WHY = (
+    "default mode: the split count follows the batch size and the GPU's multiprocessors, the block config "
+    "the batch's bucket and the draft padding the batch's longest draft, so a request's output bits depend on "
+    "the batch it is in; build and load the batch-invariant module (kgen.load(..., batch_invariant=True)) "
+    "for bitwise-reproducible results"
+)
+
+
+def _one_row_per_group(rows: tuple[ConfigEntry, ...]) -> tuple[tuple[ConfigEntry, ...], list[str]]:
+    """Each group's row whose bucket holds CONFIG_BATCH, widened to every batch (a group whose
+    rows miss that batch keeps the default config), and a line per group saying which."""
+    chosen: list[ConfigEntry] = []
+    lines: list[str] = []
+    for group in sorted({row.group_size for row in rows}):
+        row = next((r for r in rows if r.group_size == group and r.batch_min <= CONFIG_BATCH <= r.batch_max), None)
+        if row is None:
+            lines.append(f"group {group}: the default config (no row holds batch {CONFIG_BATCH})")
+            continue
+        chosen.append(ConfigEntry(group, *ALL_BATCHES, row.config))
+        lines.append(f"group {group}: the batch {row.batch_min}-{row.batch_max} row ({row.config.short()})")
+    return tuple(chosen), lines
+
+
+def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
+    configs = plan.need("config", NAME)
+    if not plan.batch_invariant:
+        return plan.with_([Decision(NAME, "batch invariant", False, NOT_INVARIANT_WHY)],
+                          invariance=Invariance(enabled=False))
+    tiles = plan.need("tiles", NAME)
+    by_arch: dict[str, tuple[ConfigEntry, ...]] = {}
+    decisions = [Decision(NAME, "batch invariant", True,
+                          "a request's output bits do not depend on the batch size, its position, the other "
+                          "requests' prefix and draft lengths, the GPU's multiprocessor count or CUDA-graph "
+                          "capture: every choice below is fixed by the module")]
+    for arch, rows in sorted(configs.by_arch.items()):
+        chosen, lines = _one_row_per_group(rows)
+        if chosen:
+            by_arch[arch] = chosen
+        decisions.append(Decision(
+            NAME, f"config {arch}", "; ".join(lines),
+            f"one block config for every batch (no buckets): tile width and pipeline decide the order of a "
+            f"split's sums; the row tuned for batch {CONFIG_BATCH}, the mode's speed bar"))
+    decisions += [
+        Decision(NAME, "config elsewhere", configs.default.short(),
+                 "archs without table rows and groups without a row take the built-in default, as in the default "
+                 "mode (its split policies, the Gluon section's too, are not used: the splits below replace them)"),
+        Decision(NAME, "prefix stage", "the config's: Gluon where its section applies, else Triton",
+                 "which stage runs depends on the config row, the GPU, the Triton version and the entry, never on "
+                 "the batch: the Gluon stage's program is fitted for the draft rows below too, and it serves only "
+                 "where the module's longest draft fits its key tile (not the batch's longest)"),
+        Decision(NAME, "draft rows", DRAFT_ROWS,
+                 f"every program is fitted for drafts of {DRAFT_ROWS} (BLOCK_H and L_PAD from the fit rules at "
+                 f"L = {DRAFT_ROWS}) whatever the batch's longest draft: the rows a program holds decide its "
+                 "matrix instruction (wgmma from 64 rows) and where its draft tile runs. Longer drafts take "
+                 "cdiv(L, L_PAD) row blocks, one program each (a runtime argument, where the default's "
+                 "ROW_BLOCKS is a constexpr); at L <= "
+                 f"{DRAFT_ROWS} the programs are the default's at L = {DRAFT_ROWS} (GQA 256 group 16: 16 heads "
+                 "x 4 rows)"),
+        Decision(NAME, "draft columns", "DRAFT_N = max(16, L_PAD) wide tiles from column 0",
+                 "every program walks the draft columns its rows may see (all of the request's draft under a "
+                 "custom mask, up to its last row's token in a chain) in tiles of DRAFT_N, from column 0: the "
+                 "request's own draft length decides the tiles, never the batch's longest (the default takes "
+                 "one tile where L_PAD holds the whole draft)"),
+        Decision(NAME, "draft mask", "custom_mask governs, read on the device (HAS_MASK)",
+                 "a tree runs the Triton prefix stage with the same fixed programs, splits and merge as a chain: "
+                 "whether a call has a mask is the call's, not the batch's, and the mask's bits are read per "
+                 "request"),
+        Decision(NAME, "tokens per split", TOKENS_PER_SPLIT,
+                 f"split k of every request covers prefix tokens [k x {TOKENS_PER_SPLIT}, (k + 1) x "
+                 f"{TOKENS_PER_SPLIT}): a fixed split size, not a count (Thinking Machines, 'Defeating "
+                 "Nondeterminism in LLM Inference', 2025), so the splits depend on the request's own prefix "
+                 "only. Batch 64, prefix 16K: 4 splits a request, two waves of one program per SM on 132 SMs, "
+                 "the tokens per SM of the default's 2 splits of 8K; the partials cost 128 / S of the KV "
+                 "traffic at GQA 256 group 16 (3.1%, the default's 8K splits 1.6%), 2048 would double it. A "
+                 "request with one split writes o itself (its own length decides)"),
+        Decision(NAME, "max splits", MAX_SPLITS,
+                 f"a prefix up to {MAX_SPLITS * TOKENS_PER_SPLIT} tokens keeps splits of exactly "
+                 f"{TOKENS_PER_SPLIT}; a longer one takes splits of a whole multiple of {TOKENS_PER_SPLIT} (its "
+                 "own length decides). It bounds the split grid and the scratch of a call whose kv_indices or "
+                 "block table is sized for the engine's longest context (SGLang's captured kv_indices holds "
+                 "max_bs x max_context_len entries): MLA at batch 128, L 4 then takes 134 MB of scratch"),
+        Decision(NAME, "split grid", "min(max splits, cdiv(longest possible prefix, tokens per split))",
+                 "from shapes only (len(kv_indices), or block table width x page size): programs past a "
+                 "request's splits exit; the grid decides how many programs run, never what one computes"),
+        Decision(NAME, "scratch", "[draft rows, H_q, slots, D_v] fp32 + log2-sum-exp",
+                 "request b's splits take consecutive slots from kv_indptr[b] // S + b (token slots: at most "
+                 "len(kv_indices) // S + batch in all, rounded up to one of 8 sizes per power of two so that "
+                 "engines' varying lengths reuse a few buffers), or from b x the grid's splits where that is "
+                 "fewer and for block tables; sized from shapes, cached by shape (graph-safe)"),
+        Decision(NAME, "merge order", f"split order, {tiles.merge_split_chunk} at a time",
+                 "the merge combines a request's partials in split order through a fixed unrolled chunk of "
+                 f"{tiles.merge_split_chunk}; the default narrows the chunk to the grid's split count"),
+    ]
+    section = Invariance(enabled=True, tokens_per_split=TOKENS_PER_SPLIT, max_splits=MAX_SPLITS,
+                         draft_rows=DRAFT_ROWS, merge_split_chunk=tiles.merge_split_chunk)
+    return plan.with_(decisions, config=dataclasses.replace(configs, by_arch=by_arch), invariance=section)

@@ -1,0 +1,220 @@
+"""The Gluon prefix stage as the lowering a table row picks: the launcher's choice
+(launch_params) on each side of its conditions, select_lowering's decisions for rows with a
+gluon section (and its refusals), and `kgen check` compiling a row's Gluon variant offline for
+sm_90. Modules are built into a temporary folder from a table with Gluon rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import triton
+
+from kgen import check, rules
+from kgen.blockconfig import BlockConfig, TableFile, TableSource
+from kgen.build import build_one
+from kgen.errors import TableError
+from kgen.explain import explain
+from kgen.passes.context import load_context
+from kgen.passes.pipeline import run_pipeline
+from kgen.plan import new_plan
+from kgen.spec import load_layouts
+
+MLA = "mla_absorbed_512_64"
+SPECS = load_layouts()
+GLUON = "_gluon_prefix_stage"
+TRITON = "_verify_prefix_stage"
+TRITON_FIELDS = {"block_h": 16, "block_n": 64, "num_warps": 8, "num_stages": 2,
+                 "split": {"programs_per_sm": 1, "max_splits": 64, "min_tokens_per_split": 128}}
+GLUON_ROW = {"block_n": 32, "num_stages": 3,
+             "split": {"programs_per_sm": 1, "max_splits": 8, "min_tokens_per_split": 64}}
+
+
+def entry(layout: str = MLA, group: int = 16, batch: tuple[int, int] = (1, 8), gluon: dict | None = None,
+          kv: str = "bfloat16") -> dict:
+    config = {**TRITON_FIELDS, **({"gluon": gluon} if gluon else {})}
+    return {"layout": layout, "kv_dtype": kv, "group_size": group, "batch_min": batch[0], "batch_max": batch[1],
+            "config": config}
+
+
+def table(arch: str, *entries: dict) -> TableSource:
+    data = {"schema": "kgen.block-config-table/1", "arch": arch,
+            "metadata": {"arch": arch, "triton_version": triton.__version__}, "entries": list(entries)}
+    return TableSource(arch=arch, path=f"<test {arch} table>", origin="KGEN_TABLE",
+                       table=TableFile.model_validate(data))
+
+
+def context(out_dir: Path, *sources: TableSource):
+    return dataclasses.replace(load_context(out_dir), tables={s.arch: s for s in sources})
+
+
+def plan_through_lowering(ctx, layout: str = MLA, kv: str = "bfloat16", q: str = "bfloat16"):
+    return run_pipeline(new_plan(SPECS[layout], kv, q), ctx, stop_after="select_lowering")
+
+
+# Batch 1-8 of group 16 runs the Gluon stage (32-token tiles, 3 stages, its own split policy);
+# batch 9-32 is a Triton row.
+GLUON_TABLE = (entry(gluon=GLUON_ROW), entry(batch=(9, 32)))
+
+
+def _import(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """The MLA BF16 module built with GLUON_TABLE as sm_90's table."""
+    out = tmp_path_factory.mktemp("gluon_module")
+    plan = build_one(MLA, "bfloat16", "bfloat16", ctx=context(out, table("sm_90", *GLUON_TABLE)))
+    return Path(plan.output_path)
+
+
+@pytest.fixture()
+def module(built: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    mod = _import(built, "gluon_row_module")
+    monkeypatch.setattr(mod, "_HAS_GLUON", True)  # as under Triton 3.6 with Gluon importable
+    return mod
+
+
+def prefix(module: ModuleType, arch: str = "sm_90", batch: int = 4, draft: int = 4, page_size: int | None = None):
+    return module.launch_params(arch, 132, 16, batch, draft, page_size)[0]
+
+
+# ----------------------------------------------------------------- the launcher's choice
+
+
+def test_a_gluon_row_launches_the_gluon_stage_with_its_own_choices(module: ModuleType) -> None:
+    name, constexprs, options = prefix(module)
+    assert name == GLUON
+    assert constexprs == {"GROUP": 16, "BLOCK_H": 16, "L_PAD": 4, "BLOCK_N": 32, "NUM_STAGES": 3,
+                          "LAZY_RESCALE": False}
+    assert options == {"num_warps": 8, "num_stages": 1}
+    # The Gluon section's split policy sizes the grid, not the row's Triton one (max 64 splits).
+    assert module._plan_launch("sm_90", 132, 16, 4, 4, None, None)["max_splits"] == 8
+    assert prefix(module, batch=16)[0] == TRITON  # the Triton row of the next bucket
+
+
+@pytest.mark.parametrize(("where", "call"), [
+    ("sm_100", {"arch": "sm_100"}),
+    ("the interpreter", {"arch": "interpreter"}),
+    ("the paged entry", {"page_size": 16}),
+    ("a draft longer than BLOCK_N 32", {"draft": 33}),
+])
+def test_elsewhere_the_row_runs_its_triton_fields(module: ModuleType, where: str, call: dict) -> None:
+    name, constexprs, _ = prefix(module, **call)
+    assert name == TRITON, where
+    assert constexprs["BLOCK_TABLE"] == ("page_size" in call)
+
+
+def test_without_gluon_the_row_runs_its_triton_fields(module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(module, "_HAS_GLUON", False)
+    name, constexprs, options = prefix(module)
+    assert name == TRITON
+    assert (constexprs["BLOCK_N"], options["num_warps"], options["num_stages"]) == (64, 8, 2)
+
+
+@pytest.mark.parametrize("version", ["3.5.1", "3.9.0"])
+def test_another_triton_never_launches_the_gluon_stage(built: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      version: str) -> None:
+    monkeypatch.setattr(triton, "__version__", version)
+    copy = _import(built, f"gluon_row_module_triton_{version.replace('.', '_')}")
+    assert copy._HAS_GLUON is False
+    assert prefix(copy)[0] == TRITON
+
+
+def test_the_gluon_stage_is_imported_under_its_triton(built: Path) -> None:
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip("the Gluon prefix stage is written for Triton 3.6")
+    copy = _import(built, "gluon_row_module_native")
+    assert copy._HAS_GLUON is True and callable(getattr(copy, GLUON))
+    assert prefix(copy)[0] == GLUON
+
+
+# ----------------------------------------------------------------- select_lowering and explain
+
+
+def test_select_lowering_says_what_each_gluon_row_launches(tmp_path: Path) -> None:
+    overflow = {"block_n": 64, "num_stages": 3}
+    plan = plan_through_lowering(context(tmp_path, table("sm_90", *GLUON_TABLE, entry(group=128, gluon=overflow))))
+    rows = {d.what: d for d in plan.decisions_of("select_lowering")}
+    fits = rows["sm_90 row group 16 batch 1-8"]
+    assert fits.value == "Gluon at L 1-16" and not fits.warning
+    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, 32, 3)
+    assert f"{need} of 232448 B" in fits.why and "16 x 4 at L 3-4" in fits.why
+    assert "the paged entry" in fits.why and BlockConfig(**TRITON_FIELDS).short() in fits.why
+    too_big = rows["sm_90 row group 128 batch 1-8"]
+    assert too_big.value == "Triton at every L" and too_big.warning
+    assert "304128 B of shared memory, sm_90 has 232448 B" in too_big.why
+    assert "sm_90 row group 16 batch 9-32" not in rows  # a Triton row: nothing to say
+
+
+@pytest.mark.parametrize(("layout", "kv", "q", "missing"), [
+    ("qwen3_5_gqa256", "bfloat16", "bfloat16", "v_source: wanted 'k_latent'"),
+    (MLA, "float8_e4m3fn", "bfloat16", "kv_storage: wanted '16-bit'"),
+    (MLA, "bfloat16", "float16", "q_dtype_is_kv_dtype: wanted True"),  # rows are shared by the query dtypes
+])
+def test_a_module_without_the_gluon_stage_runs_a_gluon_rows_triton_fields(tmp_path: Path, layout: str, kv: str,
+                                                                          q: str, missing: str) -> None:
+    group = SPECS[layout].attention.group_sizes[0]
+    ctx = context(tmp_path, table("sm_90", entry(layout, group, gluon=GLUON_ROW, kv=kv)))
+    plan = plan_through_lowering(ctx, layout, kv, q)
+    unused = {d.what: d for d in plan.decisions_of("select_lowering")}["gluon sections"]
+    assert unused.value == "not launched" and not unused.warning
+    assert f"sm_90 row group {group} batch 1-8" in unused.why and missing in unused.why
+
+
+def test_a_gluon_section_in_another_archs_table_is_refused(tmp_path: Path) -> None:
+    for q in ("bfloat16", "float16"):  # whether or not the module has the stage: nothing could launch it
+        ctx = context(tmp_path, table("sm_100", entry(gluon=GLUON_ROW)))
+        with pytest.raises(TableError, match=f"<test sm_100 table>: the row for {MLA} .*gluon section.*runs on sm_90 "
+                                             "only; remove the section"):
+            plan_through_lowering(ctx, q=q)
+
+
+def test_explain_shows_the_lowering_and_the_gluon_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "sm_90.json"
+    path.write_text(json.dumps({"schema": "kgen.block-config-table/1", "arch": "sm_90",
+                                "metadata": {"arch": "sm_90"}, "entries": list(GLUON_TABLE)}))
+    monkeypatch.setenv("KGEN_TABLE", str(path))
+    text = explain(MLA, "bf16", group=16, arch="sm_90")
+    assert "gluon_prefix       = gluon/mla_prefix_stage.py.j2" in text
+    assert "sm_90 row group 16 batch 1-8 = Gluon at L 1-16" in text
+    assert "sm_90 group 16 batch 1..8: BLOCK_H=16 BLOCK_N=64 warps=8 stages=2" in text and "gluon(BLOCK_N=32" in text
+
+
+# ----------------------------------------------------------------- kgen check compiles it
+
+
+def test_kgen_check_compiles_a_gluon_row_offline_for_sm90(built: Path) -> None:
+    module = check.load_module_file(built)
+    if not module._HAS_GLUON:
+        pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only (another Triton serves the Triton kernel)")
+    infos = check.find_modules(generated=built.parent)
+    enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int32"])
+    # The row's Gluon programs (32-token tiles; the default's have 64): one per draft class
+    # (L_PAD 1, 2, 4, 8, 16), only at the row's group and batches, on the token-slot entry.
+    gluon = [v for v in enum.variants if v.kernel == GLUON and v.constexprs["BLOCK_N"] == 32]
+    assert sorted(v.constexprs["L_PAD"] for v in gluon) == [1, 2, 4, 8, 16]
+    assert all(p.group == 16 and 1 <= p.batch <= 8 and p.page_size is None for v in gluon for p in v.points)
+    variant = next(v for v in gluon if v.constexprs["L_PAD"] == 4)
+    # In a spawned worker, as `kgen check` compiles: this process runs Triton's interpreter.
+    with check._compile_environment(), ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"), initializer=check._worker_init) as pool:
+        result = pool.submit(check.compile_variant, check._job(variant)).result()
+    assert result["error"] is None, result["error"]
+    shape = module._KERNEL_SHAPE
+    # rules.gluon_shared_bytes bounds what Triton allocates, within its margin.
+    estimate = rules.gluon_shared_bytes(shape, 32, 3)
+    assert estimate - rules.SHARED_MARGIN_BYTES <= result["shared"] <= estimate
+    assert result["registers"] <= 255 and result["spill_stores"] <= check.NVIDIA_SPILL_LIMIT
+    assert result["mma"].get("HGMMA"), "the Gluon stage runs wgmma"
+
