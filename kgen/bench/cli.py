@@ -275,13 +275,14 @@ def baseline_modules_dir(args: argparse.Namespace) -> Path | None:
 
 def batch_invariant_run(args: argparse.Namespace) -> bool:
     """``--batch-invariant``: a run that times the grouped kernel's batch-invariant modules
-    against the default ones, with one kv_indices dtype and no other A/B."""
+    against the default ones, with one kv_indices dtype, one draft mask and no other A/B."""
     if not getattr(args, "batch_invariant", False):
         return False
     if "grouped" not in select_kernels(args):
         raise BenchUsageError("--batch-invariant times the grouped kernel: keep it in --kernels")
-    if parse_index_dtypes(args.index_dtype)[1] is not None or getattr(args, "baseline_modules", None):
-        raise BenchUsageError("--batch-invariant is an A/B, and so are two --index-dtype values and "
+    if (parse_index_dtypes(args.index_dtype)[1] is not None or parse_masks(args.mask)[1] is not None
+            or getattr(args, "baseline_modules", None)):
+        raise BenchUsageError("--batch-invariant is an A/B, and so are two --index-dtype or --mask values and "
                               "--baseline-modules: run one at a time")  # fmt: skip
     if args.from_json:
         raise BenchUsageError("--batch-invariant measures: it does not go with --from-json")
