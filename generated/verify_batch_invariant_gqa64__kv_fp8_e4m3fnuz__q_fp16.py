@@ -16,7 +16,7 @@
 #   1. _verify_prefix_stage: one program per (block of query heads of one KV head,
 #      prefix split, request). It loads each K/V tile of its split once and uses it for all
 #      BLOCK_H x L_PAD (head, draft-position) rows with tl.dot (a draft longer than L_PAD
-#      goes to ROW_BLOCKS programs). The request's last split also runs the draft tile,
+#      goes to row_blocks programs). The request's last split also runs the draft tile,
 #      causal or masked. A request held by one split writes o directly; otherwise each
 #      split writes a normalized fp32 partial and its log2-sum-exp.
 #   2. _verify_merge_stage: combines the partials of requests with more than one split.
