@@ -7,16 +7,18 @@
 #   tables      : gfx950 (shipped: kgen/tables/gfx950.json), sm_90 (shipped: kgen/tables/sm_90.json)
 #   variant     : grouped-head shared-KV, batch invariant (fixed tokens per split, block config and draft rows)
 #
-# Target verification for speculative decoding (EAGLE, topk = 1): every request attends L
-# draft tokens over its whole prefix in a paged KV cache, draft token i also seeing draft
-# tokens 0..i. Layout mla_absorbed_512_64: MLA, K width 576 (nope 512 + pe 64), V width 512, KV float8_e4m3fn, queries bfloat16.
+# Target verification for speculative decoding (EAGLE): every request attends L draft tokens
+# over its whole prefix in a paged KV cache. Among themselves draft token i sees draft tokens
+# 0..i (a chain, topk = 1), or the ones its request's custom mask gives it (a tree, topk > 1).
+# Layout mla_absorbed_512_64: MLA, K width 576 (nope 512 + pe 64), V width 512, KV float8_e4m3fn, queries bfloat16.
 #
 # Two launches:
 #   1. _verify_prefix_stage: one program per (block of query heads of one KV head,
 #      prefix split, request). It loads each K/V tile of its split once and uses it for all
-#      BLOCK_H x L_PAD (head, draft-position) rows with tl.dot. The request's last split
-#      also runs the causal draft tile. A request held by one split writes o directly;
-#      otherwise each split writes a normalized fp32 partial and its log2-sum-exp.
+#      BLOCK_H x L_PAD (head, draft-position) rows with tl.dot (a draft longer than L_PAD
+#      goes to row_blocks programs). The request's last split also runs the draft tile,
+#      causal or masked. A request held by one split writes o directly; otherwise each
+#      split writes a normalized fp32 partial and its log2-sum-exp.
 #   2. _verify_merge_stage: combines the partials of requests with more than one split.
 # Batch invariant: a request's splits, program rows and merge order depend on its own prefix
 # and draft lengths only, never on the batch, the other requests or the GPU's size.
@@ -62,12 +64,12 @@ MERGE_BLOCK_DV = tl.constexpr(64)
 MERGE_ROWS = 16
 # Splits a merge program has in flight at once (one unrolled chunk).
 MERGE_SPLIT_CHUNK = 8
-# Longest draft chain this module handles; longer ones fall back to another path.
-MAX_DRAFT_TOKENS = 16
+# Longest draft (chain or tree) this module handles; longer ones fall back to another path.
+MAX_DRAFT_TOKENS = 64
 # Batch-invariant mode (`kgen explain LAYOUT --batch-invariant` gives each reason): split k of a
 # request covers prefix tokens [k, k + 1) x TOKENS_PER_SPLIT; past MAX_SPLITS_PER_REQUEST splits
 # the split grows to a whole multiple of it. Every program is fitted for drafts of DRAFT_ROWS
-# tokens; longer drafts run in blocks of L_PAD rows, one program each.
+# tokens; longer drafts run in row blocks of L_PAD rows, one program each.
 BATCH_INVARIANT = True
 TOKENS_PER_SPLIT = 4096
 MAX_SPLITS_PER_REQUEST = 8
@@ -154,28 +156,69 @@ def _first_slot(table_start, batch, tokens_per_split, slots_per_request):
 
 
 @triton.jit
+def _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len, stride_mask_row,
+               BLOCK_TABLE: tl.constexpr):
+    """Where each row's bits for draft columns 0.. start in the custom mask (one byte a bit).
+
+    SGLang (token slots): request b's mask is a row-major [L, P + L] block at mask_indptr[b];
+    its P prefix columns are never read (every draft token sees the whole prefix). Paged
+    entry: draft token i of request b reads row mask_indptr[b] + i of a [rows, W] mask
+    (requests may share rows: vLLM's one tree for the batch).
+    """
+    start = tl.load(Mask_Indptr + batch).to(tl.int64)
+    if BLOCK_TABLE:
+        rows = Custom_Mask + (start + draft_pos) * stride_mask_row
+    else:
+        rows = Custom_Mask + start + draft_pos.to(tl.int64) * (prefix_len + q_len) + prefix_len
+    return rows
+
+
+@triton.jit
+def _draft_columns(q_len, first_row, L_PAD: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Draft columns rows first_row .. first_row + L_PAD - 1 may see: all of them under a
+    mask, up to the last row's own token in a chain."""
+    if HAS_MASK:
+        end = q_len
+    else:
+        end = tl.minimum(q_len, first_row + L_PAD)
+    return end
+
+
+@triton.jit
 def _draft_tile(
-    m_i, l_i, acc, q, q_pe, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, offs_d,
-    offs_dpe, dpe_ok, offs_dv, qk_scale, v_descale, stride_ke_tok, stride_ke_head, stride_ve_tok,
-    stride_ve_head,
-    DRAFT_N: tl.constexpr, DOT_DTYPE: tl.constexpr, RAW_V_FOLLOWS: tl.constexpr,
+    m_i, l_i, acc, q, q_pe, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
+    mask_rows, offs_d, offs_dpe, dpe_ok, offs_dv, qk_scale, v_descale, stride_ke_tok, stride_ke_head,
+    stride_ve_tok, stride_ve_head,
+    DRAFT_N: tl.constexpr, DOT_DTYPE: tl.constexpr, HAS_MASK: tl.constexpr, RAW_V_FOLLOWS: tl.constexpr,
 ):
-    """The draft tile, run by the request's last split: every row against its draft tokens,
-    causal (draft token i sees 0..i), as one more DRAFT_N-wide tile of the same online softmax.
-    Returns the updated (m_i, l_i, acc). Draft K/V are in the query dtype, never quantized."""
-    offs_j = tl.arange(0, DRAFT_N)
+    """Draft columns first_col .. first_col + DRAFT_N - 1, run by the request's last split: every
+    row against those draft tokens as one more tile of the same online softmax. Which token
+    sees which: the custom mask's bits when HAS_MASK (whatever their shape), else the causal
+    chain (draft token i sees 0..i). Returns the updated (m_i, l_i, acc). Draft K/V are in the
+    query dtype, never quantized."""
+    offs_j = first_col + tl.arange(0, DRAFT_N)
     j_ok = offs_j < q_len
     kd_row_ptr = K_Extend + (q_start + offs_j)[:, None] * stride_ke_tok + kv_head * stride_ke_head
     kd = tl.load(kd_row_ptr + offs_d[None, :], mask=j_ok[:, None], other=0.0)
     s = tl.dot(q, tl.trans(kd.to(DOT_DTYPE)))
     kd_pe = tl.load(kd_row_ptr + NOPE_DIM + offs_dpe[None, :], mask=j_ok[:, None] & dpe_ok[None, :], other=0.0)
     s += tl.dot(q_pe, tl.trans(kd_pe.to(DOT_DTYPE)))
-    visible = (offs_j[None, :] <= draft_pos[:, None]) & j_ok[None, :]
+    if HAS_MASK:
+        bits = tl.load(mask_rows[:, None] + offs_j[None, :], mask=row_ok[:, None] & j_ok[None, :], other=0)
+        visible = bits != 0
+    else:
+        visible = (offs_j[None, :] <= draft_pos[:, None]) & j_ok[None, :]
     s = tl.where(visible, s * qk_scale, float("-inf"))
     # Padding rows (draft_pos >= q_len) can see nothing: keep their max finite.
     m_new = tl.maximum(m_i, tl.where(row_ok, tl.max(s, 1), 0.0))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    if HAS_MASK:
+        # A masked row may see no draft token of this tile, and with an empty prefix nothing
+        # yet: its max stays -inf and it exponentiates against 0 (p = 0, l stays 0).
+        m_exp = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_exp = m_new
+    alpha = tl.exp2(m_i - m_exp)
+    p = tl.exp2(s - m_exp[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     vd_ptr = V_Extend + (q_start + offs_j)[:, None] * stride_ve_tok + kv_head * stride_ve_head + offs_dv[None, :]
     vd = tl.load(vd_ptr, mask=j_ok[:, None], other=0.0)
@@ -222,8 +265,8 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
 # Ints the launcher computes from shapes are not value-specialized: one compiled kernel serves
 # every batch size, split count and page size (the JIT would otherwise compile a variant per
 # value class, and `kgen check` would have to prove each).
-@triton.jit(do_not_specialize=["max_splits", "tokens_per_split", "slots_per_request", "draft_blocks", "page_shift",
-                               "stride_pl_head"])
+@triton.jit(do_not_specialize=["max_splits", "tokens_per_split", "slots_per_request", "row_blocks", "page_shift",
+                               "stride_mask_row", "stride_pl_head"])
 def _verify_prefix_stage(
     Q,
     K_Buffer,
@@ -241,7 +284,7 @@ def _verify_prefix_stage(
     max_splits,
     tokens_per_split,
     slots_per_request,
-    draft_blocks,
+    row_blocks,
     page_shift,
     stride_table,
     stride_q_tok,
@@ -260,10 +303,16 @@ def _verify_prefix_stage(
     stride_po_split,
     stride_pl_tok,
     stride_pl_head,
+    # A tree's custom mask (None for the causal chain: then they are constexprs and no code
+    # reads them).
+    Custom_Mask,
+    Mask_Indptr,
+    stride_mask_row,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     L_PAD: tl.constexpr,
     DRAFT_N: tl.constexpr,
+    HAS_MASK: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     SCALES_ON_DEVICE: tl.constexpr,
@@ -278,9 +327,11 @@ def _verify_prefix_stage(
     pid_heads = tl.program_id(0)
     split = tl.program_id(1)
     batch = tl.program_id(2)
-    # Axis 0 also holds the draft blocks: a draft longer than L_PAD runs in blocks of L_PAD rows.
-    draft_block = pid_heads % draft_blocks
-    pid_heads = pid_heads // draft_blocks
+    # row_blocks programs each take L_PAD consecutive draft tokens of the head block (neighbours
+    # on axis 0, reading the same prefix tiles). A runtime int: the batch's longest draft sets
+    # how many programs run, never what one computes.
+    first_row = (pid_heads % row_blocks) * L_PAD
+    pid_heads = pid_heads // row_blocks
     HEAD_BLOCKS: tl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
     kv_head = pid_heads // HEAD_BLOCKS
     head_block = pid_heads % HEAD_BLOCKS
@@ -300,13 +351,13 @@ def _verify_prefix_stage(
     split_end = tl.minimum(split_start + split_len, prefix_len)
     # Splits past this request's prefix write nothing and the merge never reads them. The
     # last written split also takes the draft tile, so an empty prefix still has split 0.
-    # Draft blocks past the request's draft have no rows.
-    if split < num_written and draft_block * L_PAD < q_len:
-        # Row r of the tile is (head head_block*BLOCK_H + r // L_PAD, draft token
-        # draft_block*L_PAD + r % L_PAD).
+    runs = split < num_written
+    runs = runs & (first_row < q_len)  # a row block past this request's draft has no rows
+    if runs:
+        # Row r of the tile is (head head_block*BLOCK_H + r // L_PAD, draft token first_row + r % L_PAD).
         rows = tl.arange(0, ROWS)
         head_in_group = head_block * BLOCK_H + rows // L_PAD
-        draft_pos = draft_block * L_PAD + rows % L_PAD
+        draft_pos = first_row + rows % L_PAD
         row_ok = (head_in_group < GROUP) & (draft_pos < q_len)
         q_head = (kv_head * GROUP + head_in_group).to(tl.int64)
         q_tok = q_start + draft_pos
@@ -332,12 +383,21 @@ def _verify_prefix_stage(
         l_i = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
         if split == num_written - 1:
-            m_i, l_i, acc = _draft_tile(
-                m_i, l_i, acc, q, q_pe, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, offs_d,
-                offs_dpe, dpe_ok, offs_dv, qk_scale, v_descale, stride_ke_tok, stride_ke_head, stride_ve_tok,
-                stride_ve_head,
-                DRAFT_N, DOT_DTYPE, RAW_V_FOLLOWS=True,
-            )
+            # The mask's row pointers live only here, not through the prefix loop.
+            if HAS_MASK:
+                mask_rows = _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len,
+                                       stride_mask_row, BLOCK_TABLE)
+            else:
+                mask_rows = Custom_Mask  # None: the chain reads no mask
+            # Every program walks the DRAFT_N-wide tiles of the draft columns its rows may see,
+            # from column 0: the request's own draft decides how many, never the batch's.
+            for first_col in range(0, _draft_columns(q_len, first_row, L_PAD, HAS_MASK), DRAFT_N):
+                m_i, l_i, acc = _draft_tile(
+                    m_i, l_i, acc, q, q_pe, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
+                    mask_rows, offs_d, offs_dpe, dpe_ok, offs_dv, qk_scale, v_descale, stride_ke_tok, stride_ke_head,
+                    stride_ve_tok, stride_ve_head,
+                    DRAFT_N, DOT_DTYPE, HAS_MASK, RAW_V_FOLLOWS=True,
+                )
 
         # The page indices of tile i+1 are loaded while tile i computes: the K/V loads of a
         # tile depend on its indices, and an index load on the critical path stalls the
@@ -394,6 +454,9 @@ def _verify_prefix_stage(
         # The prefix's P.V is dequantized once, here, instead of per tile.
         acc = acc * v_descale
         l_safe = tl.where(row_ok, l_i, 1.0)
+        if HAS_MASK:
+            # A row that saw nothing (an empty prefix, every draft bit 0) writes zeros, not 0/0.
+            l_safe = tl.where(l_i > 0.0, l_safe, 1.0)
         if num_written == 1:
             # One split holds the whole request: write o here; the merge skips it.
             o_ptr = O + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :]
@@ -408,7 +471,7 @@ def _verify_prefix_stage(
             tl.store(pl_ptr, m_i + tl.log2(l_safe), mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["num_q_heads", "max_splits", "tokens_per_split", "slots_per_request", "draft_blocks",
+@triton.jit(do_not_specialize=["num_q_heads", "max_splits", "tokens_per_split", "slots_per_request", "row_blocks",
                                "stride_pl_head"])
 def _verify_merge_stage(
     O,
@@ -420,7 +483,7 @@ def _verify_merge_stage(
     max_splits,
     tokens_per_split,
     slots_per_request,
-    draft_blocks,
+    row_blocks,
     stride_table,
     stride_o_tok,
     stride_o_head,
@@ -445,8 +508,8 @@ def _verify_merge_stage(
     head_block = tl.program_id(0)
     batch = tl.program_id(1)
     dv_block = tl.program_id(2)
-    draft_block = head_block % draft_blocks  # axis 0 holds the draft blocks too, as in the prefix stage
-    head_block = head_block // draft_blocks
+    first_row = (head_block % row_blocks) * L_PAD  # axis 0 holds the row blocks too, as in the prefix stage
+    head_block = head_block // row_blocks
     if USE_PDL:
         gdc_wait()  # launched early (programmatic dependent launch): the partials are complete after this
     q_start, q_len, table_start, prefix_len = _request_bounds(
@@ -456,7 +519,7 @@ def _verify_merge_stage(
     if num_written > 1:
         rows = tl.arange(0, ROWS)
         q_head = (head_block * MERGE_HEADS + rows // L_PAD).to(tl.int64)
-        draft_pos = draft_block * L_PAD + rows % L_PAD
+        draft_pos = first_row + rows % L_PAD
         first_slot = _first_slot(table_start, batch, tokens_per_split, slots_per_request)
         row_ok = (q_head < num_q_heads) & (draft_pos < q_len)
         q_tok = q_start + draft_pos
@@ -480,6 +543,11 @@ def _verify_merge_stage(
 # Dot operand dtypes on the GPU. Prefix stage: fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated.
 _TL_PREFIX_DOT_DTYPE = tl.float16
 _INDEX_DTYPES = (torch.int32, torch.int64)
+# Custom masks the kernels read: one byte a bit (SGLang sends bool).
+_MASK_DTYPES = (torch.bool, torch.uint8, torch.int8)
+# The prefix stage's mask arguments when there is no mask: None makes them constexprs, so
+# the chain kernel is compiled without them (kgen check compiles launch_params' constexprs).
+_NO_MASK = {"Custom_Mask": None, "Mask_Indptr": None, "stride_mask_row": None}
 _SCRATCH = {}
 _DEVICE_SCALES = {}
 
@@ -529,13 +597,22 @@ def draft_rows(block_h, max_len):
 
 def row_blocking(block_h, group, max_len, max_rows=MAX_ROWS, grouped=True):
     """BLOCK_H (query heads a program owns) and L_PAD (draft rows per head, a power of two):
-    at least MIN_DOT rows, at most max_rows, halving the head block until it fits."""
+    at least MIN_DOT rows, at most max_rows, halving the head block until it fits. A draft
+    longer than max_rows rows of one head is split over programs (``draft_row_blocks``)."""
     block_h = min(block_h, next_pow2(group)) if grouped else 1
     while True:
         l_pad = draft_rows(block_h, max_len)
-        if block_h * l_pad <= max_rows or block_h == 1:
+        if block_h * l_pad <= max_rows:
             return block_h, l_pad
+        if block_h == 1:
+            return 1, max(max_rows, MIN_DOT)
         block_h //= 2
+
+
+def draft_row_blocks(l_pad, max_len):
+    """Programs that share one head block's draft rows: 1 while L_PAD holds the whole draft,
+    else cdiv(L, L_PAD) (each takes L_PAD consecutive draft tokens)."""
+    return max(1, cdiv(max_len, l_pad))
 
 
 def max_rows_for(target, shape, num_warps):
@@ -577,17 +654,22 @@ def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
 
 def fit(target, shape, config, group, max_len, grouped=True):
     """(block_h, l_pad, block_n, num_stages, reasons): the config's program, made to fit the
-    target. In order: the accumulator's row budget halves the head block; then, while the
-    tile buffers overflow shared memory, fewer stages (down to 2, then 1), then narrower
-    tiles (down to MIN_DOT tokens), then fewer heads. ``reasons`` says what changed and why."""
+    target. In order: the accumulator's row budget halves the head block (and past one head,
+    splits the draft rows over programs); then, while the tile buffers overflow shared
+    memory, fewer stages (down to 2, then 1), then narrower tiles (down to MIN_DOT tokens),
+    then fewer heads, then fewer draft rows a program. ``reasons`` says what changed and why."""
     num_warps, block_n, stages = config["num_warps"], config["block_n"], config["num_stages"]
     max_rows = max_rows_for(target, shape, num_warps)
     block_h, l_pad = row_blocking(config["block_h"], group, max_len, max_rows, grouped)
-    wanted_h, _ = row_blocking(config["block_h"], group, max_len, MAX_ROWS, grouped)
+    wanted_h, wanted_l = row_blocking(config["block_h"], group, max_len, MAX_ROWS, grouped)
     reasons = []
     if block_h < wanted_h:
-        reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_h * l_pad} rows x {shape['acc_width']} fp32 "
+        reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_h * wanted_l} rows x {shape['acc_width']} fp32 "
                        f"accumulator exceed {ACC_REGISTERS_PER_THREAD} registers a thread at {num_warps} warps")
+    row_blocks = draft_row_blocks(l_pad, max_len)
+    if row_blocks > 1:
+        reasons.append(f"draft rows over {row_blocks} programs of L_PAD {l_pad}: {draft_rows(1, max_len)} rows "
+                       f"of one head exceed the {max_rows}-row budget at {num_warps} warps")
     limit = target["shared_bytes"]
     while shared_bytes(target, shape, block_h * l_pad, block_n, stages, num_warps) > limit:
         need = shared_bytes(target, shape, block_h * l_pad, block_n, stages, num_warps)
@@ -598,6 +680,8 @@ def fit(target, shape, config, group, max_len, grouped=True):
         elif block_h > 1:
             change, block_h = f"BLOCK_H {block_h} -> {block_h // 2}", block_h // 2
             l_pad = draft_rows(block_h, max_len)
+        elif l_pad > MIN_DOT:
+            change, l_pad = f"L_PAD {l_pad} -> {l_pad // 2} (draft rows over more programs)", l_pad // 2
         else:
             reasons.append(f"nothing fits: {need} B of shared memory at the smallest program")
             return None
@@ -699,11 +783,12 @@ def _target_of(arch):
     return _TARGETS[_INTERPRETER_TARGET if arch == "interpreter" else arch]
 
 
-def _triton_prefix(arch, config, group, max_len, page_size):
+def _triton_prefix(arch, config, group, max_len, page_size, has_mask):
     """_verify_prefix_stage's (constexprs, compile options) for this launch, or None when no
     program fits the target."""
     is_rocm = _target_of(arch)["family"] == "hip"
-    # Batch invariant: fitted for DRAFT_ROWS whatever max_len (a longer draft adds draft blocks).
+    # Batch invariant: fitted for DRAFT_ROWS whatever max_len (a longer draft adds row blocks,
+    # a runtime argument, not ROW_BLOCKS).
     fitted = fit(_target_of(arch), _KERNEL_SHAPE, config, group, DRAFT_ROWS, grouped=True)
     if fitted is None:
         return None
@@ -712,7 +797,8 @@ def _triton_prefix(arch, config, group, max_len, page_size):
         "GROUP": group,
         "BLOCK_H": block_h,
         "L_PAD": l_pad,
-        "DRAFT_N": max(MIN_DOT, next_pow2(MAX_DRAFT_TOKENS)),  # every draft block sees the whole draft
+        "DRAFT_N": max(MIN_DOT, l_pad),
+        "HAS_MASK": has_mask,
         "BLOCK_N": block_n,
         "BLOCK_TABLE": page_size is not None,
         "LAZY_RESCALE": bool(config.get("lazy_rescale")),
@@ -722,48 +808,50 @@ def _triton_prefix(arch, config, group, max_len, page_size):
                         **_backend_knobs(config, is_rocm)}
 
 
-def _prefix_launch(arch, config, group, max_len, page_size, use_pdl):
+def _prefix_launch(arch, config, group, max_len, page_size, use_pdl, has_mask):
     """(kernel, constexprs, compile options, config of its split policy, launched early) of the
     prefix stage; None when no program fits."""
-    triton_prefix = _triton_prefix(arch, config, group, max_len, page_size)
+    triton_prefix = _triton_prefix(arch, config, group, max_len, page_size, has_mask)
     if triton_prefix is None:
         return None
     return ("_verify_prefix_stage", *triton_prefix, config, use_pdl)
 
 
-def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads=1):
+def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads=1, has_mask=False):
     """Everything one call launches, from Python scalars alone (None when no program fits).
 
     Batch invariant: one program whatever the batch and the draft length (a longer draft adds
-    draft blocks), the module's splits; batch, max_len and num_sms change how many programs
-    run (the grid), never what one computes."""
+    row blocks), the module's splits; batch, max_len and num_sms change how many programs
+    run (the grid), never what one computes. has_mask (a tree) picks the Triton stage."""
     is_rocm = _target_of(arch)["family"] == "hip"
     config = config if config is not None else select_config(arch, group, batch)
     use_pdl = _use_pdl(arch, is_rocm)
     knobs = _backend_knobs(config, is_rocm)
-    chosen = _prefix_launch(arch, config, group, max_len, page_size, use_pdl)
+    chosen = _prefix_launch(arch, config, group, max_len, page_size, use_pdl, has_mask)
     if chosen is None:
         return None
     prefix_kernel, prefix, prefix_options, split_config, prefix_pdl = chosen
     block_h, l_pad, block_n = prefix["BLOCK_H"], prefix["L_PAD"], prefix["BLOCK_N"]
     head_blocks = cdiv(group, block_h)
-    # A draft longer than L_PAD runs in blocks of L_PAD rows, one program each. The split grid
-    # comes from the call's index table (_split_grid in _run); max_splits is the split plan's
-    # cap, and the table row's split policy is not used.
-    draft_blocks = max(1, cdiv(max_len, l_pad))
+    # A draft longer than L_PAD runs in row blocks of L_PAD rows, one program each, in both
+    # stages (the merge too: its rows are the prefix stage's). The split grid comes from the
+    # call's index table (_split_grid in _run); max_splits is the split plan's cap, and the
+    # table row's split policy is not used.
+    row_blocks = draft_row_blocks(l_pad, max_len)
     max_splits = MAX_SPLITS_PER_REQUEST
+    merge_l_pad = l_pad
     merge = {
-        "MERGE_HEADS": _merge_heads(l_pad),
-        "L_PAD": l_pad,
+        "MERGE_HEADS": _merge_heads(merge_l_pad),
+        "L_PAD": merge_l_pad,
         "SPLIT_CHUNK": MERGE_SPLIT_CHUNK,
         "BLOCK_TABLE": page_size is not None,
         "USE_PDL": use_pdl,
     }
     return {
         "head_blocks": head_blocks,
+        "row_blocks": row_blocks,
         "max_splits": max_splits,
         "tokens_per_split": TOKENS_PER_SPLIT,
-        "draft_blocks": draft_blocks,
         "block_n": block_n,
         "page_shift": (page_size or 1).bit_length() - 1,
         "prefix_kernel": prefix_kernel,
@@ -776,26 +864,35 @@ def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv
 
 
 @functools.lru_cache(maxsize=4096)
-def _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads=1):
+def _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads=1, has_mask=False):
     """_plan_launch for the module's own configs, cached: the same shapes every step."""
-    return _plan_launch(arch, num_sms, group, batch, max_len, page_size, None, num_kv_heads)
+    return _plan_launch(arch, num_sms, group, batch, max_len, page_size, None, num_kv_heads, has_mask)
 
 
-def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=None, num_kv_heads=1):
+def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=None, num_kv_heads=1,
+                  has_mask=False):
     """The kernels one call launches, as (kernel name, constexpr arguments, compile options).
 
     Pure Python: `kgen check` compiles exactly these offline for each target. page_size None
-    is the token-slot entry (verify_shared_kv_fwd), an int the paged entry (verify_paged_fwd).
+    is the token-slot entry (verify_shared_kv_fwd), an int the paged entry (verify_paged_fwd);
+    has_mask a call with a custom mask (a tree).
     The merge stage is listed always: it runs when the call's index table can hold a prefix of
     more than one split (shapes launch_params does not see). Returns [] when no program fits
     the target (the entry points refuse such calls).
     """
-    plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads)
+    if config is None:
+        plan = _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads, has_mask)
+    else:
+        plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads, has_mask)
     if plan is None:
         return []
-    launches = [(plan["prefix_kernel"], *plan["prefix"])]
+    prefix_constexprs, prefix_options = plan["prefix"]
+    if plan["prefix_kernel"] == "_verify_prefix_stage" and not has_mask:
+        prefix_constexprs = {**prefix_constexprs, **_NO_MASK}
+    launches = [(plan["prefix_kernel"], dict(prefix_constexprs), dict(prefix_options))]
     if plan["merge"] is not None:
-        launches.append(("_verify_merge_stage", *plan["merge"]))
+        merge_constexprs, merge_options = plan["merge"]
+        launches.append(("_verify_merge_stage", dict(merge_constexprs), dict(merge_options)))
     return launches
 
 
@@ -818,7 +915,7 @@ def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, n
     It depends on the index table's length: kv_indices_len (token slots); None gives the most
     a call of this batch can take, MAX_SPLITS_PER_REQUEST slots a request."""
     plan = _plan_launch(arch, num_sms, num_q_heads // num_kv_heads, batch, max_len, None, config, num_kv_heads)
-    rows = plan["draft_blocks"] * plan["prefix"][0]["L_PAD"]
+    rows = plan["row_blocks"] * plan["prefix"][0]["L_PAD"]
     if kv_indices_len is None:
         _, _, slots = _split_grid(plan, batch, plan["max_splits"] * plan["tokens_per_split"], compact=False)
     else:
@@ -846,8 +943,21 @@ def _scales(k_scale, v_scale, device):
     return k_scale, v_scale, True
 
 
+def _mask_arguments(custom_mask, mask_indptr, paged):
+    """The prefix stage's mask arguments: the mask's bytes as uint8 (bool and int8 masks are
+    the same bytes), its offsets and, for the paged entry's [rows, W] mask, its row stride;
+    Nones (_NO_MASK) for a call without a mask."""
+    if custom_mask is None:
+        return _NO_MASK
+    if paged:
+        mask, stride_mask_row = custom_mask.view(torch.uint8), custom_mask.stride(0)
+    else:
+        mask, stride_mask_row = custom_mask.reshape(-1).view(torch.uint8), 0
+    return {"Custom_Mask": mask, "Mask_Indptr": mask_indptr, "stride_mask_row": stride_mask_row}
+
+
 def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
-                          kv_table, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
+                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
                           k_strides, v_strides):
     prefix_constexprs, prefix_options = plan["prefix"]
     _verify_prefix_stage[grid](
@@ -881,6 +991,7 @@ def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_po
         partial_o.stride(2),
         partial_lse.stride(0),
         partial_lse.stride(1),
+        **mask_arguments,
         DOT_DTYPE=tl.float32 if _INTERPRET else _TL_PREFIX_DOT_DTYPE,
         SCALES_ON_DEVICE=scales_on_device,
         **prefix_constexprs,
@@ -890,7 +1001,8 @@ def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_po
 
 
 def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table, max_len,
-         k_scale, v_scale, sm_scale, config, page_size, stride_table, k_strides, v_strides):
+         k_scale, v_scale, sm_scale, config, page_size, stride_table, k_strides, v_strides,
+         custom_mask=None, mask_indptr=None):
     num_tokens, num_q_heads, _ = q.shape
     num_kv_heads = k_extend.shape[1]
     group = num_q_heads // num_kv_heads
@@ -898,33 +1010,35 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     if num_tokens == 0 or batch == 0:
         return
     arch, num_sms, _ = _device_info(q.device.type, q.device.index)
+    has_mask = custom_mask is not None
     if config is None:
-        plan = _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads)
+        plan = _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads, has_mask)
     else:
-        plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads)
+        plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads, has_mask)
     if plan is None:
         raise ValueError(f"{URI}: no program fits {arch} for group {group}, draft length {max_len}")
     # The split grid and the scratch slots come from the index table's shape (the longest prefix
     # it can hold), never its values: graph-safe, and no program's result depends on them.
     prefix_bound = kv_table.numel() if page_size is None else kv_table.shape[1] * page_size
     grid_splits, slots_per_request, num_slots = _split_grid(plan, batch, prefix_bound, compact=page_size is None)
-    draft_blocks = plan["draft_blocks"]
+    row_blocks = plan["row_blocks"]
     # The split plan's ints, as both stages take them.
-    split_ints = (plan["max_splits"], plan["tokens_per_split"], slots_per_request, draft_blocks)
-    partial_o, partial_lse = _scratch(q.device, draft_blocks * plan["prefix"][0]["L_PAD"], num_q_heads, num_slots)
-    grid = (num_kv_heads * plan["head_blocks"] * draft_blocks, grid_splits, batch)
+    split_ints = (plan["max_splits"], plan["tokens_per_split"], slots_per_request, row_blocks)
+    partial_o, partial_lse = _scratch(q.device, row_blocks * plan["prefix"][0]["L_PAD"], num_q_heads, num_slots)
+    grid = (num_kv_heads * plan["head_blocks"] * row_blocks, grid_splits, batch)
     sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
     prefix_constexprs, prefix_options = plan["prefix"]
     k_scale, v_scale, scales_on_device = _scales(k_scale, v_scale, q.device)
 
+    mask_arguments = _mask_arguments(custom_mask, mask_indptr, page_size is not None)
     _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
-                          kv_table, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
+                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
                           k_strides, v_strides)
     if grid_splits == 1:
         return  # no prefix the index table holds needs a second split: each request wrote o itself
     merge_constexprs, merge_options = plan["merge"]
     merge_heads = merge_constexprs["MERGE_HEADS"]
-    merge_grid = (cdiv(num_q_heads, merge_heads) * draft_blocks, batch, cdiv(V_HEAD_DIM.value, MERGE_BLOCK_DV.value))
+    merge_grid = (cdiv(num_q_heads, merge_heads) * row_blocks, batch, cdiv(V_HEAD_DIM.value, MERGE_BLOCK_DV.value))
     _verify_merge_stage[merge_grid](
         o,
         qo_indptr,
@@ -948,17 +1062,20 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
 
 
 def launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
-           kv_indices, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, config=None):
+           kv_indices, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, config=None,
+           custom_mask=None, mask_indptr=None):
     """Run the kernels on SGLang's token-slot pool with no checks (callers: tuner, bench).
 
     ``config`` is a block-config dict (fields of kgen.blockconfig.BlockConfig); None uses
-    this module's table for the device's arch.
+    this module's table for the device's arch. ``custom_mask``/``mask_indptr``: SGLang's
+    tree mask (the draft block of each request's [L, P + L] rows), as in verify_shared_kv_fwd.
     """
     _run(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
          kv_indices, int(max_len_extend), k_scale, v_scale, sm_scale, config,
          page_size=None, stride_table=0,
          k_strides=(k_buffer.stride(0), 0, k_buffer.stride(1)),
-         v_strides=(v_buffer.stride(0), 0, v_buffer.stride(1)))
+         v_strides=(v_buffer.stride(0), 0, v_buffer.stride(1)),
+         custom_mask=custom_mask, mask_indptr=mask_indptr)
 
 
 def _why_not_common(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, max_len_extend, k_scale, v_scale, pool_ndim=3):
@@ -1020,17 +1137,42 @@ def _why_not_target(q, group, batch, max_len):
     return ""
 
 
+def _why_not_mask(custom_mask, mask_indptr, q, batch, max_len, paged):
+    """Why the kernels cannot read this custom mask ('' when they can). They read it on the
+    device, one byte a bit, with no host sync: only its metadata is checked here."""
+    if not isinstance(custom_mask, torch.Tensor) or custom_mask.device != q.device:
+        return "custom_mask must be a tensor on q's device"
+    if custom_mask.dtype not in _MASK_DTYPES:
+        return (f"custom_mask is {custom_mask.dtype}: the kernels read one byte a bit; pass it as bool or uint8 "
+                "(SGLang's is bool)")
+    if paged:
+        if custom_mask.dim() != 2 or custom_mask.stride(1) != 1:
+            return "the paged entry's custom_mask must be 2-D [rows, W] with contiguous rows"
+        if custom_mask.shape[1] < max_len:
+            return f"custom_mask rows hold {custom_mask.shape[1]} draft columns, but a draft may be {max_len} long"
+    elif not custom_mask.is_contiguous():
+        return "custom_mask must be contiguous (SGLang's flat layout)"
+    if (not isinstance(mask_indptr, torch.Tensor) or mask_indptr.dim() != 1 or mask_indptr.dtype not in _INDEX_DTYPES
+            or mask_indptr.device != q.device):
+        return "mask_indptr must be a 1-D int32/int64 tensor on q's device"
+    if mask_indptr.shape[0] < batch:
+        return f"mask_indptr has {mask_indptr.shape[0]} offsets for {batch} requests"
+    return ""
+
+
 # KGEN_CHECK_INDICES=1 when the module is imported checks index values on every call (the
 # switch kgen.runtime's chain reads too); check_indices=True checks one call.
 _CHECK_INDICES = os.environ.get("KGEN_CHECK_INDICES", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indices=None, pool_slots=0,
-                        block_table=None, prefix_lens=None, page_size=1, num_blocks=0):
+                        block_table=None, prefix_lens=None, page_size=1, num_blocks=0, custom_mask=None,
+                        mask_indptr=None):
     """Raise ValueError naming the tensor, the request and the value when an index would read
-    outside the KV pool or a length is negative (the kernels do not check: such input reads
-    out of bounds). Flat pools pass kv_indptr/kv_indices/pool_slots, paged caches
-    block_table/prefix_lens/page_size/num_blocks.
+    outside the KV pool or the custom mask, or a length is negative (the kernels do not check:
+    such input reads out of bounds). Flat pools pass kv_indptr/kv_indices/pool_slots, paged
+    caches block_table/prefix_lens/page_size/num_blocks; a call with a tree mask custom_mask
+    and mask_indptr.
 
     The comparisons run on the device, but reading their verdict syncs the host (once when
     all is well): the check is opt-in and cannot run inside CUDA-graph capture."""
@@ -1076,6 +1218,18 @@ def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indic
         checks.append(((~used | in_cache).reshape(-1), lambda i: (
             f"block_table[{i // width}, {i % width}] = {int(block_table[i // width, i % width])} (request "
             f"{i // width}) is outside the cache's blocks 0..{num_blocks - 1} (k_cache.shape[0] = {num_blocks})")))
+    if custom_mask is not None:
+        bs = qo.shape[0] - 1
+        drafts = qo[1:] - qo[:-1]
+        starts = mask_indptr[:bs].to(torch.int64)
+        if kv_indptr is not None:  # SGLang: [L, P + L] bytes from mask_indptr[b]
+            prefixes = kv[1:] - kv[:-1]
+            end, limit, unit = starts + drafts * (prefixes + drafts), custom_mask.numel(), "entries"
+        else:  # paged: rows mask_indptr[b] .. + L of a [rows, W] mask
+            end, limit, unit = starts + drafts, custom_mask.shape[0], "rows"
+        checks.append(((drafts == 0) | ((starts >= 0) & (end <= limit)), lambda b: (
+            f"request {b}'s mask reads custom_mask {unit} {int(starts[b])}..{int(end[b]) - 1} (mask_indptr[{b}] = "
+            f"{int(starts[b])}, draft {int(drafts[b])}), outside its {limit} {unit}")))
     verdicts = torch.stack([ok.all() for ok, _ in checks]).cpu()  # the one host sync
     for (ok, message), passed in zip(checks, verdicts.tolist()):
         if not passed:
@@ -1097,12 +1251,21 @@ def why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indpt
         return "logit soft-capping is not supported"
     if xai_temperature_len is not None and xai_temperature_len > 0:
         return "xai temperature scaling is not supported"
-    if not is_causal:
-        return "only the causal draft chain (topk = 1) is supported, not custom or full masks"
+    # A given custom_mask governs, is_causal True or False (SGLang's extend_attention_fwd).
+    if custom_mask is None and not is_causal:
+        return ("is_causal=False without a custom_mask asks every draft token to see every other (full draft "
+                "attention), which target verification never sends; the general path takes it")
+    if custom_mask is not None and not skip_prefix_custom_mask:
+        return ("skip_prefix_custom_mask=False: the kernels read only the mask's draft block (every draft token "
+                "sees the whole prefix); honouring its prefix columns would need a host read of them")
     reason = _why_not_common(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer,
                              qo_indptr, max_len_extend, k_scale, v_scale)
     if reason:
         return reason
+    if custom_mask is not None:
+        reason = _why_not_mask(custom_mask, mask_indptr, q_extend, qo_indptr.shape[0] - 1, max_len_extend, False)
+        if reason:
+            return reason
     for name, t in (("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
         if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in _INDEX_DTYPES or t.device != q_extend.device:
             return f"{name} must be a 1-D int32/int64 tensor on q's device"
@@ -1129,7 +1292,12 @@ def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     accepted call first checks them on the device and raises ValueError naming the tensor,
     the request and the value (qo_indptr/kv_indptr start at 0 and never decrease, qo_indptr
     ends at the token count, kv_indices used lie in the pool, drafts <= max_len_extend).
-    That check syncs the host, so it is for debugging and not for CUDA-graph capture."""
+    That check syncs the host, so it is for debugging and not for CUDA-graph capture.
+
+    custom_mask (a tree, EAGLE topk > 1): SGLang's layout, a flat bool/uint8 tensor holding
+    request b's row-major [L, P + L] block from mask_indptr[b]; the kernels read its draft
+    columns on the device and it governs whatever is_causal says. Without it the draft is the
+    causal chain."""
     if why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
                custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale, logit_cap,
                skip_prefix_custom_mask, sliding_window_size, sinks, window_kv_offsets, xai_temperature_len,
@@ -1137,14 +1305,15 @@ def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
         return False
     if check_indices or _CHECK_INDICES:
         _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, kv_indptr=kv_indptr,
-                            kv_indices=kv_indices, pool_slots=k_buffer.shape[0])
+                            kv_indices=kv_indices, pool_slots=k_buffer.shape[0], custom_mask=custom_mask,
+                            mask_indptr=mask_indptr)
     launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
-           kv_indices, max_len_extend, k_scale, v_scale, sm_scale)
+           kv_indices, max_len_extend, k_scale, v_scale, sm_scale, custom_mask=custom_mask, mask_indptr=mask_indptr)
     return True
 
 
 def why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens, qo_indptr,
-                  max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None):
+                  max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, custom_mask=None, mask_indptr=None):
     """Why verify_paged_fwd cannot run these arguments ('' when it can)."""
     reason = _why_not_common(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, qo_indptr,
                              max_len_extend, k_scale, v_scale, pool_ndim=4)
@@ -1164,28 +1333,39 @@ def why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, bloc
         return f"prefix_lens is on {prefix_lens.device}, q_extend on {q_extend.device}"
     if prefix_lens.shape[0] != block_table.shape[0] or qo_indptr.shape[0] != block_table.shape[0] + 1:
         return "block_table, prefix_lens and qo_indptr disagree on the batch size"
+    if custom_mask is not None:
+        return _why_not_mask(custom_mask, mask_indptr, q_extend, block_table.shape[0], max_len_extend, True)
     return ""
 
 
 def verify_paged_fwd(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens,
-                     qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, config=None,
+                     qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, custom_mask=None,
+                     mask_indptr=None, config=None,
                      *, check_indices=False):
     """vLLM-style paged cache ([blocks, page, H_kv, D] + block table): the kernel walks the
     pages itself. Returns False (o untouched) when this module does not handle the input.
 
+    custom_mask (a tree): a 2-D bool/uint8 [rows, W] mask; draft token i of request b sees
+    draft token j when custom_mask[mask_indptr[b] + i, j] is set (every draft token sees the
+    whole prefix). Requests may share rows: vLLM's one tree for the batch is its
+    tree_attn_bias == 0 with mask_indptr all zeros. Without it the draft is the causal chain.
+
     check_indices=True (or KGEN_CHECK_INDICES=1 when the module was imported) checks index
     values first, as in verify_shared_kv_fwd: prefix_lens in 0..block_table width x page
-    size, the block_table entries they use inside the cache, qo_indptr as there. It raises
-    ValueError on bad values and syncs the host (debugging only, not under graph capture)."""
+    size, the block_table entries they use inside the cache, qo_indptr and the mask rows as
+    there. It raises ValueError on bad values and syncs the host (debugging only, not under
+    graph capture)."""
     if why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens,
-                     qo_indptr, max_len_extend, k_scale, v_scale, sm_scale):
+                     qo_indptr, max_len_extend, k_scale, v_scale, sm_scale, custom_mask, mask_indptr):
         return False
     if check_indices or _CHECK_INDICES:
         _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, block_table=block_table,
-                            prefix_lens=prefix_lens, page_size=k_cache.shape[1], num_blocks=k_cache.shape[0])
+                            prefix_lens=prefix_lens, page_size=k_cache.shape[1], num_blocks=k_cache.shape[0],
+                            custom_mask=custom_mask, mask_indptr=mask_indptr)
     _run(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, qo_indptr, prefix_lens,
          block_table, int(max_len_extend), k_scale, v_scale, sm_scale, config,
          page_size=k_cache.shape[1], stride_table=block_table.stride(0),
          k_strides=(k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
-         v_strides=(v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)))
+         v_strides=(v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)),
+         custom_mask=custom_mask, mask_indptr=mask_indptr)
     return True

@@ -3,7 +3,8 @@
 Triton's interpreter has no shared-memory or register limits, so a module can accept inputs
 whose kernels then fail on the GPU (``OutOfResources: shared memory``). This check walks the
 whole accepted domain of every generated module (groups, draft lengths, batch sizes at every
-table-row boundary, both entry points and every page size, int32 and int64 index tensors),
+table-row boundary, both entry points and every page size, chains and tree masks, int32 and
+int64 index tensors),
 asks the module which kernels it would launch there (``launch_params``, the function its
 launcher calls), dedupes those launches into distinct compile variants, compiles each once
 for the real target with Triton's offline compiler (ptxas and the AMD backend ship in the
@@ -92,13 +93,14 @@ AXES = ("all", "index_dtype", "q_dtype", "runtime int specialization", "SCALES_O
 # query dtype, the KV pools in its KV dtype; index tensors take the domain's index dtype.
 _Q_POINTERS = frozenset({"Q", "K_Extend", "V_Extend", "O"})
 _KV_POINTERS = frozenset({"K_Buffer", "V_Buffer"})
+_MASK_POINTERS = frozenset({"Custom_Mask"})  # read as bytes: the launcher views bool/int8 masks as uint8
 _INDEX_POINTER = re.compile(r"^[A-Z]\w*_(Indptr|Indices|Bounds|Table|Lens|Counters)$")
 _FP32_POINTER = re.compile(r"^Partial_\w+$")
 _FP32_SCALARS = frozenset({"qk_scale", "sm_scale"})
 _SCALE_ARGS = frozenset({"k_scale", "v_scale"})
 _I64_SCALAR = re.compile(r"(^|_)(offset|offsets|elem_offset|base)$")
 _I32_SCALAR = re.compile(r"^(stride_\w+|max_splits|min_tokens_per_split|tokens_per_split|slots_per_request"
-                         r"|draft_blocks|num_\w+|group|head_blocks|page_shift|block_n|\w+_len|\w+_size)$")
+                         r"|row_blocks|num_\w+|group|head_blocks|page_shift|block_n|\w+_len|\w+_size)$")
 
 
 class CheckError(KgenError):
@@ -217,6 +219,7 @@ class Point:
     page_size: int | None  # None: the token-slot entry (verify_shared_kv_fwd)
     index_dtype: str
     from_table: bool  # the launch uses a shipped table row, not the default config
+    mask: bool = False  # a call with a custom mask (a tree)
 
 
 def unlisted_group(module: ModuleType, arch: str) -> int:
@@ -249,6 +252,7 @@ def domain_batches(module: ModuleType, arch: str) -> list[int]:
 
 
 ENTRIES = ("token-slot", "paged")
+MASKS = (False, True)  # the causal chain, a tree's custom mask
 
 
 def domain(module: ModuleType, arch: str, entries: Iterable[str] = ENTRIES,
@@ -263,9 +267,9 @@ def domain(module: ModuleType, arch: str, entries: Iterable[str] = ENTRIES,
     index_order = [d for d in INDEX_DTYPES if d in set(index_dtypes)]
     for group, batch in itertools.product(groups, domain_batches(module, arch)):
         from_table = module.select_config(arch, group, batch) is not module._DEFAULT_CONFIG
-        for draft, page_size, index_dtype in itertools.product(range(1, module.MAX_DRAFT_TOKENS + 1), pages,
-                                                               index_order):  # index dtype innermost
-            yield Point(group, draft, batch, page_size, index_dtype, from_table)
+        for draft, page_size, mask, index_dtype in itertools.product(range(1, module.MAX_DRAFT_TOKENS + 1), pages,
+                                                                     MASKS, index_order):  # index dtype innermost
+            yield Point(group, draft, batch, page_size, index_dtype, from_table, mask)
 
 
 def jit_int_class(value: int) -> str:
@@ -278,13 +282,14 @@ def jit_int_class(value: int) -> str:
 
 # The int arguments runtime_scalars can give (the default and the batch-invariant modules').
 RUNTIME_INTS = ("group", "head_blocks", "max_splits", "page_shift", "block_n", "min_tokens_per_split",
-                "tokens_per_split", "draft_blocks")
+                "tokens_per_split", "row_blocks")
 
 
 def runtime_scalars(module: ModuleType, arch: str, num_sms: int, point: Point) -> dict[str, int]:
     """Values of the int arguments the launcher computes from shapes (the rest are strides of
     the engine's tensors): the JIT specializes on them, so they are part of the variant."""
-    plan = module._plan_launch(arch, num_sms, point.group, point.batch, point.draft, point.page_size, None)
+    # _planned: the module's cached plan, which its launch_params asks for right after.
+    plan = module._planned(arch, num_sms, point.group, point.batch, point.draft, point.page_size, 1, point.mask)
     if plan is None:
         return {}
     scalars = {"group": point.group, "head_blocks": plan["head_blocks"], "max_splits": plan["max_splits"],
@@ -293,22 +298,24 @@ def runtime_scalars(module: ModuleType, arch: str, num_sms: int, point: Point) -
                "stride_pl_head": plan["max_splits"]}
     if "min_tokens" in plan:
         scalars["min_tokens_per_split"] = plan["min_tokens"]
-    else:  # a batch-invariant module: its split size and draft blocks (all do_not_specialize)
-        scalars.update(tokens_per_split=plan["tokens_per_split"], draft_blocks=plan["draft_blocks"])
+    else:  # a batch-invariant module: its split size and row blocks (all do_not_specialize)
+        scalars.update(tokens_per_split=plan["tokens_per_split"], row_blocks=plan["row_blocks"])
     return scalars
 
 
 def complete_launch(module: ModuleType, kernel_name: str, constexprs: dict[str, Any]) -> list[dict[str, Any]]:
     """The constexpr sets one launch_params entry compiles to: _run adds DOT_DTYPE (the GPU's
     dot operand dtype) and SCALES_ON_DEVICE (False for float KV scales, True for tensors; an
-    engine may pass either). Any other constexpr launch_params leaves out is an error."""
+    engine may pass either). Any other constexpr launch_params leaves out is an error. An
+    argument the launch passes as None (the chain kernel's mask arguments) is a constexpr of
+    the compile too: launch_params lists it with the value None."""
     kernel = getattr(module, kernel_name)
     wanted = [p.name for p in kernel.params if p.is_constexpr]
     missing = [n for n in wanted if n not in constexprs and n not in ("DOT_DTYPE", "SCALES_ON_DEVICE")]
     if missing:
         raise CheckError(f"{module.URI}.{kernel_name}: launch_params gives no value for constexpr(s) {missing}; "
                          "add them to launch_params (kgen check compiles what it returns)")
-    extra = set(constexprs) - set(wanted)
+    extra = {n for n in set(constexprs) - set(wanted) if n not in kernel.arg_names or constexprs[n] is not None}
     if extra:
         raise CheckError(f"{module.URI}: launch_params names constexprs {sorted(extra)} that {kernel_name} "
                          "does not take")
@@ -346,6 +353,8 @@ def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str,
             signature[name] = q_type
         elif name in _KV_POINTERS:
             signature[name] = kv_type
+        elif name in _MASK_POINTERS:
+            signature[name] = "*u8"
         elif _INDEX_POINTER.match(name):
             signature[name] = "*" + _TRITON_TYPES[index_dtype]
         elif _FP32_POINTER.match(name):
@@ -508,24 +517,34 @@ def enumerate_variants(modules: list[ModuleInfo], archs: list[str],
                                        f"(kgen/tables/targets.json: {list(arch.kv_dtypes[2:])})"))
                 continue
             proj = projections.setdefault(arch_name, {a: set() for a in AXES})
-            # Launches repeat across the domain: the full typing and hashing runs once per distinct one.
+            # Launches repeat across the domain: the full typing and hashing runs once per distinct one,
+            # and a launch's completion once per distinct launch_params entry.
             seen: dict[tuple, Variant] = {}
+            completed: dict[tuple, list[dict[str, Any]]] = {}
+            # The runtime ints each kernel lets the JIT specialize (not do_not_specialize): only
+            # their value classes can make another compile.
+            specialized = {name: {p.name for p in getattr(module, name).params if not p.do_not_specialize}
+                           for name in ("_verify_prefix_stage", "_verify_merge_stage") if hasattr(module, name)}
             for point in domain(module, arch_name, entries, index_dtypes):
                 points[(info.uri, arch_name)] += 1
                 if point.index_dtype == first_index:  # launch_params does not see tensors' dtypes
                     scalars = runtime_scalars(module, arch_name, arch.num_sms, point)
-                    classes = tuple(sorted((k, jit_int_class(v)) for k, v in scalars.items()))
-                    planned = [(kernel_name, full, options)
-                               for kernel_name, constexprs, options in params(arch_name, arch.num_sms, point.group,
-                                                                              point.batch, point.draft,
-                                                                              point.page_size)
-                               for full in complete_launch(module, kernel_name, constexprs)]
+                    planned = []
+                    for kernel_name, constexprs, options in params(arch_name, arch.num_sms, point.group, point.batch,
+                                                                   point.draft, point.page_size, has_mask=point.mask):
+                        launch = (kernel_name, tuple(constexprs.items()), tuple(options.items()))
+                        full = completed.get(launch)
+                        if full is None:
+                            full = completed[launch] = complete_launch(module, kernel_name, constexprs)
+                        jit = specialized.get(kernel_name)
+                        classes = tuple(sorted((k, jit_int_class(v)) for k, v in scalars.items()
+                                               if jit is None or k in jit))
+                        planned += [(launch, i, classes, kernel_name, c, options) for i, c in enumerate(full)]
                 if not planned:
                     refused_points[(info.uri, arch_name)] += 1
-                for kernel_name, constexprs, options in planned:
+                for launch, i, classes, kernel_name, constexprs, options in planned:
                     launches[arch_name] += 1
-                    fast = (kernel_name, point.index_dtype, tuple((k, str(v)) for k, v in constexprs.items()),
-                            tuple(options.items()), classes)
+                    fast = (launch, i, point.index_dtype, classes)
                     variant = seen.get(fast)
                     if variant is None:
                         variant = seen[fast] = _distinct_launch(info, module, arch_name, kernel_name, constexprs,
@@ -755,6 +774,8 @@ def describe_points(points: list[Point]) -> dict[str, str]:
         [f"paged {','.join(map(str, pages))}"] if pages else [])
     return {"groups": _ranges(p.group for p in points), "draft": _ranges(p.draft for p in points),
             "batch": _ranges(p.batch for p in points), "entry": "; ".join(entries),
+            "mask": "/".join(x for x, on in (("chain", any(not p.mask for p in points)),
+                                              ("tree", any(p.mask for p in points))) if on),
             "index": ",".join(sorted({p.index_dtype for p in points})),
             "config": "/".join(x for x, on in (("table", any(p.from_table for p in points)),
                                                 ("default", any(not p.from_table for p in points))) if on)}
@@ -850,7 +871,7 @@ def format_table(report: CheckReport, verbose: bool = False) -> str:
             status = "  FAIL: " + "; ".join(r["problems"]) if r["problems"] else ""
             lines.append(f"{r['module']:48s} {r['arch']:7s} {r['kernel']:21s} {res.get('shared', '-'):>7} "
                          f"{regs:>5} {r['spills'] or '-':>14s}  group {d['groups']} draft {d['draft']} batch "
-                         f"{d['batch']} {d['entry']} [{d['config']}]{status}")
+                         f"{d['batch']} {d['entry']} {d['mask']} [{d['config']}]{status}")
     else:
         head = (f"{'module':48s} {'arch':7s} {'variants':>8s} {'max shared':>10s} {'limit':>7s} "
                 f"{'max regs':>8s} {'max spill':>9s}  status")
@@ -869,7 +890,8 @@ def format_failures(report: CheckReport) -> str:
         v = next(x for x in report.enumeration.variants if x.key == r["key"])
         modules = ", ".join(r["modules"]) or r["module"]  # one compile can serve several modules
         lines.append(f"FAIL {modules} {r['arch']} {r['kernel']}: {'; '.join(r['problems'])}\n"
-                     f"     at group {d['groups']}, draft length {d['draft']}, batch {d['batch']}, {d['entry']}, "
+                     f"     at group {d['groups']}, draft length {d['draft']}, batch {d['batch']}, {d['entry']} "
+                     f"({d['mask']}), "
                      f"index {d['index']}, {d['config']} config\n"
                      f"     {_config_text(v)}")
     return "\n".join(lines)
@@ -938,15 +960,29 @@ def plan_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterabl
 
 
 # Constexprs that set how many rows a program holds; the rest of a variant is its program's shape.
-ROW_CONSTEXPRS = ("GROUP", "BLOCK_H", "L_PAD", "DRAFT_N", "MERGE_HEADS")
+# How many draft-row programs share a head block (ROW_BLOCKS) only changes the program index
+# arithmetic; whether the rows are split at all (the draft-column loop) stays in the shape.
+ROW_CONSTEXPRS = ("GROUP", "BLOCK_H", "L_PAD", "DRAFT_N", "MERGE_HEADS", "ROW_BLOCKS")
 
 
 GLUON_KERNEL_PREFIX = "_gluon"  # a generated module's Gluon kernels (kgen/templates/gluon/)
 
 
-def _rows_of(variant: Variant) -> int:
+def _rows_of(variant: Variant) -> tuple[int, int]:
+    """(rows a program holds, its draft row blocks): the larger is the worse case."""
     cx = {k: _decode(v) for k, v in variant.constexprs.items()}
-    return int(cx.get("BLOCK_H", cx.get("MERGE_HEADS", 1))) * int(cx.get("L_PAD", 1))
+    rows = int(cx.get("BLOCK_H", cx.get("MERGE_HEADS", 1))) * int(cx.get("L_PAD", 1))
+    return rows, int(cx.get("ROW_BLOCKS", 1))
+
+
+def _shape_of(variant: Variant) -> tuple:
+    """A variant's program shape: everything but its row blocking and its group (a Gluon
+    kernel's every constexpr: see largest_rows)."""
+    every_row = variant.kernel.startswith(GLUON_KERNEL_PREFIX)
+    rest = {k: v for k, v in variant.constexprs.items() if every_row or k not in ROW_CONSTEXPRS}
+    rest["rows split"] = int(variant.constexprs.get("ROW_BLOCKS", 1)) > 1
+    return (variant.module, variant.arch, variant.kernel, json.dumps(variant.options, sort_keys=True),
+            json.dumps(variant.signature, sort_keys=True), json.dumps(rest, sort_keys=True))
 
 
 def largest_rows(enumeration: Enumeration) -> Enumeration:
@@ -958,11 +994,7 @@ def largest_rows(enumeration: Enumeration) -> Enumeration:
     every one of their variants is the largest, and every one is kept."""
     worst: dict[tuple, Variant] = {}
     for variant in enumeration.variants:
-        every_row = variant.kernel.startswith(GLUON_KERNEL_PREFIX)
-        shape = (variant.module, variant.arch, variant.kernel, json.dumps(variant.options, sort_keys=True),
-                 json.dumps(variant.signature, sort_keys=True),
-                 json.dumps({k: v for k, v in variant.constexprs.items() if every_row or k not in ROW_CONSTEXPRS},
-                            sort_keys=True))
+        shape = _shape_of(variant)
         kept = worst.get(shape)
         if kept is None or _rows_of(variant) > _rows_of(kept):
             if kept is not None:

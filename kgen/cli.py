@@ -163,14 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Prove without a GPU that every kernel a generated module can launch fits "
                        "its target.\n\nFor each module and arch it walks the accepted domain (every listed group "
                        "and one unlisted, draft lengths 1..MAX_DRAFT_TOKENS, batch sizes at every table row's "
-                       "boundaries, the token-slot entry and the paged entry at every supported page size, int32 "
-                       "and int64 index tensors), asks the module's launch_params what it would launch, dedupes, "
-                       "compiles each distinct variant once with Triton's offline compiler and reads shared "
-                       "memory / LDS, registers and spills (ptxas -v; amdgcn metadata).\n\nExits 1 naming every "
-                       "variant that: uses more shared memory / LDS than the target has; spills on gfx942/gfx950 "
-                       "while coming from a shipped table row; spills more than 2048 B a thread on NVIDIA; or "
-                       "fails to compile. Results are cached in $KGEN_CHECK_CACHE (default ~/.cache/kgen/check). "
-                       "See docs/check.md.")
+                       "boundaries, the token-slot entry and the paged entry at every supported page size, chains "
+                       "and trees (a custom mask), int32 and int64 index tensors), asks the module's launch_params "
+                       "what it would launch, dedupes, compiles each distinct variant once with Triton's offline "
+                       "compiler and reads shared memory / LDS, registers and spills (ptxas -v; amdgcn "
+                       "metadata).\n\nExits 1 naming every variant that: uses more shared memory / LDS than the "
+                       "target has; spills on gfx942/gfx950 while coming from a shipped table row; spills more "
+                       "than 2048 B a thread on NVIDIA; or fails to compile. Results are cached in "
+                       "$KGEN_CHECK_CACHE (default ~/.cache/kgen/check). See docs/check.md.")
     p.add_argument("--arch", action="append", help="comma-separated: sm_80,sm_89,sm_90,sm_100,gfx942,gfx950 "
                    "(default all)")
     p.add_argument("--layout", action="append", help="only these layouts (repeatable or comma-separated)")

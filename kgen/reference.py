@@ -4,13 +4,19 @@ It is deliberately simple and slow: a loop over requests, gathered prefix, one s
 request over [prefix ; draft] columns. It is the oracle for tests, the tuner's correctness
 check and the benchmark's check, never a serving path.
 
-Semantics (topk = 1, a causal chain of L draft tokens per request):
+Semantics (L draft tokens per request, a chain or a tree):
 - request b's prefix is ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` (token slots of the
   pool), its draft tokens are rows ``qo_indptr[b]:qo_indptr[b+1]`` of q/k/v_extend;
 - query head h reads KV head ``h // (H_q // H_kv)``;
 - score = q . k x sm_scale, with the pool (prefix) part also multiplied by ``k_scale``;
   the prefix's P.V is multiplied by ``v_scale``; the draft part is unscaled;
-- draft token i sees the whole prefix and draft tokens 0..i.
+- with a custom mask (SGLang's layout: request b's row-major [L, P + L] block of bits from
+  ``mask_indptr[b]``), draft token i sees column c where its bit is set, read literally:
+  draft columns always, prefix columns unless ``skip_prefix_custom_mask`` (then the whole
+  prefix), whatever ``is_causal`` says;
+- without one, draft token i sees the whole prefix and draft tokens 0..i (``is_causal``)
+  or every draft token;
+- a draft token that sees nothing gets zeros.
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ def reference_verify(
     v_scale: float | torch.Tensor | None = 1.0,
     sm_scale: float | None = None,
     dtype: torch.dtype = torch.float32,
+    custom_mask: torch.Tensor | None = None,
+    mask_indptr: torch.Tensor | None = None,
+    is_causal: bool = True,
+    skip_prefix_custom_mask: bool = True,
 ) -> torch.Tensor:
     """Return o [T, H_q, D_v] in ``dtype`` (float32 by default)."""
     num_tokens, num_q_heads, qk_dim = q_extend.shape
@@ -51,6 +61,8 @@ def reference_verify(
     ks, vs = _scale_value(k_scale), _scale_value(v_scale)
     qo = qo_indptr.tolist()
     kvp = kv_indptr.tolist()
+    bits = custom_mask.reshape(-1).cpu() != 0 if custom_mask is not None else None
+    mask_starts = mask_indptr.tolist() if custom_mask is not None else None
     out = torch.zeros(num_tokens, num_q_heads, v_dim, dtype=dtype, device=q_extend.device)
     for b in range(len(qo) - 1):
         q0, q1 = qo[b], qo[b + 1]
@@ -62,15 +74,25 @@ def reference_verify(
         k_all = torch.cat([k_pre, k_extend[q0:q1].to(dtype)], dim=0)
         v_all = torch.cat([v_pre, v_extend[q0:q1].to(dtype)], dim=0)
         num_draft, prefix = q1 - q0, slots.numel()
-        # Draft token i may see prefix columns and draft columns 0..i.
         col = torch.arange(prefix + num_draft, device=q_extend.device)
         row = torch.arange(num_draft, device=q_extend.device)
-        visible = col[None, :] <= (prefix + row)[:, None]
+        if bits is not None:  # the mask's bits, as they are
+            start = mask_starts[b]
+            visible = bits[start : start + num_draft * (prefix + num_draft)].reshape(num_draft, prefix + num_draft)
+            visible = visible.to(q_extend.device).clone()
+            if skip_prefix_custom_mask:
+                visible[:, :prefix] = True
+        elif is_causal:  # draft token i sees the prefix and draft tokens 0..i
+            visible = col[None, :] <= (prefix + row)[:, None]
+        else:
+            visible = torch.ones(num_draft, prefix + num_draft, dtype=torch.bool, device=q_extend.device)
         k_all = k_all.repeat_interleave(group, dim=1)  # [N, H_q, D]
         v_all = v_all.repeat_interleave(group, dim=1)
         q = q_extend[q0:q1].to(dtype)  # [L, H_q, D]
         scores = torch.einsum("lhd,nhd->hln", q, k_all) * sm_scale
         scores = scores.masked_fill(~visible[None], float("-inf"))
+        # A row that sees nothing gets zeros (softmax over all -inf would be NaN).
         probs = torch.softmax(scores, dim=-1)
+        probs = torch.where(visible.any(dim=-1)[None, :, None], probs, 0.0)
         out[q0:q1] = torch.einsum("hln,nhd->lhd", probs, v_all)
     return out

@@ -47,13 +47,22 @@ def draft_rows(block_h, max_len):
 
 def row_blocking(block_h, group, max_len, max_rows=MAX_ROWS, grouped=True):
     """BLOCK_H (query heads a program owns) and L_PAD (draft rows per head, a power of two):
-    at least MIN_DOT rows, at most max_rows, halving the head block until it fits."""
+    at least MIN_DOT rows, at most max_rows, halving the head block until it fits. A draft
+    longer than max_rows rows of one head is split over programs (``draft_row_blocks``)."""
     block_h = min(block_h, next_pow2(group)) if grouped else 1
     while True:
         l_pad = draft_rows(block_h, max_len)
-        if block_h * l_pad <= max_rows or block_h == 1:
+        if block_h * l_pad <= max_rows:
             return block_h, l_pad
+        if block_h == 1:
+            return 1, max(max_rows, MIN_DOT)
         block_h //= 2
+
+
+def draft_row_blocks(l_pad, max_len):
+    """Programs that share one head block's draft rows: 1 while L_PAD holds the whole draft,
+    else cdiv(L, L_PAD) (each takes L_PAD consecutive draft tokens)."""
+    return max(1, cdiv(max_len, l_pad))
 
 
 def max_rows_for(target, shape, num_warps):
@@ -95,17 +104,22 @@ def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
 
 def fit(target, shape, config, group, max_len, grouped=True):
     """(block_h, l_pad, block_n, num_stages, reasons): the config's program, made to fit the
-    target. In order: the accumulator's row budget halves the head block; then, while the
-    tile buffers overflow shared memory, fewer stages (down to 2, then 1), then narrower
-    tiles (down to MIN_DOT tokens), then fewer heads. ``reasons`` says what changed and why."""
+    target. In order: the accumulator's row budget halves the head block (and past one head,
+    splits the draft rows over programs); then, while the tile buffers overflow shared
+    memory, fewer stages (down to 2, then 1), then narrower tiles (down to MIN_DOT tokens),
+    then fewer heads, then fewer draft rows a program. ``reasons`` says what changed and why."""
     num_warps, block_n, stages = config["num_warps"], config["block_n"], config["num_stages"]
     max_rows = max_rows_for(target, shape, num_warps)
     block_h, l_pad = row_blocking(config["block_h"], group, max_len, max_rows, grouped)
-    wanted_h, _ = row_blocking(config["block_h"], group, max_len, MAX_ROWS, grouped)
+    wanted_h, wanted_l = row_blocking(config["block_h"], group, max_len, MAX_ROWS, grouped)
     reasons = []
     if block_h < wanted_h:
-        reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_h * l_pad} rows x {shape['acc_width']} fp32 "
+        reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_h * wanted_l} rows x {shape['acc_width']} fp32 "
                        f"accumulator exceed {ACC_REGISTERS_PER_THREAD} registers a thread at {num_warps} warps")
+    row_blocks = draft_row_blocks(l_pad, max_len)
+    if row_blocks > 1:
+        reasons.append(f"draft rows over {row_blocks} programs of L_PAD {l_pad}: {draft_rows(1, max_len)} rows "
+                       f"of one head exceed the {max_rows}-row budget at {num_warps} warps")
     limit = target["shared_bytes"]
     while shared_bytes(target, shape, block_h * l_pad, block_n, stages, num_warps) > limit:
         need = shared_bytes(target, shape, block_h * l_pad, block_n, stages, num_warps)
@@ -116,6 +130,8 @@ def fit(target, shape, config, group, max_len, grouped=True):
         elif block_h > 1:
             change, block_h = f"BLOCK_H {block_h} -> {block_h // 2}", block_h // 2
             l_pad = draft_rows(block_h, max_len)
+        elif l_pad > MIN_DOT:
+            change, l_pad = f"L_PAD {l_pad} -> {l_pad // 2} (draft rows over more programs)", l_pad // 2
         else:
             reasons.append(f"nothing fits: {need} B of shared memory at the smallest program")
             return None

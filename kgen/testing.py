@@ -9,6 +9,10 @@ a case does not name and ``to_paged`` copies a case's prefixes into a vLLM-style
 (NaN wherever no prefix token lies), so that a kernel reading outside a request shows up.
 ``batch_of`` puts single-request cases into one batch (the same request among other
 neighbours, for the tests of batch invariance).
+
+Trees (EAGLE topk > 1): ``eagle_tree`` draws one request's [L, L] draft mask, ``set_draft_masks``
+gives a case one per request in SGLang's layout (``sglang_mask``; the paged entry's rows come
+from ``paged_mask``), and the reference applies the mask as it is.
 """
 
 from __future__ import annotations
@@ -40,12 +44,24 @@ class VerifyCase:
     v_scale: float = 1.0
     sm_scale: float | None = None
     extra: dict = field(default_factory=dict)
+    # A tree: each request's [L, L] draft mask (``set_draft_masks``) and the same bits in
+    # SGLang's layout; None: the causal chain.
+    draft_masks: list[torch.Tensor] | None = None
+    custom_mask: torch.Tensor | None = None
+    mask_indptr: torch.Tensor | None = None
+    is_causal: bool = True
 
     def sglang_args(self) -> tuple:
-        """Positional arguments of ``verify_shared_kv_fwd`` (topk = 1, causal)."""
+        """Positional arguments of ``verify_shared_kv_fwd`` (the case's mask, if it has one)."""
         return (self.q, self.k_extend, self.v_extend, self.o, self.k_buffer, self.v_buffer,
-                self.qo_indptr, self.kv_indptr, self.kv_indices, None, True, None,
-                self.max_len_extend, self.k_scale, self.v_scale, self.sm_scale)
+                self.qo_indptr, self.kv_indptr, self.kv_indices, self.custom_mask, self.is_causal,
+                self.mask_indptr, self.max_len_extend, self.k_scale, self.v_scale, self.sm_scale)
+
+    def mask_kwargs(self) -> dict:
+        """The mask keywords of a module's ``launch`` (empty for a chain)."""
+        if self.custom_mask is None:
+            return {}
+        return {"custom_mask": self.custom_mask, "mask_indptr": self.mask_indptr}
 
     def launch_args(self) -> tuple:
         """Positional arguments of a generated module's ``launch``."""
@@ -56,7 +72,16 @@ class VerifyCase:
     def reference(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return reference_verify(self.q, self.k_extend, self.v_extend, self.k_buffer, self.v_buffer,
                                 self.qo_indptr, self.kv_indptr, self.kv_indices, self.k_scale,
-                                self.v_scale, self.sm_scale, dtype=dtype)
+                                self.v_scale, self.sm_scale, dtype=dtype, custom_mask=self.custom_mask,
+                                mask_indptr=self.mask_indptr, is_causal=self.is_causal)
+
+    def prefix_lens(self) -> list[int]:
+        bounds = self.kv_indptr.tolist()
+        return [bounds[b + 1] - bounds[b] for b in range(len(bounds) - 1)]
+
+    def draft_lens(self) -> list[int]:
+        bounds = self.qo_indptr.tolist()
+        return [bounds[b + 1] - bounds[b] for b in range(len(bounds) - 1)]
 
 
 def _indptr(lengths: Sequence[int], device: torch.device | str) -> torch.Tensor:
@@ -156,16 +181,101 @@ def make_case(
     )
 
 
-def batch_of(cases: Sequence[VerifyCase], seed: int = 0, spare_indices: int = 0) -> tuple[VerifyCase, list[slice]]:
+def chain_mask(num_draft: int) -> torch.Tensor:
+    """The causal chain as an [L, L] draft mask: draft token i sees 0..i (EAGLE topk = 1)."""
+    return torch.ones(num_draft, num_draft, dtype=torch.bool).tril()
+
+
+def eagle_tree(num_draft: int, topk: int = 4, seed: int = 0) -> torch.Tensor:
+    """A random EAGLE-like draft tree as an [L, L] mask: token 0 is the root, each level gives
+    every token of the level before 1..topk children (tokens in depth order, parents first),
+    and a token sees itself and its ancestors."""
+    gen = torch.Generator().manual_seed(seed)
+    parents = [-1]
+    level = [0]
+    while len(parents) < num_draft:
+        children = []
+        for parent in level:
+            for _ in range(int(torch.randint(1, topk + 1, (1,), generator=gen))):
+                if len(parents) < num_draft:
+                    parents.append(parent)
+                    children.append(len(parents) - 1)
+        level = children
+    mask = torch.zeros(num_draft, num_draft, dtype=torch.bool)
+    for token in range(num_draft):
+        node = token
+        while node >= 0:
+            mask[token, node] = True
+            node = parents[node]
+    return mask
+
+
+def sglang_mask(draft_masks: Sequence[torch.Tensor], prefix_lens: Sequence[int], gap: int = 0,
+                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(custom_mask, mask_indptr) in SGLang's layout: request b's row-major [L, P + L] block of
+    bools from mask_indptr[b] (int64). The P prefix columns are written 0: with
+    skip_prefix_custom_mask every draft token sees the whole prefix, so a kernel that read them
+    would hide it. ``gap`` bytes of 1 between blocks: a kernel reading past its block shows."""
+    pieces, starts, at = [], [], 0
+    for draft, prefix in zip(draft_masks, prefix_lens, strict=True):
+        block = torch.zeros(draft.shape[0], prefix + draft.shape[1], dtype=torch.bool)
+        block[:, prefix:] = draft
+        starts.append(at)
+        pieces += [block.reshape(-1), torch.ones(gap, dtype=torch.bool)]
+        at += block.numel() + gap
+    starts.append(at)
+    flat = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.bool)
+    return flat.to(device), torch.tensor(starts, dtype=torch.int64, device=device)
+
+
+def paged_mask(draft_masks: Sequence[torch.Tensor], width: int | None = None,
+               device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(custom_mask, mask_indptr) of the paged entry: a [rows, W] uint8 mask whose row
+    mask_indptr[b] + i holds draft token i of request b (columns past a request's draft 1, so a
+    kernel reading them shows), and the row offsets (int32)."""
+    rows = sum(m.shape[0] for m in draft_masks)
+    width = width or max((m.shape[1] for m in draft_masks), default=1)
+    mask = torch.ones(rows, width, dtype=torch.uint8)
+    starts, at = [], 0
+    for draft in draft_masks:
+        mask[at : at + draft.shape[0], : draft.shape[1]] = draft.to(torch.uint8)
+        starts.append(at)
+        at += draft.shape[0]
+    starts.append(at)
+    return mask.to(device), torch.tensor(starts, dtype=torch.int32, device=device)
+
+
+def set_draft_masks(case: VerifyCase, draft_masks: Sequence[torch.Tensor], gap: int = 0,
+                    is_causal: bool = True) -> VerifyCase:
+    """Give ``case`` a tree: request b's draft tokens see each other as ``draft_masks[b]`` says
+    ([L_b, L_b] bools), in SGLang's layout (``sglang_mask``). ``is_causal`` is what the call
+    passes with it (SGLang: True; the mask governs either way)."""
+    lens = case.draft_lens()
+    shapes = [tuple(m.shape) for m in draft_masks]
+    if shapes != [(n, n) for n in lens]:
+        raise ValueError(f"draft masks must be [L, L] per request ({lens}), got {shapes}")
+    case.draft_masks = [m.bool() for m in draft_masks]
+    case.custom_mask, case.mask_indptr = sglang_mask(case.draft_masks, case.prefix_lens(), gap, case.q.device)
+    case.is_causal = is_causal
+    return case
+
+
+def batch_of(cases: Sequence[VerifyCase], seed: int = 0, spare_indices: int = 0,
+             mask_gap: int = 0) -> tuple[VerifyCase, list[slice]]:
     """One batch holding the requests of ``cases`` in order, each with its own data (the tests of
     batch invariance put the same request among different neighbours), and each case's rows of
     q and o in it. The pools are concatenated, then their slots shuffled (seeded), and the page
     table follows; ``spare_indices`` more entries after kv_indptr[-1] make kv_indices longer
     than the batch needs, as an engine's preallocated (CUDA-graph) index buffer is. Every case
-    must have the same KV heads, dtypes, index dtype and scales."""
+    must have the same KV heads, dtypes, index dtype and scales. Trees (``set_draft_masks``):
+    every case has one or none does, and the batch gets theirs in SGLang's layout, its mask
+    blocks ``mask_gap`` bytes apart (the neighbours then change where a request's block lies)."""
     first = cases[0]
     if any(c.kv_indptr.numel() != 2 for c in cases):
         raise ValueError("batch_of takes single-request cases")
+    trees = [c.draft_masks is not None for c in cases]
+    if any(trees) and not all(trees):
+        raise ValueError("batch_of needs every case to have a draft mask (set_draft_masks) or none")
     if any((c.k_scale, c.v_scale, c.kv_indices.dtype) != (first.k_scale, first.v_scale, first.kv_indices.dtype)
            for c in cases):
         raise ValueError("batch_of needs cases with the same scales and kv_indices dtype")
@@ -202,6 +312,8 @@ def batch_of(cases: Sequence[VerifyCase], seed: int = 0, spare_indices: int = 0)
         kv_indptr=_indptr(prefix_lens, q.device), kv_indices=indices.to(first.kv_indices.dtype),
         max_len_extend=max(draft_lens), k_scale=first.k_scale, v_scale=first.v_scale, sm_scale=first.sm_scale,
     )
+    if all(trees):
+        set_draft_masks(batch, [m for c in cases for m in c.draft_masks], mask_gap, first.is_causal)
     return batch, rows
 
 
@@ -252,10 +364,14 @@ class PagedCache:
     prefix_lens: torch.Tensor
 
     def paged_args(self, case: VerifyCase, index_dtype: torch.dtype = torch.int32) -> tuple:
-        """Positional arguments of ``verify_paged_fwd`` (and ``why_not_paged``) for ``case``."""
-        return (case.q, case.k_extend, case.v_extend, case.o, self.k_cache, self.v_cache,
+        """Positional arguments of ``verify_paged_fwd`` (and ``why_not_paged``) for ``case``; a
+        tree's masks as the paged entry's rows (``paged_mask``)."""
+        args = (case.q, case.k_extend, case.v_extend, case.o, self.k_cache, self.v_cache,
                 self.block_table.to(index_dtype), self.prefix_lens, case.qo_indptr, case.max_len_extend,
                 case.k_scale, case.v_scale, case.sm_scale)
+        if case.draft_masks is None:
+            return args
+        return (*args, *paged_mask(case.draft_masks, device=case.q.device))
 
 
 def to_paged(case: VerifyCase, page_size: int, spare_blocks: int = 2, seed: int = 0) -> PagedCache:

@@ -37,7 +37,7 @@ def check_parity(case: VerifyCase, layout: str, kv_dtype: str, q_dtype: str = "b
     if config is None:
         assert module.verify_shared_kv_fwd(*case.sglang_args()), module.why_not(*case.sglang_args())
     else:
-        module.launch(*case.launch_args(), config=config)
+        module.launch(*case.launch_args(), config=config, **case.mask_kwargs())
     ref = case.reference(torch.float64)
     err = relative_error(case.o, ref)
     tol = tolerance(case)

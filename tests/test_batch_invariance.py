@@ -1,7 +1,9 @@
 """The batch-invariant modules (``kgen.load(..., batch_invariant=True)``): a request's output is
 bitwise the same alone, in a batch of 7 and in a batch of 64, whatever its position, its
 neighbours' prefix and draft lengths, the multiprocessor count the launcher assumes, the length
-of kv_indices (an engine's preallocated buffer) and, on the GPU, CUDA-graph capture.
+of kv_indices (an engine's preallocated buffer) and, on the GPU, CUDA-graph capture. Trees
+(SGLang's custom_mask) too: the request's tree alone and among neighbours with other trees,
+other draft lengths (more row blocks) and is_causal either way.
 
 Bitwise comparisons read an fp32 o written through ``launch`` (which takes any o dtype): a
 bf16 o rounds away most differences of the kernels' fp32 results (the default module's output
@@ -24,7 +26,16 @@ from kernel_cases import SPECS, tolerance
 
 import kgen
 from kgen.errors import UsageError
-from kgen.testing import VerifyCase, batch_of, make_case, relative_error, to_paged
+from kgen.testing import (
+    VerifyCase,
+    batch_of,
+    eagle_tree,
+    make_case,
+    paged_mask,
+    relative_error,
+    set_draft_masks,
+    to_paged,
+)
 
 GQA = "gqa64"
 SMALL_SPLIT = 64  # tokens per split in the interpreter: a few hundred tokens make several splits
@@ -37,12 +48,28 @@ def _request(layout: str, prefix: int, draft: int, group: int, seed: int, **kw) 
     return make_case(SPECS[layout], [prefix], [draft], group, seed=seed, **kw)
 
 
+def _tree_request(layout: str, prefix: int, draft: int, group: int, seed: int, is_causal: bool = True,
+                  **kw) -> VerifyCase:
+    """A request whose draft is an EAGLE-like tree (topk 4, seeded like its data)."""
+    return set_draft_masks(_request(layout, prefix, draft, group, seed, **kw), [eagle_tree(draft, seed=seed)],
+                           is_causal=is_causal)
+
+
 def _batch(layout: str, group: int, neighbours: list[tuple[int, int]], position: int, target: tuple[int, int],
-           seed: int = 0, spare_indices: int = 0, **kw) -> tuple[VerifyCase, slice]:
-    """The request (seed 1000) at ``position`` among ``neighbours`` (seeds 0, 1, ...)."""
-    cases = [_request(layout, p, d, group, seed=i, **kw) for i, (p, d) in enumerate(neighbours)]
-    cases.insert(position, _request(layout, *target, group, seed=1000, **kw))
-    batch, rows = batch_of(cases, seed=seed, spare_indices=spare_indices)
+           seed: int = 0, spare_indices: int = 0, trees: bool = False, is_causal: bool = True, mask_gap: int = 0,
+           **kw) -> tuple[VerifyCase, slice]:
+    """The request (seed 1000) at ``position`` among ``neighbours`` (seeds 0, 1, ...); with
+    ``trees`` every request has its own tree, the call passes ``is_causal`` with the mask and
+    the mask blocks lie ``mask_gap`` bytes apart."""
+    if trees:
+        def request(prefix: int, draft: int, seed: int) -> VerifyCase:
+            return _tree_request(layout, prefix, draft, group, seed, is_causal, **kw)
+    else:
+        def request(prefix: int, draft: int, seed: int) -> VerifyCase:
+            return _request(layout, prefix, draft, group, seed, **kw)
+    cases = [request(p, d, i) for i, (p, d) in enumerate(neighbours)]
+    cases.insert(position, request(*target, 1000))
+    batch, rows = batch_of(cases, seed=seed, spare_indices=spare_indices, mask_gap=mask_gap)
     return batch, rows[position]
 
 
@@ -58,7 +85,7 @@ def _run(module, case: VerifyCase, num_sms: int, monkeypatch) -> torch.Tensor:
     out = torch.full(case.o.shape, float("nan"), dtype=torch.float32)
     args = list(case.launch_args())
     args[3] = out
-    module.launch(*args)
+    module.launch(*args, **case.mask_kwargs())
     return out
 
 
@@ -75,10 +102,14 @@ def _run_paged(module, case: VerifyCase, page_size: int, seed: int) -> torch.Ten
     paged = to_paged(case, page_size, seed=seed)
     out = torch.full(case.o.shape, float("nan"), dtype=torch.float32, device=case.o.device)
     k, v = paged.k_cache, paged.v_cache
+    mask = {}
+    if case.draft_masks is not None:
+        custom_mask, mask_indptr = paged_mask(case.draft_masks, device=case.q.device)
+        mask = {"custom_mask": custom_mask, "mask_indptr": mask_indptr}
     module._run(case.q, case.k_extend, case.v_extend, out, k, v, case.qo_indptr, paged.prefix_lens,
                 paged.block_table, case.max_len_extend, case.k_scale, case.v_scale, case.sm_scale, None,
                 page_size=page_size, stride_table=paged.block_table.stride(0), k_strides=k.stride()[:3],
-                v_strides=v.stride()[:3])
+                v_strides=v.stride()[:3], **mask)
     return out
 
 
@@ -205,6 +236,55 @@ def test_the_shipped_split_size(monkeypatch):
     assert relative_error(out, batch.reference(torch.float64)) <= tolerance(batch)
 
 
+# ---------------------------------------------------------------------------------------- trees
+
+TREE_TARGET = (300, 11)  # a tree of 11 draft tokens: 3 row blocks of L_PAD 4, the last one ragged
+# Neighbours with trees up to 20 tokens (5 row blocks in the grid) and empty or long prefixes.
+TREE_NEIGHBOURS_7 = [(0, 20), (517, 1), (64, 5), (129, 16), (1, 2), (260, 9)]
+
+
+def test_tree_alone_in_7_and_in_64_bitwise_equal(small_splits, monkeypatch):
+    """The request's tree alone, in a batch of 7 (longer trees around it, so more row blocks;
+    is_causal=False with the mask, which governs either way; mask blocks apart) and in a batch
+    of 64 (tiny prefixes, trees of 1-6, a longer kv_indices), at other SM counts: the same bits
+    through launch and the engine entry, and right against the reference applying the masks."""
+    module = small_splits(kgen.load(GQA, "bfloat16", batch_invariant=True))
+    alone_case = _tree_request(GQA, *TREE_TARGET, 8, seed=1000)
+    alone = _run(module, alone_case, 4, monkeypatch)
+    alone_bf16 = _run_entry(module, alone_case, 4, monkeypatch)
+    assert relative_error(alone_bf16, alone_case.reference(torch.float64)) <= tolerance(alone_case)
+    seven, rows7 = _batch(GQA, 8, TREE_NEIGHBOURS_7, 3, TREE_TARGET, seed=1, trees=True, is_causal=False,
+                          mask_gap=7)
+    sixty_four, rows64 = _batch(GQA, 8, _tiny_neighbours(63, max_draft=6), 41, TREE_TARGET, seed=2,
+                                spare_indices=5000, trees=True)
+    assert torch.equal(_run(module, seven, 132, monkeypatch)[rows7], alone)
+    out64 = _run(module, sixty_four, 7, monkeypatch)
+    assert torch.equal(out64[rows64], alone)
+    assert torch.equal(_run_entry(module, seven, 132, monkeypatch)[rows7], alone_bf16)
+    assert relative_error(seven.o, seven.reference(torch.float64)) <= tolerance(seven)
+    assert relative_error(out64, sixty_four.reference(torch.float64)) <= tolerance(sixty_four)
+
+
+def test_tree_paged_entry_and_mla(small_splits, monkeypatch):
+    """A tree through the block-table entry (the paged mask's rows) alone and in 7, and MLA's
+    tree (on sm_90 its chain takes the Gluon stage, a tree the Triton one) alone and in 3."""
+    module = small_splits(kgen.load(GQA, "bfloat16", batch_invariant=True))
+    _assume_sms(module, 4, monkeypatch)
+    alone = _run_paged(module, _tree_request(GQA, *TREE_TARGET, 8, seed=1000), 16, seed=0)
+    seven, rows = _batch(GQA, 8, TREE_NEIGHBOURS_7, 3, TREE_TARGET, seed=4, trees=True)
+    assert torch.equal(_run_paged(module, seven, 16, seed=4)[rows], alone)
+    paged = to_paged(seven, 16, seed=4)
+    assert module.verify_paged_fwd(*paged.paged_args(seven))
+    assert relative_error(seven.o, seven.reference(torch.float64)) <= tolerance(seven)
+    mla = small_splits(kgen.load("mla_absorbed_512_64", "bfloat16", batch_invariant=True))
+    target = (150, 9)
+    alone = _run(mla, _tree_request("mla_absorbed_512_64", *target, 16, seed=1000), 4, monkeypatch)
+    batch, rows = _batch("mla_absorbed_512_64", 16, [(70, 13), (0, 1)], 1, target, seed=5, trees=True)
+    assert torch.equal(_run(mla, batch, 132, monkeypatch)[rows], alone)
+    out = _run_entry(mla, batch, 132, monkeypatch)
+    assert relative_error(out, batch.reference(torch.float64)) <= tolerance(batch)
+
+
 # ---------------------------------------------------------------------------------------- refusals
 
 def _grouped_pairs() -> list[tuple[str, str, str]]:
@@ -218,29 +298,36 @@ def test_refuses_nothing_the_default_takes(layout, kv, q):
     with other bits)."""
     default = kgen.load(layout, kv, q)
     invariant = kgen.load(layout, kv, q, batch_invariant=True)
-    for name in ("why_not", "why_not_paged", "_why_not_common", "_why_not_target", "_check_index_values"):
+    for name in ("why_not", "why_not_paged", "_why_not_common", "_why_not_target", "_why_not_mask",
+                 "_check_index_values"):
         assert inspect.getsource(getattr(invariant, name)) == inspect.getsource(getattr(default, name)), name
     groups = sorted({*SPECS[layout].attention.group_sizes, 1, 2, 6, 12, 24, 32})
     for arch in default.CHECKED_ARCHS:
         for group in groups:
-            # The invariant module's launch depends on neither the batch nor the draft length.
-            if invariant.launch_params(arch, 132, group, 1, 1):
-                continue
-            taken = [(batch, draft) for batch in (1, 9, 64, 200) for draft in range(1, default.MAX_DRAFT_TOKENS + 1)
-                     if default.launch_params(arch, 132, group, batch, draft)]
-            assert not taken, f"{arch} group {group}: the default takes {taken[:4]}, the invariant module nothing"
+            for has_mask in (False, True):
+                # The invariant module's launch depends on neither the batch nor the draft length.
+                if invariant.launch_params(arch, 132, group, 1, 1, has_mask=has_mask):
+                    continue
+                taken = [(batch, draft) for batch in (1, 9, 64, 200)
+                         for draft in range(1, default.MAX_DRAFT_TOKENS + 1)
+                         if default.launch_params(arch, 132, group, batch, draft, has_mask=has_mask)]
+                assert not taken, (f"{arch} group {group} mask {has_mask}: the default takes {taken[:4]}, the "
+                                   "invariant module nothing")
 
 
 @pytest.mark.parametrize(("layout", "groups"), [("qwen3_5_gqa256", (4, 8, 16)), ("mla_absorbed_512_64", (8, 16))])
 def test_one_program_for_every_batch_and_draft(layout, groups):
     """What the invariant module launches (on sm_90, where MLA's table rows pick the Gluon
-    prefix stage) depends on no batch size, draft length or SM count."""
+    prefix stage for chains) depends on no batch size, draft length (up to MAX_DRAFT_TOKENS:
+    longer drafts add row blocks, a runtime argument) or SM count, for chains and trees."""
     module = kgen.load(layout, "bfloat16", batch_invariant=True)
+    drafts = range(1, module.MAX_DRAFT_TOKENS + 1)
     for group in groups:
         for page_size in (None, 16):
-            launches = {repr(module.launch_params("sm_90", sms, group, batch, draft, page_size))
-                        for sms in (1, 132) for batch in (1, 16, 64, 500) for draft in range(1, 17)}
-            assert len(launches) == 1, (group, page_size)
+            for has_mask in (False, True):
+                launches = {repr(module.launch_params("sm_90", sms, group, batch, draft, page_size, has_mask=has_mask))
+                            for sms in (1, 132) for batch in (1, 16, 64, 500) for draft in drafts}
+                assert len(launches) == 1, (group, page_size, has_mask)
 
 
 # ---------------------------------------------------------------------------------------- loading
@@ -309,7 +396,7 @@ def test_host_side_never_syncs(monkeypatch):
     assert module.why_not(*args) == ""
     plan = module._plan_launch("interpreter", 4, 8, 7, case.max_len_extend, None, None)
     grid, _, slots = module._split_grid(plan, 7, case.kv_indices.numel(), compact=True)
-    module._scratch(case.q.device, plan["draft_blocks"] * plan["prefix"][0]["L_PAD"], 8, slots)
+    module._scratch(case.q.device, plan["row_blocks"] * plan["prefix"][0]["L_PAD"], 8, slots)
     assert grid >= 1
 
 
@@ -333,7 +420,7 @@ def _gpu_run(module, case: VerifyCase, num_sms: int | None = None, graph: bool =
 
     def call() -> None:
         if fp32:
-            module.launch(*args)
+            module.launch(*args, **case.mask_kwargs())
         else:
             assert module.verify_shared_kv_fwd(*case.sglang_args()), module.why_not(*case.sglang_args())
 
@@ -400,6 +487,38 @@ def test_gpu_alone_in_7_and_in_64_eager_and_graph(layout, group, kv):
         assert torch.equal(_gpu_run(module, alone_case, graph=True, fp32=fp32), alone[fp32])
 
 
+GPU_TREE_TARGET = (16384 + 5, 16)  # the tree bar's request: 5 splits, a tree of 16 (row blocks of 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("layout", "group"), GPU_LAYOUTS)
+def test_gpu_tree_alone_in_7_and_in_64_eager_and_graph(layout, group):
+    """A tree (SGLang's custom_mask, is_causal=True with it) at the tree bar's sizes alone, in a
+    batch of 7 (trees up to 64 tokens, is_causal=False, mask blocks apart) and in a batch of 64
+    (a kv_indices of 1M entries more than the batch needs), at the GPU's, 66 and 7 assumed SMs,
+    eager and replayed from a CUDA graph: one set of bits, right against the reference."""
+    module = kgen.load(layout, "bfloat16", batch_invariant=True)
+    kw = {"device": "cuda"}
+    alone_case = _tree_request(layout, *GPU_TREE_TARGET, group, seed=1000, **kw)
+    alone = {fp32: _gpu_run(module, alone_case, fp32=fp32) for fp32 in (False, True)}
+    assert relative_error(alone[False], alone_case.reference(torch.float64)) <= tolerance(alone_case)
+    gen = torch.Generator().manual_seed(7)
+    long_trees = [(int(p), int(d)) for p, d in zip(torch.randint(0, 20001, (6,), generator=gen),
+                                                   torch.randint(1, 65, (6,), generator=gen), strict=True)]
+    seven, rows7 = _batch(layout, group, long_trees, 3, GPU_TREE_TARGET, seed=1, trees=True, is_causal=False,
+                          mask_gap=9, **kw)
+    sixty_four, rows64 = _batch(layout, group, _gpu_neighbours(63, 2048, 2), 41, GPU_TREE_TARGET, seed=2,
+                                spare_indices=1 << 20, trees=True, **kw)
+    for case, rows in ((seven, rows7), (sixty_four, rows64)):
+        for num_sms, graph in ((None, False), (66, True), (7, False)):
+            for fp32 in (False, True):
+                out = _gpu_run(module, case, num_sms, graph, fp32)
+                assert torch.equal(out[rows], alone[fp32]), (case.q.shape[0], num_sms, graph, fp32)
+        assert relative_error(case.o, case.reference(torch.float64)) <= tolerance(case)
+    for fp32 in (False, True):
+        assert torch.equal(_gpu_run(module, alone_case, graph=True, fp32=fp32), alone[fp32])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("layout", "group"), GPU_LAYOUTS)
 def test_gpu_the_default_module_is_not_batch_invariant(layout, group):
@@ -412,13 +531,15 @@ def test_gpu_the_default_module_is_not_batch_invariant(layout, group):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("trees", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize(("layout", "group"), GPU_LAYOUTS)
-def test_gpu_paged_alone_and_in_7(layout, group):
+def test_gpu_paged_alone_and_in_7(layout, group, trees):
     module = kgen.load(layout, "bfloat16", batch_invariant=True)
-    target = (9000, 4)
-    alone = _request(layout, *target, group, seed=1000, device="cuda")
+    target = (9000, 12 if trees else 4)
+    request = _tree_request if trees else _request
+    alone = request(layout, *target, group, seed=1000, device="cuda")
     alone_out = _run_paged(module, alone, 64, seed=0)
-    seven, rows = _batch(layout, group, _gpu_neighbours(6, 20000, 3), 3, target, seed=3, device="cuda")
+    seven, rows = _batch(layout, group, _gpu_neighbours(6, 20000, 3), 3, target, seed=3, trees=trees, device="cuda")
     assert torch.equal(_run_paged(module, seven, 64, seed=3)[rows], alone_out)
     paged = to_paged(seven, 64, seed=3)
     assert module.verify_paged_fwd(*paged.paged_args(seven))

@@ -65,6 +65,26 @@ def test_keys_and_peer_keys() -> None:
     assert two_heads.key.endswith("/hkv2") and two_heads.num_q_heads == 16
 
 
+def test_masked_cases_have_their_own_keys_and_read_the_draft_bits() -> None:
+    chain = case_for(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 64, 16384, 8)
+    tree = case_for(SPECS["qwen3_5_gqa256"], 16, "bfloat16", 64, 16384, 8, mask="tree", mask_ab="none")
+    assert not chain.masked and tree.masked
+    assert tree.key == chain.key + "/mask-tree" and tree.peer_key == chain.peer_key + "/mask-tree"
+    assert min_bytes(tree).mask == 64 * 8 * 8 and min_bytes(chain).mask == 0
+    assert min_bytes(tree).total == min_bytes(chain).total + 64 * 8 * 8
+
+
+def test_parse_masks() -> None:
+    from kgen.bench.cases import parse_masks
+
+    assert parse_masks(None) == ("none", None)
+    assert parse_masks(["tree,none"]) == ("tree", "none")
+    assert parse_masks(["chain"]) == ("chain", None)
+    for bad, pattern in ((["forest"], "choose from none, chain, tree"), (["tree,chain,none"], "one or two")):
+        with pytest.raises(BenchUsageError, match=pattern):
+            parse_masks(bad)
+
+
 def test_min_bytes_gqa_by_hand() -> None:
     # Qwen3.5 GQA 256, group 16, BF16, 2 requests x 1024 prefix, 4 drafts, 1 KV head:
     #   prefix KV  2 * 1024 * 1 * (256 + 256) * 2 B = 2,097,152

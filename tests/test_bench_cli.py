@@ -257,6 +257,15 @@ def test_index_dtype_option() -> None:
     assert run_bench(_parse("--list", "--index-dtype", "uint8")) == 2
 
 
+def test_mask_option() -> None:
+    assert {c.mask for c in cli.select_cases(_parse("--quick"))} == {"none"}  # the causal chain, by default
+    cases = cli.select_cases(_parse("--quick", "--mask", "tree,none"))
+    assert {(c.mask, c.mask_ab) for c in cases} == {("tree", "none")}
+    assert all(c.key.endswith("/mask-tree") for c in cases)
+    assert run_bench(_parse("--list", "--mask", "forest")) == 2
+    assert run_bench(_parse("--quick", "--mask", "tree,none", "--index-dtype", "int64,int32")) == 2
+
+
 def test_resume_refuses_another_index_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prior = write_json(make_run(), tmp_path / "a" / JSON_NAME)  # int64
     code = run_bench(_parse(*RESUME_CASES, "--index-dtype", "int32", "--resume", str(prior), "--out",
@@ -388,6 +397,7 @@ def test_batch_invariant_option_is_checked_before_measuring(tmp_path: Path, caps
     (built / "verify_gqa128__kv_bf16__q_bf16.py").write_text("")
     for extra, why in ((("--kernels", "per_head"), "keep it in --kernels"),
                        (("--index-dtype", "int64,int32"), "run one at a time"),
+                       (("--mask", "tree,none"), "run one at a time"),
                        (("--baseline-modules", str(built)), "run one at a time")):  # fmt: skip
         assert run_bench(_parse("--quick", "--batch-invariant", *extra)) == 2
         assert why in capsys.readouterr().err
@@ -399,11 +409,13 @@ def test_batch_invariant_option_is_checked_before_measuring(tmp_path: Path, caps
     assert cli.batch_invariant_run(_parse("--batch-invariant")) and not cli.batch_invariant_run(_parse())
 
 
-def test_execute_batch_invariant_against_the_default_on_cpu(tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("mask", "draft"), [("none", "2"), ("tree", "6")])
+def test_execute_batch_invariant_against_the_default_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            mask: str, draft: str) -> None:
     """--batch-invariant through the real provider: the batch-invariant grouped module and the
     default one (Triton's interpreter), each checked and timed with the timer's pair(); the JSON
-    keeps both times and the ratio, the summary and bench.md their geometric mean and worst."""
+    keeps both times and the ratio, the summary and bench.md their geometric mean and worst.
+    A tree (--mask tree, 6 draft tokens: two row blocks in the invariant module) goes to both."""
     from test_bench_peers import fake_timer
 
     from kgen.bench.peers import DeviceProvider
@@ -424,8 +436,8 @@ def test_execute_batch_invariant_against_the_default_on_cpu(tmp_path: Path,
             return PairedTiming.from_samples([10.0 * r for r in (1.06, 1.05, 1.07, 1.05, 1.06)], [10.0] * 5, n_sets,
                                              "fake")
 
-    args = _parse("--layout", "gqa128:8", "--kv-dtype", "bf16", "--batch", "2", "--prefix", "32", "--draft", "2",
-                  "--kernels", "grouped", "--batch-invariant", "--no-progress", "--flex-sweep", "none")
+    args = _parse("--layout", "gqa128:8", "--kv-dtype", "bf16", "--batch", "2", "--prefix", "32", "--draft", draft,
+                  "--mask", mask, "--kernels", "grouped", "--batch-invariant", "--no-progress", "--flex-sweep", "none")
     provider = DeviceProvider(device="cpu", l2_bytes=1 << 16, compile_flex=False, select_timer=fake_timer,
                               batch_invariant=cli.batch_invariant_run(args))  # fmt: skip
     timer = PairingFakeTimer()

@@ -387,6 +387,22 @@ def test_a_wrong_or_untimable_other_index_dtype() -> None:
     assert no_pair.status == "error" and "cannot time two index dtypes" in no_pair.note
 
 
+def test_measure_kernel_times_both_masks_in_alternation() -> None:
+    """--mask tree,none: the tree's figures, the unmasked chain alternated with it, their ratio."""
+    timer = FakePairTimer(ratios=(1.04, 1.02, 1.06, 1.03, 1.05))
+    chain = KernelRun(fn=FakeLaunch("grouped none", 100.0), n_sets=3, check=lambda: 1e-3, mask="none")
+    tree = KernelRun(fn=FakeLaunch("grouped tree", 104.0), n_sets=3, check=lambda: 2e-3, mask_alt=chain)
+    res = measure_kernel(tree, timer, 10**6, COPY_GBPS, TOLERANCE_BF16)
+    assert timer.pairs == [("grouped tree", "grouped none", 3)]
+    assert res.index_ab is None and res.median_us == pytest.approx(104.0)
+    ab = res.mask_ab
+    assert (ab.mask, ab.status, ab.median_us, ab.alternations) == ("none", "ok", 100.0, 5)
+    assert ab.ratio == pytest.approx(1.04)
+    assert KernelResult.model_validate_json(res.model_dump_json()) == res
+    no_pair = measure_kernel(tree, FakeTimer(), 10, None, TOLERANCE_BF16)
+    assert no_pair.status == "error" and "cannot time two draft masks" in no_pair.note
+
+
 # ----------------------------------------------------------------- --baseline-modules
 
 

@@ -39,7 +39,8 @@ def test_enumeration_dedupes_to_the_distinct_launches(gqa64):
     for point in check.domain(gqa64, "sm_90", ["token-slot"], ["int32"]):
         walked += 1
         scalars = check.runtime_scalars(gqa64, "sm_90", 132, point)
-        for name, constexprs, options in gqa64.launch_params("sm_90", 132, point.group, point.batch, point.draft):
+        for name, constexprs, options in gqa64.launch_params("sm_90", 132, point.group, point.batch, point.draft,
+                                                             has_mask=point.mask):
             specialized = {p.name for p in getattr(gqa64, name).params if not p.do_not_specialize}
             for full in check.complete_launch(gqa64, name, constexprs):
                 signature, _, _ = check.kernel_signature(gqa64, name, full, "int32", scalars)
@@ -67,6 +68,7 @@ def test_domain_covers_every_draft_listed_group_an_unlisted_one_and_table_bounda
     groups = {p.group for p in points}
     assert set(gqa64.GROUP_SIZES) < groups and len(groups - set(gqa64.GROUP_SIZES)) == 1
     assert {p.draft for p in points} == set(range(1, gqa64.MAX_DRAFT_TOKENS + 1))
+    assert {p.mask for p in points} == {False, True}  # chains and trees
     assert {p.page_size for p in points} == {None, *gqa64.SUPPORTED_PAGE_SIZES}
     for _group, batch_min, batch_max, _config in gqa64._BLOCK_CONFIGS.get("sm_90", ()):
         assert batch_min in {p.batch for p in points}
@@ -185,7 +187,7 @@ def _huge_launch_params(module):
     """launch_params that stages a 512-token tile 4 deep: far past any target's shared memory."""
     real = module.launch_params
 
-    def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=None):
+    def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=None, has_mask=False):
         launches = real(arch, num_sms, group, 1, 1, None, config)[:1]  # one prefix launch everywhere
         name, constexprs, options = launches[0]
         return [(name, {**constexprs, "BLOCK_N": 512}, {**options, "num_stages": 4})]
@@ -202,7 +204,7 @@ def test_shared_memory_overflow_fails_the_command_and_names_the_variant(cache, m
     assert code == 1
     assert "FAIL verify_gqa64__kv_bf16__q_bf16 sm_90 _verify_prefix_stage: shared memory" in err
     assert "> 232448 B limit" in err and "BLOCK_N=512" in err and "num_stages=4" in err
-    assert "draft length 1-16" in err
+    assert "draft length 1-64" in err and "(chain/tree)" in err
 
 
 def test_verdicts_apply_the_limits():

@@ -111,10 +111,11 @@ def test_qwen35_two_local_kv_heads_follow_the_layout_and_say_so():
 
 
 @pytest.mark.parametrize("topk", [2, 4, 8])
-def test_topk_above_one_is_not_grouped(topk):
+def test_topk_above_one_is_grouped_too(topk):
+    """Trees go to the grouped kernel: the modules read the custom mask on the device."""
     d = decide(topk=topk)
-    assert d.path == "general"
-    assert f"topk={topk}" in d.reason
+    assert d.path == "grouped"
+    assert f"topk={topk}: a tree" in d.reason
 
 
 def test_kgen_disable_turns_everything_off():

@@ -147,7 +147,9 @@ def test_select_lowering_says_what_each_gluon_row_launches(tmp_path: Path) -> No
     plan = plan_through_lowering(context(tmp_path, table("sm_90", *GLUON_TABLE, entry(group=128, gluon=overflow))))
     rows = {d.what: d for d in plan.decisions_of("select_lowering")}
     fits = rows["sm_90 row group 16 batch 1-8"]
-    assert fits.value == "Gluon at L 1-16" and not fits.warning
+    # Its 32-token key tiles hold drafts to 32; trees up to MAX_DRAFT_TOKENS (64) run the Triton stage.
+    assert fits.value == "Gluon at L 1-32, Triton at L 33-64" and not fits.warning
+    assert "drafts longer than BLOCK_N 32" in fits.why
     need = rules.gluon_shared_bytes(plan.fit.kernel_shape, 32, 3)
     assert f"{need} of 232448 B" in fits.why and "16 x 4 at L 3-4" in fits.why
     assert "the paged entry" in fits.why and BlockConfig(**TRITON_FIELDS).short() in fits.why
@@ -187,7 +189,7 @@ def test_explain_shows_the_lowering_and_the_gluon_rows(tmp_path: Path, monkeypat
     monkeypatch.setenv("KGEN_TABLE", str(path))
     text = explain(MLA, "bf16", group=16, arch="sm_90")
     assert "gluon_prefix       = gluon/mla_prefix_stage.py.j2" in text
-    assert "sm_90 row group 16 batch 1-8 = Gluon at L 1-16" in text
+    assert "sm_90 row group 16 batch 1-8 = Gluon at L 1-32, Triton at L 33-64" in text
     assert "sm_90 group 16 batch 1..8: BLOCK_H=16 BLOCK_N=64 warps=8 stages=2" in text and "gluon(BLOCK_N=32" in text
 
 
@@ -201,9 +203,10 @@ def test_kgen_check_compiles_a_gluon_row_offline_for_sm90(built: Path) -> None:
     infos = check.find_modules(generated=built.parent)
     enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int32"])
     # The row's Gluon programs (32-token tiles; the default's have 64): one per draft class
-    # (L_PAD 1, 2, 4, 8, 16), only at the row's group and batches, on the token-slot entry.
+    # (L_PAD 1, 2, 4, 8, 16, 32; drafts past 32 run the Triton stage), only at the row's group
+    # and batches, on the token-slot entry.
     gluon = [v for v in enum.variants if v.kernel == GLUON and v.constexprs["BLOCK_N"] == 32]
-    assert sorted(v.constexprs["L_PAD"] for v in gluon) == [1, 2, 4, 8, 16]
+    assert sorted(v.constexprs["L_PAD"] for v in gluon) == [1, 2, 4, 8, 16, 32]
     assert all(p.group == 16 and 1 <= p.batch <= 8 and p.page_size is None for v in gluon for p in v.points)
     variant = next(v for v in gluon if v.constexprs["L_PAD"] == 4)
     # In a spawned worker, as `kgen check` compiles: this process runs Triton's interpreter.

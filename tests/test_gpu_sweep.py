@@ -21,7 +21,12 @@ vendor's float8), with bfloat16 queries (float16 for ``FP16_LAYOUT``):
   of the module's block-config table for this GPU's arch one case of that batch with tiny
   prefixes (different buckets select different configs);
 - every pool slot and page position that no request names holds NaN, and so does o before
-  the call: a read outside a request or an unwritten output shows up as NaN.
+  the call: a read outside a request or an unwritten output shows up as NaN;
+- trees (EAGLE topk > 1): for every listed group and L_PAD class (draft rows split over
+  programs past one program's rows included), each request a random EAGLE-like tree in
+  SGLang's custom-mask layout (token slots) and in the paged entry's rows; for the largest
+  group also a mask that is no tree (random bits, rows that see no draft token) and the chain
+  written as a mask; and the per-head baseline with trees.
 
 On ``MUST_ACCEPT_ARCHS`` (the H200's sm_90) the whole domain must be accepted: a refusal fails
 with ``why_not``'s reason. Elsewhere a refusal must leave o untouched. Accepted calls must match
@@ -45,7 +50,17 @@ from kernel_cases import SPECS, tolerance
 
 import kgen
 from kgen.spec import FP8_DTYPES
-from kgen.testing import VerifyCase, make_case, nan_tensor, poison_unnamed_slots, relative_error, to_paged
+from kgen.testing import (
+    VerifyCase,
+    chain_mask,
+    eagle_tree,
+    make_case,
+    nan_tensor,
+    poison_unnamed_slots,
+    relative_error,
+    set_draft_masks,
+    to_paged,
+)
 
 MUST_ACCEPT_ARCHS = ("sm_90",)
 FP8 = "float8_e4m3fnuz" if torch.version.hip else "float8_e4m3fn"  # e4m3fnuz is ROCm's format
@@ -98,6 +113,7 @@ class SweepCase:
     batch: int
     drafts: tuple[int, ...]
     runs: tuple[tuple[str, torch.dtype], ...]
+    mask: str = "none"  # "none" (the causal chain), "tree", "bits" (no tree), "chain" (the chain as a mask)
 
     @property
     def id(self) -> str:
@@ -108,18 +124,19 @@ class SweepCase:
             runs = "+".join(f"{entry}_{SHORT_INDEX[index]}" for entry, index in self.runs)
         lengths = f"L{self.drafts[0]}" if len(self.drafts) == 1 else f"L{self.drafts[0]}-{self.drafts[-1]}"
         variant = "-perhead" if self.variant == "per_head" else ""
+        mask = "" if self.mask == "none" else f"-mask_{self.mask}"
         return (f"{self.layout}-kv_{SHORT_DTYPE[self.kv]}-q_{SHORT_DTYPE[self.q]}{variant}-g{self.group}"
-                f"-b{self.batch}-{lengths}-{runs}")
+                f"-b{self.batch}-{lengths}-{runs}{mask}")
 
 
-def draft_classes(module, group: int, batch: int) -> list[tuple[int, ...]]:
+def draft_classes(module, group: int, batch: int, has_mask: bool = False) -> list[tuple[int, ...]]:
     """Draft lengths 1..MAX_DRAFT_TOKENS grouped by the program the launcher picks on ARCH for
-    this group and batch (its ``launch_params``): the lengths of one class run the same
-    compiled prefix kernel. A length no program fits is a class of its own, so its refusal
-    shows up as a failing id."""
+    this group and batch (its ``launch_params``, with a custom mask or without): the lengths
+    of one class run the same compiled prefix kernel. A length no program fits is a class of
+    its own, so its refusal shows up as a failing id."""
     classes: dict[object, list[int]] = {}
     for draft in range(1, module.MAX_DRAFT_TOKENS + 1):
-        launches = module.launch_params(ARCH, NUM_SMS, group, batch, draft)
+        launches = module.launch_params(ARCH, NUM_SMS, group, batch, draft, has_mask=has_mask)
         key = (tuple(sorted(launches[0][1].items())), tuple(sorted(launches[0][2].items()))) if launches else draft
         classes.setdefault(key, []).append(draft)
     return [tuple(lengths) for lengths in classes.values()]
@@ -177,9 +194,35 @@ def _per_head_cases() -> list[SweepCase]:
     return cases
 
 
+def _tree_cases() -> list[SweepCase]:
+    """Trees: every listed group and L_PAD class with a random EAGLE-like tree per request
+    (token slots with int64 kv_indices, 16-token pages with an int32 block table); for the
+    layout's largest group also masks that are no tree and the chain written as a mask (the
+    edges of each class); the per-head baseline with trees at the unlisted group."""
+    runs = (("shared", torch.int64), ("paged16", torch.int32))
+    cases = []
+    for layout, spec in SPECS.items():
+        groups = spec.attention.group_sizes
+        for kv in KV_DTYPES:
+            module = kgen.load(layout, kv)
+            for group in groups:
+                for drafts in draft_classes(module, group, SMALL_BATCH, has_mask=True):
+                    cases.append(SweepCase(layout, kv, "bfloat16", "grouped", group, SMALL_BATCH, drafts, runs, "tree"))
+                    if group == max(groups):
+                        edges = tuple(sorted({drafts[0], drafts[-1]}))
+                        cases += [SweepCase(layout, kv, "bfloat16", "grouped", group, SMALL_BATCH, edges, runs, mask)
+                                  for mask in ("bits", "chain")]
+            per_head = kgen.load(layout, kv, variant="per_head")
+            group = unlisted_group(groups)
+            for drafts in draft_classes(per_head, group, SMALL_BATCH, has_mask=True):
+                cases.append(SweepCase(layout, kv, "bfloat16", "per_head", group, SMALL_BATCH, drafts, runs, "tree"))
+    return cases
+
+
 DRAFT_LENGTH_CASES = _draft_length_cases()
 BATCH_BUCKET_CASES = _batch_bucket_cases()
 PER_HEAD_CASES = _per_head_cases()
+TREE_CASES = _tree_cases()
 
 
 def _params(cases: list[SweepCase]) -> list:
@@ -224,14 +267,32 @@ def _call(module, problem: VerifyCase, entry: str, index_dtype: torch.dtype, pag
     return "" if module.verify_paged_fwd(*args) else module.why_not_paged(*args) or "(why_not_paged gave no reason)"
 
 
+def draft_masks(mask: str, drafts: list[int], seed: int) -> list[torch.Tensor] | None:
+    """Each request's [L, L] draft mask for a sweep case's ``mask`` (None: the causal chain)."""
+    if mask == "none":
+        return None
+    if mask == "chain":
+        return [chain_mask(n) for n in drafts]
+    if mask == "tree":
+        return [eagle_tree(n, topk=4, seed=seed + b) for b, n in enumerate(drafts)]
+    gen = torch.Generator().manual_seed(seed)  # "bits": no tree; the last row of each sees no draft token
+    bits = [torch.rand(n, n, generator=gen) < 0.4 for n in drafts]
+    for block in bits:
+        block[-1] = False
+    return bits
+
+
 def check_sweep_case(case: SweepCase) -> None:
     module = kgen.load(case.layout, case.kv, case.q, case.variant)
     fp8 = case.kv in FP8_DTYPES
     for draft in case.drafts:
         prefixes, drafts = request_lengths(draft, case.batch)
+        seed = zlib.crc32(f"{case.id}/{draft}".encode())
         problem = make_case(SPECS[case.layout], prefixes, drafts, case.group, kv_dtype=case.kv, q_dtype=case.q,
-                            k_scale=0.6 if fp8 else 1.0, v_scale=1.7 if fp8 else 1.0, device="cuda",
-                            seed=zlib.crc32(f"{case.id}/{draft}".encode()))
+                            k_scale=0.6 if fp8 else 1.0, v_scale=1.7 if fp8 else 1.0, device="cuda", seed=seed)
+        masks = draft_masks(case.mask, drafts, seed)
+        if masks is not None:
+            set_draft_masks(problem, masks, gap=3)
         poison_unnamed_slots(problem)
         reference = problem.reference(torch.float64)
         bound = tolerance(problem)
@@ -265,6 +326,12 @@ def test_batch_buckets(case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", _params(PER_HEAD_CASES))
 def test_per_head_variant(case):
+    check_sweep_case(case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", _params(TREE_CASES))
+def test_trees(case):
     check_sweep_case(case)
 
 

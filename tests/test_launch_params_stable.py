@@ -1,5 +1,6 @@
 """Every generated module's launch_params returns what it returned when this expectation was
-written, over a sweep of archs, block configs, groups, batches, draft lengths and page sizes.
+written, over a sweep of archs, block configs, groups, batches, draft lengths, page sizes and
+chains and trees (a custom mask).
 
 The compiler's plan, passes and templates may be rearranged freely; what a module launches
 may not change by accident. The expectation holds one digest per (module, arch) of the JSON
@@ -33,8 +34,9 @@ CONFIGS = {
 }
 GROUPS = (1, 4, 6, 8, 16)
 BATCHES = (1, 64, 200)
-DRAFT_LENGTHS = (1, 4, 7, 16)
+DRAFT_LENGTHS = (1, 4, 7, 16, 33, 64)
 PAGE_SIZES = (None, 16)
+MASKS = (False, True)
 
 
 def _load(path: Path) -> ModuleType:
@@ -51,9 +53,9 @@ def sweep_digests(module: ModuleType) -> dict[str, str]:
     """arch -> sha256 of the JSON of launch_params over the whole sweep on that arch."""
     digests = {}
     for arch, num_sms in ARCH_SMS.items():
-        launches = [module.launch_params(arch, num_sms, group, batch, length, page_size, config)
+        launches = [module.launch_params(arch, num_sms, group, batch, length, page_size, config, has_mask=mask)
                     for config in CONFIGS.values() for group in GROUPS for batch in BATCHES
-                    for length in DRAFT_LENGTHS for page_size in PAGE_SIZES]
+                    for length in DRAFT_LENGTHS for page_size in PAGE_SIZES for mask in MASKS]
         digests[arch] = hashlib.sha256(json.dumps(launches, default=str).encode()).hexdigest()
     return digests
 

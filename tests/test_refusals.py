@@ -5,6 +5,7 @@ import torch
 from kernel_cases import build
 
 import kgen
+from kgen.testing import chain_mask, sglang_mask
 
 GQA = "qwen3_5_gqa256"
 
@@ -24,13 +25,24 @@ def _gqa_case(**kw):
     return build(GQA, [20, 7], [2, 3], 4, **kw)
 
 
+def _tree(case) -> dict:
+    """SGLang's mask arguments for a chain written as a tree (a mask the kernels can read)."""
+    mask, indptr = sglang_mask([chain_mask(n) for n in case.draft_lens()], case.prefix_lens())
+    return {"custom_mask": mask, "mask_indptr": indptr}
+
+
 REFUSALS = {
     "sinks": lambda c: {"sinks": torch.zeros(c.q.shape[1])},
     "sliding window": lambda c: {"sliding_window_size": 128},
     "window_kv_offsets": lambda c: {"window_kv_offsets": torch.zeros(2, dtype=torch.int32)},
     "logit cap": lambda c: {"logit_cap": 30.0},
     "xai temperature": lambda c: {"xai_temperature_len": 4},
-    "non-causal with custom mask": lambda c: {"is_causal": False, "custom_mask": torch.ones(10, dtype=torch.bool)},
+    "custom mask without mask_indptr": lambda c: {"is_causal": False, "custom_mask": torch.ones(10, dtype=torch.bool)},
+    "non-causal without a mask": lambda c: {"is_causal": False},
+    "mask on the prefix columns": lambda c: {**_tree(c), "skip_prefix_custom_mask": False},
+    "int32 custom mask": lambda c: {**_tree(c), "custom_mask": _tree(c)["custom_mask"].int()},
+    "mask_indptr too short": lambda c: {**_tree(c), "mask_indptr": _tree(c)["mask_indptr"][:1]},
+    "non-contiguous custom mask": lambda c: {**_tree(c), "custom_mask": _tree(c)["custom_mask"].repeat(2)[::2]},
     "D_qk < D_v": lambda c: {"v_extend": torch.randn(c.q.shape[0], 1, 512).bfloat16(),
                              "o_extend": torch.zeros(c.q.shape[0], c.q.shape[1], 512).bfloat16()},
     "H_q not a multiple of H_kv": lambda c: {"q_extend": torch.randn(c.q.shape[0], 6, 256).bfloat16(),
@@ -40,7 +52,7 @@ REFUSALS = {
     "wrong KV dtype": lambda c: {"k_buffer": c.k_buffer.half(), "v_buffer": c.v_buffer.half()},
     "wrong query dtype": lambda c: {"q_extend": c.q.float()},
     "scale on a bf16 module": lambda c: {"k_scale": 0.5},
-    "draft longer than supported": lambda c: {"max_len_extend": 64},
+    "draft longer than supported": lambda c: {"max_len_extend": 65},
     "max_len_extend not an int": lambda c: {"max_len_extend": torch.tensor(3)},
     "kv_indices float": lambda c: {"kv_indices": c.kv_indices.float()},
     "kv_indptr batch mismatch": lambda c: {"kv_indptr": c.kv_indptr[:-1]},

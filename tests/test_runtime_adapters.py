@@ -100,8 +100,8 @@ def test_factory_follows_the_gate():
               env={}, inventory=_inventory(uris), loader=fake_loader(mods))  # fmt: skip
     a = sglang_verify_for(num_q_heads=16, num_kv_heads=1, kv_dtype=torch.bfloat16, **kw)
     assert a.decision.path == "grouped" and [lv.name for lv in a.chain.levels] == ["grouped", "per_head"]
-    a = sglang_verify_for(num_q_heads=16, num_kv_heads=1, topk=4, **kw)
-    assert a.decision.path == "general" and a.chain.levels == () and a.chain.topk == 4
+    a = sglang_verify_for(num_q_heads=16, num_kv_heads=1, topk=4, **kw)  # a tree: the modules read its mask
+    assert a.decision.path == "grouped" and "topk=4: a tree" in a.decision.reason
     a = sglang_verify_for(num_q_heads=32, num_kv_heads=1, **kw)  # group 32: not in the layout
     assert a.decision.path == "per_head" and [lv.name for lv in a.chain.levels] == ["per_head"]
     v = vllm_verify_for(num_q_heads=32, num_kv_heads=2, **kw)

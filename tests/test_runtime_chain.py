@@ -100,28 +100,38 @@ def test_wrong_dtype_reaches_general():
     torch.testing.assert_close(o.float(), ref(case), atol=3e-3, rtol=3e-3)
 
 
-def test_tree_mask_at_topk_above_one_never_reaches_the_kernels():
-    """Kernels ignore custom masks (SGLang's topk = 1 convention), so a tree goes general."""
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_tree_mask_goes_to_the_kernels(is_causal):
+    """Modules read a custom mask (it governs, is_causal True or False), so a tree runs grouped."""
     mods = fakes()
     case = runtime_case([14, 20], [4, 3], group=4, seed=9)
     mask, indptr = tree_mask(case)
-    path, o = call(chain_with(mods, topk=4), case, custom_mask=mask, mask_indptr=indptr)
-    assert path == "general" and mods["grouped"].calls == 0 and mods["per_head"].calls == 0
+    path, o = call(chain_with(mods), case, custom_mask=mask, mask_indptr=indptr, is_causal=is_causal)
+    assert path == "grouped" and mods["grouped"].accepted == 1
     want = brute_force(case, custom_mask=mask, mask_indptr=indptr)
     torch.testing.assert_close(o.double(), want, atol=3e-5, rtol=3e-5)
 
 
-def test_chain_mask_at_topk_one_runs_the_kernel():
+def test_chain_mask_runs_the_kernel_and_a_short_mask_is_caught():
     mods = fakes()
     case = runtime_case([14, 20], [4, 3], group=4, seed=9)
     mask, indptr = chain_mask(case)
-    chain = chain_with(mods, topk=1, check_indices=True)
+    chain = chain_with(mods, check_indices=True)
     path, o = call(chain, case, custom_mask=mask, mask_indptr=indptr)
     assert path == "grouped"
     torch.testing.assert_close(o, ref(case), **TOL)
-    tree, tptr = tree_mask(case, seed=3)
-    with pytest.raises(ValueError, match="not a causal chain"):
-        call(chain, case, custom_mask=tree, mask_indptr=tptr)
+    with pytest.raises(ValueError, match="custom_mask has .* entries"):
+        call(chain, case, custom_mask=mask[:-1], mask_indptr=indptr)
+
+
+def test_mask_on_the_prefix_goes_general():
+    mods = fakes()
+    case = runtime_case([14, 20], [4, 3], group=4, seed=9)
+    mask, indptr = tree_mask(case, prefix_bits=True)
+    feats = dict(custom_mask=mask, mask_indptr=indptr, skip_prefix_custom_mask=False)
+    path, o = call(chain_with(mods), case, **feats)
+    assert path == "general" and mods["grouped"].calls == 1
+    torch.testing.assert_close(o.double(), brute_force(case, **feats), atol=3e-5, rtol=3e-5)
 
 
 def test_start_skips_levels():
@@ -237,23 +247,35 @@ def test_real_fp8_module_with_scales():
 
 
 @needs_real
-@pytest.mark.parametrize("name", sorted(REFUSALS) + ["wrong_q_dtype", "long_draft", "tree_mask"])
+@pytest.mark.parametrize("name", sorted(REFUSALS) + ["wrong_q_dtype", "long_draft", "prefix_mask"])
 def test_real_refusals_fall_through_to_general(name):
-    chain = VerifyChain("gqa64", "bf16", "bf16", topk=2 if name == "tree_mask" else 1)
+    chain = VerifyChain("gqa64", "bf16", "bf16")
     case = real_case(seed=1, prefix=(20, 37), draft=(2, 3))
     feats = dict(REFUSALS.get(name, {}))
     if name == "wrong_q_dtype":
         case = real_case(seed=1, prefix=(20, 37), draft=(2, 3), q_dtype=torch.float32)
     if name == "long_draft":
-        case = real_case(seed=1, prefix=(20, 7), draft=(17, 3))  # beyond MAX_DRAFT_TOKENS
-    if name == "tree_mask":
-        mask, indptr = tree_mask(case)
-        feats = dict(custom_mask=mask, mask_indptr=indptr)
+        case = real_case(seed=1, prefix=(20, 7), draft=(65, 3))  # beyond MAX_DRAFT_TOKENS
+    if name == "prefix_mask":  # skip_prefix_custom_mask=False: the kernels read only the draft block
+        mask, indptr = tree_mask(case, prefix_bits=True)
+        feats = dict(custom_mask=mask, mask_indptr=indptr, skip_prefix_custom_mask=False)
     if feats.get("sinks") == "per_head":
         feats["sinks"] = torch.linspace(0.0, 1.0, 8, device=DEV)
     path, o = call(chain, case, **feats)
     assert path == "general", chain.describe()
     want = brute_force(case, **feats)
+    torch.testing.assert_close(o.double().cpu(), want, atol=2e-2, rtol=2e-2)
+
+
+@needs_real
+def test_real_tree_mask_runs_grouped():
+    """A tree (random bits, each token sees itself) through the real module: the mask governs."""
+    chain = VerifyChain("gqa64", "bf16", "bf16")
+    case = real_case(seed=4, prefix=(20, 0, 37), draft=(5, 3, 6))
+    mask, indptr = tree_mask(case, seed=2)
+    path, o = call(chain, case, custom_mask=mask, mask_indptr=indptr)
+    assert path == "grouped", chain.describe()
+    want = brute_force(case, custom_mask=mask, mask_indptr=indptr)
     torch.testing.assert_close(o.double().cpu(), want, atol=2e-2, rtol=2e-2)
 
 

@@ -243,8 +243,9 @@ def brute_force(
 class FakeModule:
     """A stand-in for a generated module that follows the contract in docs/design.md.
 
-    It accepts only plain causal calls with ``dtype`` tensors and ``group`` in ``groups``,
-    computes with ``kgen.reference``, and counts calls. ``compute=False`` makes it accept
+    It accepts causal chains and custom masks (which govern, as in a generated module; not
+    their prefix columns) with ``dtype`` tensors and ``group`` in ``groups``, computes with
+    ``kgen.reference`` (the general path for pages), and counts calls. ``compute=False`` makes it accept
     without touching any tensor value (for the no-host-sync test).
     """
 
@@ -267,8 +268,10 @@ class FakeModule:
             return "logit cap"
         if xai_temperature_len > 0:
             return "xai"
-        if not is_causal:
-            return "non-causal"
+        if custom_mask is None and not is_causal:
+            return "non-causal without a mask"
+        if custom_mask is not None and not skip_prefix_custom_mask:
+            return "mask on the prefix"
         if q.dtype != self.dtype or kb.dtype != self.dtype:
             return "dtype"
         if q.shape[1] // k.shape[1] not in self.groups:
@@ -288,23 +291,26 @@ class FakeModule:
             from kgen.runtime.call import VerifyCall
 
             c = VerifyCall.from_sglang(*args, **kwargs)
-            o = reference_verify(*c.tensors[:3], *c.tensors[4:], c.k_scale, c.v_scale, c.sm_scale)
+            o = reference_verify(*c.tensors[:3], *c.tensors[4:], c.k_scale, c.v_scale, c.sm_scale,
+                                 custom_mask=c.custom_mask, mask_indptr=c.mask_indptr, is_causal=c.is_causal)
             c.o_extend.copy_(o.to(c.o_extend.dtype))
         return True
 
     def verify_paged_fwd(self, q, k, v, o, k_cache, v_cache, block_table, prefix_lens, qo, max_len,
-                         k_scale=1.0, v_scale=1.0, sm_scale=None, config=None) -> bool:  # fmt: skip
+                         k_scale=1.0, v_scale=1.0, sm_scale=None, custom_mask=None, mask_indptr=None,
+                         config=None) -> bool:  # fmt: skip
         self.calls += 1
         if q.dtype != self.dtype or q.shape[1] // k.shape[1] not in self.groups:
             return False
         self.accepted += 1
         if self.compute:
             from kgen.runtime.attend import GeneralPath
-            from kgen.runtime.call import PagedCall
+            from kgen.runtime.call import Features, PagedCall
 
             GeneralPath().run(
                 PagedCall(
-                    q, k, v, o, k_cache, v_cache, block_table, prefix_lens, qo, max_len, k_scale, v_scale, sm_scale
+                    q, k, v, o, k_cache, v_cache, block_table, prefix_lens, qo, max_len, k_scale, v_scale, sm_scale,
+                    features=Features(custom_mask=custom_mask, mask_indptr=mask_indptr),
                 )
             )
         return True

@@ -1,14 +1,18 @@
 """The benchmark's case matrix and the minimum bytes each case must move.
 
 A case is one problem size: layout and group (query heads per KV head), KV dtype, batch,
-prefix length and draft length L (EAGLE topk = 1, every request the same sizes so the
-peers can run it as one dense batch). Everything here is plain Python, no torch, so the
-matrix and the byte counts are tested on any machine.
+prefix length and draft length L (every request the same sizes so the peers can run it as
+one dense batch), and how the draft tokens see each other: the causal chain (``none``, EAGLE
+topk = 1), the same chain handed to the kernels as a custom mask (``chain``, what SGLang
+sends at topk = 1), or a random EAGLE-like tree of L tokens per request (``tree``, topk > 1).
+Everything here is plain Python, no torch, so the matrix and the byte counts are tested on
+any machine.
 
 Bytes are counted as the least any kernel must move (``min_bytes``): the prefix KV read
 once (V only where the layout stores it apart from K: absorbed MLA reads V from K's
 latent columns), the queries, the draft K/V and the output. A kernel that re-reads the
-prefix per query head moves more and so shows a lower "achieved GB/s".
+prefix per query head moves more and so shows a lower "achieved GB/s". A masked case
+also reads each request's L x L draft bits (one byte each).
 """
 
 from __future__ import annotations
@@ -55,6 +59,12 @@ INDEX_DTYPES = ("int64", "int32")
 DEFAULT_INDEX_DTYPE = "int64"
 LEGACY_INDEX_DTYPE = "int32"
 
+# How the draft tokens see each other (``--mask``): the causal chain with no mask, the chain
+# written as SGLang's custom mask, a random EAGLE-like tree (topk 4) per request.
+MASKS = ("none", "chain", "tree")
+DEFAULT_MASK = "none"
+TREE_TOPK = 4
+
 
 class BenchUsageError(KgenError, ValueError):
     """A bench option names an unknown layout, group, dtype or size."""
@@ -80,6 +90,9 @@ class Case:
     index_dtype: str | None = None
     # The other dtype, timed in alternation with ``index_dtype`` (``--index-dtype a,b``).
     index_dtype_ab: str | None = None
+    # The draft's mask (``MASKS``), and another one timed in alternation with it (``--mask a,b``).
+    mask: str = DEFAULT_MASK
+    mask_ab: str | None = None
 
     @property
     def indices(self) -> str:
@@ -103,18 +116,25 @@ class Case:
         return self.kv_dtype in FP8_DTYPES
 
     @property
+    def masked(self) -> bool:
+        """The kernels get a custom mask (a chain written as one, or a tree)."""
+        return self.mask != "none"
+
+    @property
+    def _extra(self) -> str:
+        return (f"/hkv{self.kv_heads}" if self.kv_heads != 1 else "") + (f"/mask-{self.mask}" if self.masked else "")
+
+    @property
     def peer_key(self) -> str:
         """The key without the KV dtype: the peers read bf16 KV whatever the pool holds,
         so one peer measurement serves the BF16 and the FP8 case of the same shape."""
-        extra = f"/hkv{self.kv_heads}" if self.kv_heads != 1 else ""
-        return f"{self.layout}/g{self.group}/bs{self.batch}/p{self.prefix}/L{self.draft}{extra}"
+        return f"{self.layout}/g{self.group}/bs{self.batch}/p{self.prefix}/L{self.draft}{self._extra}"
 
     @property
     def key(self) -> str:
         """Stable name used to match a case against a baseline."""
-        extra = f"/hkv{self.kv_heads}" if self.kv_heads != 1 else ""
         tag = KV_DTYPES.get(self.kv_dtype, self.kv_dtype)
-        return f"{self.layout}/g{self.group}/{tag}/bs{self.batch}/p{self.prefix}/L{self.draft}{extra}"
+        return f"{self.layout}/g{self.group}/{tag}/bs{self.batch}/p{self.prefix}/L{self.draft}{self._extra}"
 
     @property
     def is_headline(self) -> bool:
@@ -131,12 +151,14 @@ def case_for(
     kv_heads: int = 1,
     index_dtype: str = DEFAULT_INDEX_DTYPE,
     index_dtype_ab: str | None = None,
+    mask: str = DEFAULT_MASK,
+    mask_ab: str | None = None,
 ) -> Case:
     """The benchmark case of one layout at one size (its head widths copied from ``spec``)."""
     shape = spec.attention
     widths = {"qk_dim": shape.qk_dim, "v_dim": shape.v_head_dim, "separate_v": shape.v_source == "v_buffer"}
     return Case(spec.name, group, kv_dtype, batch, prefix, draft, **widths, kv_heads=kv_heads,
-                index_dtype=index_dtype, index_dtype_ab=index_dtype_ab)  # fmt: skip
+                index_dtype=index_dtype, index_dtype_ab=index_dtype_ab, mask=mask, mask_ab=mask_ab)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -147,21 +169,23 @@ class MinBytes:
     q: int
     draft_kv: int
     o: int
+    mask: int = 0
 
     @property
     def total(self) -> int:
-        return self.prefix_kv + self.q + self.draft_kv + self.o
+        return self.prefix_kv + self.q + self.draft_kv + self.o + self.mask
 
 
 def min_bytes(case: Case) -> MinBytes:
-    """Prefix KV read once, plus q, draft K/V and o (the page table is not counted: the
-    peers read gathered KV and have none)."""
+    """Prefix KV read once, plus q, draft K/V and o, and a masked case's L x L draft bits per
+    request (the page table is not counted: the peers read gathered KV and have none)."""
     kv_width = case.qk_dim + (case.v_dim if case.separate_v else 0)
     return MinBytes(
         prefix_kv=case.batch * case.prefix * case.kv_heads * kv_width * case.kv_elem_bytes,
         q=case.num_tokens * case.num_q_heads * case.qk_dim * Q_BYTES,
         draft_kv=case.num_tokens * case.kv_heads * kv_width * Q_BYTES,
         o=case.num_tokens * case.num_q_heads * case.v_dim * Q_BYTES,
+        mask=case.num_tokens * case.draft if case.masked else 0,
     )
 
 
@@ -259,6 +283,20 @@ def parse_index_dtypes(values: Iterable[str] | None) -> tuple[str, str | None]:
     return entries[0], (entries[1] if len(entries) == 2 else None)
 
 
+def parse_masks(values: Iterable[str] | None) -> tuple[str, str | None]:
+    """``--mask``: one of ``MASKS`` (the figures), or two (the first's figures, and both timed
+    in alternation for their ratio, e.g. ``tree,none``). Default: none (the causal chain)."""
+    entries = list(dict.fromkeys(split_list(values)))
+    unknown = [e for e in entries if e not in MASKS]
+    if unknown:
+        raise BenchUsageError(f"--mask {unknown}: choose from {', '.join(MASKS)}")
+    if not entries:
+        return DEFAULT_MASK, None
+    if len(entries) > 2:
+        raise BenchUsageError(f"--mask takes one or two masks, got {entries}")
+    return entries[0], (entries[1] if len(entries) == 2 else None)
+
+
 def build_matrix(
     specs: Mapping[str, LayoutSpec],
     layout_groups: Sequence[tuple[str, int]] = DEFAULT_LAYOUT_GROUPS,
@@ -269,6 +307,7 @@ def build_matrix(
     quick: bool = False,
     kv_heads: int = 1,
     index_dtypes: tuple[str, str | None] = (DEFAULT_INDEX_DTYPE, None),
+    masks: tuple[str, str | None] = (DEFAULT_MASK, None),
 ) -> list[Case]:
     """Every combination, ordered layout, group, dtype, batch, prefix, draft: cases that
     share compiled kernels run back to back, and the BF16 case of a shape runs before its
@@ -288,7 +327,7 @@ def build_matrix(
                 for prefix in prefixes:
                     for draft in drafts:
                         cases.append(case_for(spec, group, kv_dtype, batch, prefix, draft, kv_heads,
-                                               *index_dtypes))  # fmt: skip
+                                               *index_dtypes, *masks))  # fmt: skip
     return cases
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from kgen.bench.cases import (
     INDEX_DTYPES,
     KERNELS,
+    MASKS,
     BenchUsageError,
     Case,
     build_matrix,
@@ -31,6 +32,7 @@ from kgen.bench.cases import (
     parse_index_dtypes,
     parse_kv_dtypes,
     parse_layout_groups,
+    parse_masks,
     parse_sizes,
     split_list,
 )
@@ -46,6 +48,7 @@ from kgen.bench.report import (
     compare_runs,
     format_comparison,
     index_ab_summary,
+    mask_ab_summary,
     merge_runs,
     mode_ab_line,
     mode_ab_summary,
@@ -70,6 +73,10 @@ EPILOG = """examples:
   kgen bench --from-json bench-out/bench.json --compare benchmarks/baselines/h200.json
   kgen bench --index-dtype int64,int32 --layout qwen3_5_gqa256:16 --batch 64 --prefix 4K,16K --draft 4
                                                       int64 vs int32 kv_indices, alternated graph replays
+  kgen bench --mask tree,none --kernels grouped --layout qwen3_5_gqa256:16 --batch 64 --prefix 16K --draft 8,16
+                                                      EAGLE trees vs the causal chain, alternated graph replays
+  kgen bench --mask chain,none --kernels grouped --quick
+                                                      the chain handed as a mask vs no mask
   cp -r generated /tmp/before; (change kgen, kgen build)
   kgen bench --quick --kernels grouped --baseline-modules /tmp/before
                                                       this build vs the earlier one, alternated graph replays
@@ -114,6 +121,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="kv_indices dtype of the kgen kernels (default int64, what SGLang sends); two, e.g. int64,int32: "
         "the first's figures, and both timed in alternation in one process (CUDA-graph replays, the median "
         "of at least 5 alternations) with their ratio per case",
+    )
+    sel.add_argument(
+        "--mask",
+        action="append",
+        metavar="|".join(MASKS),
+        help="how draft tokens see each other: none (the causal chain, default), chain (the same chain handed "
+        "to the kernels as SGLang's custom mask), tree (a random EAGLE-like tree, topk 4, per request); two, "
+        "e.g. tree,none: the first's figures, and both timed in alternation in one process with their ratio "
+        "per case (the peers run the causal chain only)",
     )
     sel.add_argument(
         "--baseline-modules",
@@ -233,6 +249,7 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
         quick=args.quick,
         kv_heads=args.kv_heads,
         index_dtypes=parse_index_dtypes(args.index_dtype),
+        masks=parse_masks(args.mask),
     )
 
 
@@ -248,8 +265,9 @@ def baseline_modules_dir(args: argparse.Namespace) -> Path | None:
                               "copy an earlier build's generated/ there")  # fmt: skip
     if "grouped" not in select_kernels(args):
         raise BenchUsageError("--baseline-modules times the grouped kernel: keep it in --kernels")
-    if parse_index_dtypes(args.index_dtype)[1] is not None:
-        raise BenchUsageError("--baseline-modules and two --index-dtype values are two A/Bs: run one at a time")
+    if parse_index_dtypes(args.index_dtype)[1] is not None or parse_masks(args.mask)[1] is not None:
+        raise BenchUsageError("--baseline-modules and two --index-dtype or --mask values are two A/Bs: run one at "
+                              "a time")
     if args.from_json:
         raise BenchUsageError("--baseline-modules measures: it does not go with --from-json")
     return path
@@ -257,13 +275,14 @@ def baseline_modules_dir(args: argparse.Namespace) -> Path | None:
 
 def batch_invariant_run(args: argparse.Namespace) -> bool:
     """``--batch-invariant``: a run that times the grouped kernel's batch-invariant modules
-    against the default ones, with one kv_indices dtype and no other A/B."""
+    against the default ones, with one kv_indices dtype, one draft mask and no other A/B."""
     if not getattr(args, "batch_invariant", False):
         return False
     if "grouped" not in select_kernels(args):
         raise BenchUsageError("--batch-invariant times the grouped kernel: keep it in --kernels")
-    if parse_index_dtypes(args.index_dtype)[1] is not None or getattr(args, "baseline_modules", None):
-        raise BenchUsageError("--batch-invariant is an A/B, and so are two --index-dtype values and "
+    if (parse_index_dtypes(args.index_dtype)[1] is not None or parse_masks(args.mask)[1] is not None
+            or getattr(args, "baseline_modules", None)):
+        raise BenchUsageError("--batch-invariant is an A/B, and so are two --index-dtype or --mask values and "
                               "--baseline-modules: run one at a time")  # fmt: skip
     if args.from_json:
         raise BenchUsageError("--batch-invariant measures: it does not go with --from-json")
@@ -290,6 +309,8 @@ def run_bench(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.replays < 1:
         raise BenchUsageError("--replays must be at least 1")
+    if parse_index_dtypes(args.index_dtype)[1] is not None and parse_masks(args.mask)[1] is not None:
+        raise BenchUsageError("two --index-dtype and two --mask values are two A/Bs: run one at a time")
     baseline = read_run(args.compare) if args.compare else None  # a bad path fails before measuring
     baseline_modules_dir(args)  # a bad --baseline-modules fails before measuring too
     if batch_invariant_run(args) and baseline is not None and not baseline.meta.batch_invariant:
@@ -329,6 +350,8 @@ def case_line(res: CaseResult) -> str:
     pct = f" {g.pct_copy:5.1f}% copy" if g.pct_copy is not None else ""
     if g.index_ab is not None and g.index_ab.ratio is not None:
         pct += f" {res.case.indices}/{g.index_ab.dtype}={g.index_ab.ratio:.3f}"
+    if g.mask_ab is not None and g.mask_ab.ratio is not None:
+        pct += f" mask {res.case.mask}/{g.mask_ab.mask}={g.mask_ab.ratio:.3f}"
     if g.build_ab is not None:
         pct += f" now/then={g.build_ab.ratio:.3f}" if g.build_ab.ratio is not None else f" then {g.build_ab.status}"
     if g.mode_ab is not None:
@@ -349,6 +372,8 @@ def summary_text(run: BenchRun) -> str:
         lines.append(f"  grouped vs {name}: {g:.2f}x geometric mean over {n} cases")
     for kernel, (title, mid, worst, key, n) in index_ab_summary(run.cases).items():
         lines.append(f"  {kernel} kv_indices {title}: median {mid:.3f} over {n} cases, largest {worst:.3f} at {key}")
+    for kernel, (title, mid, worst, key, n) in mask_ab_summary(run.cases).items():
+        lines.append(f"  {kernel} mask {title}: median {mid:.3f} over {n} cases, largest {worst:.3f} at {key}")
     build = build_ab_summary(run.cases)
     if build is not None:
         lines.append(f"  {build_ab_line(build, run.meta.baseline_modules)}")

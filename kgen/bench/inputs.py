@@ -18,6 +18,10 @@ direction whose score stands ~ln(prefix) above the prefix keys' (``make_case``'s
 ``draft_affinity``), so the draft block carries a visible share of the softmax mass and a
 wrong causal mask on the draft tail shows in the output instead of drowning in a 32K-token
 average.
+
+A masked case (``--mask chain|tree``) hands the kernels SGLang's custom mask: one [L, P + L]
+block per request (its P prefix columns never read), the chain or a random EAGLE-like tree
+per request, shared by the input sets (the kernels read only its L x L draft bits).
 """
 
 from __future__ import annotations
@@ -29,10 +33,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kgen.bench.cases import Case
+from kgen.bench.cases import TREE_TOPK, Case
 from kgen.reference import reference_verify
 from kgen.spec import LayoutSpec, load_layouts
-from kgen.testing import draft_affinity_for, make_case
+from kgen.testing import chain_mask, draft_affinity_for, eagle_tree, make_case, sglang_mask
 
 FP8_K_SCALE = 0.75
 FP8_V_SCALE = 1.25
@@ -67,7 +71,14 @@ class CaseInputs:
     k_scale: float
     v_scale: float
     sm_scale: float
+    # (custom_mask, mask_indptr) in SGLang's layout of each mask the case times ("none": None).
+    masks: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=dict)
     _reference: torch.Tensor | None = field(default=None, repr=False)
+
+    def mask_kwargs(self, mask: str) -> dict[str, torch.Tensor]:
+        """A module's ``launch`` keywords for ``mask`` (empty for the unmasked chain)."""
+        built = self.masks.get(mask)
+        return {} if built is None else {"custom_mask": built[0], "mask_indptr": built[1]}
 
     @property
     def n_sets(self) -> int:
@@ -92,6 +103,16 @@ def _layout(name: str) -> LayoutSpec:
 def case_seed(case: Case, seed: int) -> int:
     """The seed of one case's inputs: the run's seed and the case's key."""
     return seed * 1_000_003 + zlib.crc32(case.key.encode())
+
+
+def draft_masks(case: Case, mask: str, seed: int = 0) -> list[torch.Tensor] | None:
+    """Each request's [L, L] draft mask for ``mask``: None (no mask), the chain, or a random
+    EAGLE-like tree of topk TREE_TOPK (a different one per request)."""
+    if mask == "none":
+        return None
+    if mask == "chain":
+        return [chain_mask(case.draft)] * case.batch
+    return [eagle_tree(case.draft, TREE_TOPK, seed=case_seed(case, seed) + b) for b in range(case.batch)]
 
 
 def build_inputs(case: Case, device: str | torch.device, n_sets: int = 1, seed: int = 0) -> CaseInputs:
@@ -119,6 +140,10 @@ def build_inputs(case: Case, device: str | torch.device, n_sets: int = 1, seed: 
                  kv_indices=part(full.kv_indices, s, per_set), kv_indices_ab=part(ab, s, per_set))
         for s in range(n_sets)
     ]  # fmt: skip
+    masks = {}
+    for mask in dict.fromkeys(m for m in (case.mask, case.mask_ab) if m):
+        blocks = draft_masks(case, mask, seed)
+        masks[mask] = None if blocks is None else sglang_mask(blocks, [case.prefix] * case.batch, device=device)
     return CaseInputs(
         case=case,
         k_buffer=full.k_buffer,
@@ -129,6 +154,7 @@ def build_inputs(case: Case, device: str | torch.device, n_sets: int = 1, seed: 
         k_scale=k_scale,
         v_scale=v_scale,
         sm_scale=1.0 / math.sqrt(case.qk_dim),
+        masks=masks,
     )
 
 
@@ -140,9 +166,10 @@ def gather_rows(buffer: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return buffer[slots]
 
 
-def reference_subset(inputs: CaseInputs) -> torch.Tensor:
+def reference_subset(inputs: CaseInputs, mask: str | None = None) -> torch.Tensor:
     """``kgen.reference.reference_verify`` on the first requests of set 0, over a compact
-    copy of just their slots (fp32 holds FP8 values exactly)."""
+    copy of just their slots (fp32 holds FP8 values exactly), with ``mask`` (default: the
+    case's)."""
     case, s0 = inputs.case, inputs.sets[0]
     n = inputs.check_requests
     rows, toks = n * case.draft, n * case.prefix
@@ -161,6 +188,7 @@ def reference_subset(inputs: CaseInputs) -> torch.Tensor:
         inputs.k_scale,
         inputs.v_scale,
         inputs.sm_scale,
+        **inputs.mask_kwargs(mask or case.mask),
     )
 
 

@@ -58,6 +58,8 @@ class KernelRun:
     error: str | None = None
     index_dtype: str | None = None  # the kv_indices dtype fn launches with (kgen kernels)
     alt: KernelRun | None = None  # the same kernel on the other kv_indices dtype, timed in alternation
+    mask: str | None = None  # the draft mask fn launches with (a mask A/B's other side)
+    mask_alt: KernelRun | None = None  # the same kernel with the case's other mask, timed in alternation
     baseline: KernelRun | None = None  # the same kernel of an earlier build, timed in alternation
     baseline_modules: str = ""  # where ``baseline``'s module came from
     module: str = ""  # the generated module fn launches (its URI; kgen kernels)
@@ -95,6 +97,13 @@ class IndexAB(Alternated):
     dtype: str
 
 
+class MaskAB(Alternated):
+    """A kgen kernel with the case's other draft mask (``--mask a,b``, e.g. tree against the
+    unmasked chain): ratio > 1 means the case's own mask is slower."""
+
+    mask: str
+
+
 class BuildAB(Alternated):
     """The same-named grouped module of an earlier build (``--baseline-modules DIR``): ratio
     > 1 means the current build is slower there."""
@@ -123,6 +132,7 @@ class KernelResult(Measured):
     scratch_bytes: int | None = None
     shared_from: str | None = None
     index_ab: IndexAB | None = None
+    mask_ab: MaskAB | None = None
     build_ab: BuildAB | None = None
     mode_ab: ModeAB | None = None
 
@@ -193,7 +203,8 @@ def measure_kernel(
 ) -> KernelResult:
     """Check once, then time. A wrong result is still timed (status ``failed``), so the
     report shows how fast the wrong kernel was; an exception ends the kernel (``error``).
-    With ``run.alt`` both index dtypes are checked and timed in alternation (``timer.pair``)."""
+    With ``run.alt`` both index dtypes are checked and timed in alternation (``timer.pair``),
+    with ``run.mask_alt`` both draft masks."""
     base: dict[str, Any] = {
         "choice": run.choice,
         "scratch_bytes": run.scratch_bytes,
@@ -212,6 +223,9 @@ def measure_kernel(
     if run.alt is not None and run.alt.fn is not None:
         label = {"dtype": run.alt.index_dtype or "?"}
         return _measure_pair(run, run.alt, timer, {**base, "status": status}, nbytes, copy_gbps, "index_ab", label)
+    if run.mask_alt is not None:
+        label = {"mask": run.mask_alt.mask or "?"}
+        return _measure_pair(run, run.mask_alt, timer, {**base, "status": status}, nbytes, copy_gbps, "mask_ab", label)
     if run.baseline is not None:
         label = {"modules": run.baseline_modules}
         return _measure_pair(run, run.baseline, timer, {**base, "status": status}, nbytes, copy_gbps, "build_ab", label)
@@ -226,8 +240,10 @@ def measure_kernel(
     return _timed_result({**base, "status": status}, timing, nbytes, copy_gbps)
 
 
-AB_MODELS: dict[str, type[Alternated]] = {"index_ab": IndexAB, "build_ab": BuildAB, "mode_ab": ModeAB}
-AB_WHAT = {"index_ab": "two index dtypes", "build_ab": "two builds", "mode_ab": "two modes"}
+AB_MODELS: dict[str, type[Alternated]] = {"index_ab": IndexAB, "mask_ab": MaskAB, "build_ab": BuildAB,
+                                          "mode_ab": ModeAB}
+AB_WHAT = {"index_ab": "two index dtypes", "mask_ab": "two draft masks", "build_ab": "two builds",
+           "mode_ab": "two modes"}
 
 
 def _measure_pair(

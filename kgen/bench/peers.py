@@ -40,6 +40,7 @@ from kgen.bench.inputs import (
     build_inputs,
     build_peer_inputs,
     draft_mask,
+    reference_subset,
     rows_from_folded,
     rows_from_heads,
 )
@@ -140,16 +141,18 @@ def baseline_run(case: Case, inputs: CaseInputs, variant: str, current: ModuleTy
     path = Path(modules) / Path(str(getattr(current, "__file__", ""))).name
     if not path.is_file():
         return KernelRun(error=f"baseline: {modules} has no {path.name} (copy an earlier build's generated/ there)")
-    return kgen_run(replace(case, index_dtype_ab=None), inputs, variant, loader=lambda *a: module_from_file(path))
+    return kgen_run(replace(case, index_dtype_ab=None, mask_ab=None), inputs, variant,
+                    loader=lambda *a: module_from_file(path))
 
 
 def kgen_run(
     case: Case, inputs: CaseInputs, variant: str, loader: Loader | None = None, baseline_modules: Path | None = None,
     batch_invariant: bool = False,
 ) -> KernelRun:
-    """The generated module's ``launch`` on set ``i`` with the case's kv_indices dtype; the
-    check NaN-fills o first. A case with ``index_dtype_ab`` also gets ``alt``: the same
-    launch on the other dtype's page table, timed in alternation with this one. With
+    """The generated module's ``launch`` on set ``i`` with the case's kv_indices dtype and
+    mask; the check NaN-fills o first. A case with ``index_dtype_ab`` also gets ``alt``: the
+    same launch on the other dtype's page table, timed in alternation with this one; one with
+    ``mask_ab`` gets ``mask_alt``: the same launch with the other mask. With
     ``baseline_modules`` the grouped kernel also gets ``baseline``: the same-named module of
     that directory (an earlier build), timed in alternation with this one. With
     ``batch_invariant`` the grouped kernel is the batch-invariant module and gets
@@ -165,20 +168,25 @@ def kgen_run(
         return KernelRun(error=f"load {variant}: {_short(exc)}")
     arch, num_sms = device_facts(inputs.k_buffer.device)
 
-    def launcher(dtype: str) -> tuple[Callable[[int], None], Callable[[], float]]:
+    def launcher(dtype: str, mask: str) -> tuple[Callable[[int], None], Callable[[], float]]:
+        mask_kwargs = inputs.mask_kwargs(mask)
+
         def fn(i: int) -> None:
             s = inputs.sets[i]
             module.launch(
                 s.q, s.k_extend, s.v_extend, s.o, inputs.k_buffer, inputs.v_buffer,
                 inputs.qo_indptr, inputs.kv_indptr, s.indices(dtype), case.draft,
-                inputs.k_scale, inputs.v_scale,
+                inputs.k_scale, inputs.v_scale, **mask_kwargs,
             )  # fmt: skip
 
         def check() -> float:
             s0 = inputs.sets[0]
             s0.o.fill_(float("nan"))
             fn(0)
-            return _check_rows(s0.o, inputs)
+            # A tree gives other outputs than a chain: the other side of a mask A/B is
+            # checked against its own reference.
+            reference = inputs.reference() if mask == case.mask else reference_subset(inputs, mask)
+            return _check_rows(s0.o, inputs, reference)
 
         return fn, check
 
@@ -186,11 +194,14 @@ def kgen_run(
         scratch = scratch_bytes_of(module, case, arch, num_sms)
     except Exception:  # noqa: BLE001 - reported as unknown
         scratch = None
-    fn, check = launcher(case.indices)
-    alt = None
+    fn, check = launcher(case.indices, case.mask)
+    alt = mask_alt = None
     if case.index_dtype_ab:
-        fn_ab, check_ab = launcher(case.index_dtype_ab)
+        fn_ab, check_ab = launcher(case.index_dtype_ab, case.mask)
         alt = KernelRun(fn=fn_ab, n_sets=inputs.n_sets, check=check_ab, index_dtype=case.index_dtype_ab)
+    if case.mask_ab:
+        fn_ab, check_ab = launcher(case.indices, case.mask_ab)
+        mask_alt = KernelRun(fn=fn_ab, n_sets=inputs.n_sets, check=check_ab, mask=case.mask_ab)
     run = KernelRun(
         fn=fn,
         n_sets=inputs.n_sets,
@@ -199,6 +210,7 @@ def kgen_run(
         scratch_bytes=scratch,
         index_dtype=case.indices,
         alt=alt,
+        mask_alt=mask_alt,
         module=str(getattr(module, "URI", "")),
     )
     if baseline_modules is not None and variant == HEADLINE_KERNEL:
@@ -207,10 +219,10 @@ def kgen_run(
     return run
 
 
-def _check_rows(out_rows: torch.Tensor, inputs: CaseInputs) -> float:
+def _check_rows(out_rows: torch.Tensor, inputs: CaseInputs, reference: torch.Tensor | None = None) -> float:
     """The max-norm relative error of the first checked rows against the reference."""
     rows = inputs.check_requests * inputs.case.draft
-    return relative_error(out_rows[:rows], inputs.reference(), "max")
+    return relative_error(out_rows[:rows], inputs.reference() if reference is None else reference, "max")
 
 
 # ---------------------------------------------------------------------------- FlexAttention
@@ -518,6 +530,9 @@ class DeviceProvider:
         return run
 
     def _peers(self, case: Case, inputs: CaseInputs, names: list[str]) -> dict[str, KernelRun]:
+        if case.masked:  # the peers' kernels here take the causal chain only
+            return {name: KernelRun(unsupported=f"the peers are timed on the causal chain, not a {case.mask} mask")
+                    for name in names}
         pin = build_peer_inputs(inputs)
         runs: dict[str, KernelRun] = {}
         for name in names:

@@ -217,6 +217,10 @@ def _header(run: BenchRun) -> list[str]:
     for kernel, (title, mid, worst, key, n) in index_ab_summary(run.cases).items():
         lines.append(f"- {KERNEL_TITLES[kernel]} kv_indices {title}: median **{mid:.3f}** over {n} cases "
                      f"(largest {worst:.3f} at {key}), each the median of alternated graph replays")  # fmt: skip
+    for kernel, (title, mid, worst, key, n) in mask_ab_summary(run.cases).items():
+        lines.append(f"- {KERNEL_TITLES[kernel]} draft mask {title} (time with the first / the second): median "
+                     f"**{mid:.3f}** over {n} cases (largest {worst:.3f} at {key}), each the median of alternated "
+                     "graph replays")  # fmt: skip
     build = build_ab_summary(run.cases)
     if build is not None:
         lines.append(f"- {build_ab_line(build, m.baseline_modules)}, each the median of alternated graph replays")
@@ -650,6 +654,22 @@ def index_ab_summary(cases: Sequence[CaseResult]) -> dict[str, tuple[str, float,
             ab = c.kernels[kernel].index_ab if kernel in c.kernels else None
             if ab is not None and ab.ratio is not None:
                 pts.append((ab.ratio, c.key, f"{c.case.indices}/{ab.dtype}"))
+        if pts:
+            worst = max(pts)
+            out[kernel] = (pts[0][2], statistics.median(p[0] for p in pts), worst[0], worst[1], len(pts))
+    return out
+
+
+def mask_ab_summary(cases: Sequence[CaseResult]) -> dict[str, tuple[str, float, float, str, int]]:
+    """Per kgen kernel with an A/B of draft masks (``--mask a,b``): ("a/b", median of the
+    cases' ratios, the largest ratio, its case key, number of cases)."""
+    out: dict[str, tuple[str, float, float, str, int]] = {}
+    for kernel in KGEN_KERNELS:
+        pts: list[tuple[float, str, str]] = []
+        for c in cases:
+            ab = c.kernels[kernel].mask_ab if kernel in c.kernels else None
+            if ab is not None and ab.ratio is not None:
+                pts.append((ab.ratio, c.key, f"{c.case.mask}/{ab.mask}"))
         if pts:
             worst = max(pts)
             out[kernel] = (pts[0][2], statistics.median(p[0] for p in pts), worst[0], worst[1], len(pts))

@@ -107,6 +107,8 @@ def run_job(job: WarmJob, device: str) -> None:
     run.fn(0)
     if run.alt is not None and run.alt.fn is not None:  # the A/B's other kv_indices dtype
         run.alt.fn(0)
+    if run.mask_alt is not None and run.mask_alt.fn is not None:  # the A/B's other draft mask
+        run.mask_alt.fn(0)
 
 
 def worker_main(path: str, device: str) -> int:

@@ -96,11 +96,19 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                  f"every program is fitted for drafts of {DRAFT_ROWS} (BLOCK_H and L_PAD from the fit rules at "
                  f"L = {DRAFT_ROWS}) whatever the batch's longest draft: the rows a program holds decide its "
                  "matrix instruction (wgmma from 64 rows) and where its draft tile runs. Longer drafts take "
-                 "cdiv(L, L_PAD) draft blocks, one program each; at L <= "
+                 "cdiv(L, L_PAD) row blocks, one program each (a runtime argument, where the default's "
+                 "ROW_BLOCKS is a constexpr); at L <= "
                  f"{DRAFT_ROWS} the programs are the default's at L = {DRAFT_ROWS} (GQA 256 group 16: 16 heads "
                  "x 4 rows)"),
-        Decision(NAME, "DRAFT_N", "max(16, next_pow2(MAX_DRAFT_TOKENS))",
-                 "the draft tile is as wide as the longest draft the module takes, for every batch"),
+        Decision(NAME, "draft columns", "DRAFT_N = max(16, L_PAD) wide tiles from column 0",
+                 "every program walks the draft columns its rows may see (all of the request's draft under a "
+                 "custom mask, up to its last row's token in a chain) in tiles of DRAFT_N, from column 0: the "
+                 "request's own draft length decides the tiles, never the batch's longest (the default takes "
+                 "one tile where L_PAD holds the whole draft)"),
+        Decision(NAME, "draft mask", "custom_mask governs, read on the device (HAS_MASK)",
+                 "a tree runs the Triton prefix stage with the same fixed programs, splits and merge as a chain: "
+                 "whether a call has a mask is the call's, not the batch's, and the mask's bits are read per "
+                 "request"),
         Decision(NAME, "tokens per split", TOKENS_PER_SPLIT,
                  f"split k of every request covers prefix tokens [k x {TOKENS_PER_SPLIT}, (k + 1) x "
                  f"{TOKENS_PER_SPLIT}): a fixed split size, not a count (Thinking Machines, 'Defeating "

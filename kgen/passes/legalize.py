@@ -8,7 +8,8 @@ from kgen.plan import Decision, Plan, Tiles
 from kgen.rules import MAX_ROWS, MIN_DOT, next_pow2
 
 NAME = "legalize"
-MAX_DRAFT_TOKENS = 16  # EAGLE chains are 1..8 tokens; longer ones fall back
+# EAGLE chains are 1..8 tokens; trees (topk > 1) 8..64 (topk 4 with 3 steps gives up to 64).
+MAX_DRAFT_TOKENS = 64
 MERGE_BLOCK_DV_CAP = 64  # V columns per merge program
 MERGE_ROWS = 16  # (head, draft) rows per merge program
 MERGE_SPLIT_CHUNK = 8  # splits a merge program has in flight at once
@@ -40,12 +41,15 @@ def legalize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                  "tl.dot needs >= 16 rows: R = BLOCK_H x L_PAD; computed by the launcher from "
                  "the Python int max_len_extend"),
         Decision(NAME, "DRAFT_N rule", "max(16, L_PAD)",
-                 "the causal draft block runs on tensor cores: >= 16 draft columns, masked"),
+                 "the draft block runs on tensor cores: >= 16 draft columns, masked; a program whose "
+                 "draft rows are split over several (ROW_BLOCKS > 1) loops over DRAFT_N-wide tiles of "
+                 "every draft column its rows can see"),
         Decision(NAME, "MAX_ROWS", MAX_ROWS,
                  "BLOCK_H is halved at launch until BLOCK_H x L_PAD fits this row budget (and the "
                  "target's accumulator registers: see the fit pass)"),
         Decision(NAME, "MAX_DRAFT_TOKENS", MAX_DRAFT_TOKENS,
-                 "longer draft chains are refused (can_handle False) and fall back"),
+                 "EAGLE trees (topk 4, 3 steps) reach 64 draft tokens; a draft longer than one program's "
+                 "rows is split over programs, and longer drafts are refused (can_handle False) and fall back"),
         Decision(NAME, "MERGE_BLOCK_DV", merge_block_dv,
                  f"the merge stage is a log-sum-exp combine with no dot: V's {block_dv} columns go "
                  f"to programs of at most {MERGE_BLOCK_DV_CAP} so the grid is wide enough to stream "

@@ -74,6 +74,11 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                      "282.2 -> 273.9 us); 16-row programs ran slower before (group 4: 256.0 -> 268.5 us), "
                      "64-row ones spill 20 B before and none after" if either else
                      "after the loop: the per-head baseline keeps its measured placement"),
+            Decision(NAME, "draft mask", "HAS_MASK constexpr",
+                     "a tree's custom mask is read on the device by the draft tile alone (the prefix loop "
+                     "reads none); HAS_MASK False compiles the causal chain with no mask parameter or code, so a "
+                     "chain costs nothing for the trees. A draft longer than one program's rows goes to "
+                     "ROW_BLOCKS programs (kgen/rules.py, draft_row_blocks)"),
             Decision(NAME, "full tiles", "whole-tile loop + partial-tile loop" if unmasked_full_tiles else "one loop",
                      "MLA BF16: whole tiles in a loop without the -inf score select, then the partial tile; "
                      "H200, batch 64, prefix 16K, 64-token tiles: 684 against 719 us in one loop"

@@ -13,6 +13,7 @@ from kgen.runtime.adapters import (
     get_chain,
     sglang_verify_for,
     verify_chain_for,
+    vllm_tree_mask,
     vllm_verify_for,
 )
 from kgen.runtime.attend import GeneralPath, general_verify
@@ -53,5 +54,6 @@ __all__ = [
     "scan_inventory",
     "sglang_verify_for",
     "verify_chain_for",
+    "vllm_tree_mask",
     "vllm_verify_for",
 ]

@@ -9,7 +9,8 @@ are imported. A call then only checks tensor metadata and launches.
   With ``defer_general=True`` it returns False when no kernel accepts, so the engine keeps
   running its own ``extend_attention_fwd``; otherwise kgen's general path runs.
 - ``VLLMVerify`` takes vLLM's names (``seq_lens`` counts the new tokens too,
-  ``query_start_loc`` is ``qo_indptr``) and converts them on the device, without syncs.
+  ``query_start_loc`` is ``qo_indptr``, ``tree_attn_bias`` the tree backend's one tree for
+  the batch) and converts them on the device, without syncs.
 """
 
 from __future__ import annotations
@@ -32,11 +33,9 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def get_chain(
-    layout: str | None, kv_dtype: str, q_dtype: str, start: PathName = "grouped", topk: int = 1
-) -> VerifyChain:
+def get_chain(layout: str | None, kv_dtype: str, q_dtype: str, start: PathName = "grouped") -> VerifyChain:
     """A chain with the default loader, built once per specialization and process."""
-    return VerifyChain(layout, kv_dtype, q_dtype, start=start, topk=topk)
+    return VerifyChain(layout, kv_dtype, q_dtype, start=start)
 
 
 class SGLangVerify:
@@ -80,12 +79,25 @@ def vllm_window(sliding_window: int | tuple[int, int] | None) -> int:
     return sliding_window - 1 if sliding_window > 0 else -1
 
 
+def vllm_tree_mask(tree_attn_bias: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(custom_mask, mask_indptr) of the paged entry for vLLM's tree: ``tree_attn_bias`` is the
+    tree backend's ``[T, T]`` float bias (0 where query token i sees draft token j, -inf
+    elsewhere), one tree for every request, which its ``unified_attention`` applies on top of
+    causality. Every request reads the same rows (``mask_indptr`` all zeros): no copy per
+    request, on the device, graph-safe."""
+    if tree_attn_bias.dim() != 2 or tree_attn_bias.shape[0] != tree_attn_bias.shape[1]:
+        raise ValueError(f"tree_attn_bias must be a square [T, T] bias, got shape {tuple(tree_attn_bias.shape)}")
+    mask = torch.tril(tree_attn_bias == 0)
+    return mask, torch.zeros(batch + 1, dtype=torch.int32, device=tree_attn_bias.device)
+
+
 class VLLMVerify:
     """vLLM's call shape (block tables) over a ``VerifyChain``.
 
     ``key_cache``/``value_cache`` are ``[num_blocks, block_size, H_kv, D]`` (FlashAttention's
     ``kv_cache.unbind(0)``); the draft tokens' K/V come from ``key``/``value``, so they need
-    not be written into the cache before the call.
+    not be written into the cache before the call. ``tree_attn_bias`` (vLLM's tree attention
+    backend, ``TreeAttentionMetadata.tree_attn_bias``) turns tree verification on.
     """
 
     def __init__(self, chain: VerifyChain, *, decision: GateDecision | None = None) -> None:
@@ -110,9 +122,11 @@ class VLLMVerify:
         logits_soft_cap: float | None = None,
         sliding_window: int | tuple[int, int] | None = None,
         sinks: torch.Tensor | None = None,
+        tree_attn_bias: torch.Tensor | None = None,
     ) -> PathName:
         """Write ``output`` and return the path that ran. ``seq_lens`` counts each request's
-        committed prefix plus its draft tokens (vLLM's meaning)."""
+        committed prefix plus its draft tokens (vLLM's meaning); ``tree_attn_bias`` is the
+        tree backend's [T, T] bias (``vllm_tree_mask``), None for a chain."""
         if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
             raise ValueError("query_start_loc must be a 1-D tensor of batch_size + 1 offsets")
         bs = query_start_loc.numel() - 1
@@ -120,7 +134,10 @@ class VLLMVerify:
             raise ValueError(f"seq_lens must be a tensor with one length per request ({bs})")
         draft = query_start_loc[1:] - query_start_loc[:-1]
         prefix_lens = (seq_lens[:bs] - draft).to(torch.int32)
+        custom_mask, mask_indptr = vllm_tree_mask(tree_attn_bias, bs) if tree_attn_bias is not None else (None, None)
         features = Features(
+            custom_mask=custom_mask,
+            mask_indptr=mask_indptr,
             sliding_window_size=vllm_window(sliding_window),
             sinks=sinks,
             logit_cap=float(logits_soft_cap or 0.0),
@@ -133,10 +150,10 @@ class VLLMVerify:
         )  # fmt: skip
 
 
-def _chain_for(decision: GateDecision, kv: str, q: str, topk: int, loader: Loader | None) -> VerifyChain:
+def _chain_for(decision: GateDecision, kv: str, q: str, loader: Loader | None) -> VerifyChain:
     if loader is None:
-        return get_chain(decision.layout, kv, q, decision.path, topk)
-    return VerifyChain(decision.layout, kv, q, start=decision.path, loader=loader, topk=topk)
+        return get_chain(decision.layout, kv, q, decision.path)
+    return VerifyChain(decision.layout, kv, q, start=decision.path, loader=loader)
 
 
 def verify_chain_for(
@@ -172,7 +189,7 @@ def verify_chain_for(
         group_size=num_q_heads // num_kv_heads, num_local_kv_heads=num_kv_heads, kv_dtype=kv, q_dtype=q,
     )  # fmt: skip
     decision = gate_from_env(query, device_arch=device_arch, env=env, inventory=inventory)
-    return _chain_for(decision, kv, q, topk, loader), decision
+    return _chain_for(decision, kv, q, loader), decision
 
 
 def sglang_verify_for(*, defer_general: bool = False, **model: Any) -> SGLangVerify:

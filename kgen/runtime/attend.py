@@ -1,10 +1,10 @@
 """The general verify path: plain torch, every valid input, the prefix streamed in chunks.
 
 It is the last level of the chain, so it must accept everything the fast kernels refuse:
-tree masks for ``topk > 1`` (SGLang's ``custom_mask`` / ``mask_indptr`` layout), masks on
-the prefix (``skip_prefix_custom_mask=False``), sliding windows, tanh logit caps, attention
-sinks, non-causal drafts, xai temperature, any dtype, any group size, and vLLM-style
-block tables as well as SGLang's flat token-slot indices. Validation lives in
+masks on the prefix (``skip_prefix_custom_mask=False``), sliding windows, tanh logit caps,
+attention sinks, non-causal drafts without a mask, xai temperature, any dtype, any group
+size, tree masks (SGLang's ``custom_mask`` / ``mask_indptr`` layout, or the paged rows) with
+any of those, and vLLM-style block tables as well as SGLang's flat token-slot indices. Validation lives in
 ``kgen.runtime.validate``; this module is the attention math.
 
 It is written independently of ``kgen.reference`` (which stays the tests' oracle): all
@@ -25,7 +25,9 @@ with prefix length ``P`` and draft length ``L``, draft row ``i`` (0-based), colu
   only columns within ``W`` positions (``P + i <= j + W`` on the prefix, ``i <= j + W`` on
   the draft);
 - custom mask bit of (i, column c) sits at ``mask_indptr[b] + i * (P + L + off) + off + c``
-  where ``off = window_kv_offsets[b]`` when a sliding window is on, else 0;
+  where ``off = window_kv_offsets[b]`` when a sliding window is on, else 0; a paged call's
+  mask holds draft columns only: the bit of (i, draft column j) is
+  ``custom_mask[mask_indptr[b] + i, j]``;
 - sinks: one logit per query head added to the softmax denominator only;
 - P.V of prefix columns times ``v_scale``; a row that sees nothing writes zeros.
 """
@@ -128,6 +130,7 @@ class _Batch:
     rows: torch.Tensor  # [bs, L] token row of (request, draft position)
     row_valid: torch.Tensor  # [bs, L]
     mask_base: torch.Tensor | None  # [bs, L] custom-mask offset of column 0 of each row
+    mask_draft_col: torch.Tensor | None  # [bs] the mask column of draft column 0 (P; 0 for paged rows)
 
 
 class _Softmax:
@@ -187,7 +190,7 @@ def _custom_bits(f: Features, batch: _Batch, cols: torch.Tensor, valid: torch.Te
     return (flat[idx] != 0) & ok
 
 
-def _make_batch(qo_indptr: torch.Tensor, plens: torch.Tensor, f: Features) -> tuple[_Batch, int]:
+def _make_batch(qo_indptr: torch.Tensor, plens: torch.Tensor, f: Features, paged: bool) -> tuple[_Batch, int]:
     bs = qo_indptr.numel() - 1
     start = qo_indptr[:-1].to(torch.int64)
     qlens = (qo_indptr[1:] - qo_indptr[:-1]).to(torch.int64)
@@ -196,12 +199,17 @@ def _make_batch(qo_indptr: torch.Tensor, plens: torch.Tensor, f: Features) -> tu
     lpos = torch.arange(max_draft, device=qo_indptr.device)
     row_valid = lpos[None, :] < qlens[:, None]
     rows = torch.where(row_valid, start[:, None] + lpos[None, :], 0)
-    mask_base = None
-    if f.custom_mask is not None:
+    mask_base = mask_draft_col = None
+    if f.custom_mask is not None and paged:  # row mask_indptr[b] + i of a [rows, W] mask, draft columns only
+        width = f.custom_mask.shape[1]
+        mask_base = (f.mask_indptr[:bs].to(torch.int64)[:, None] + lpos[None, :]) * width  # type: ignore[index]
+        mask_draft_col = torch.zeros_like(plens)
+    elif f.custom_mask is not None:
         off = f.window_offsets(bs, qo_indptr.device)
         seq = plens + qlens + off
         mask_base = f.mask_indptr[:bs].to(torch.int64)[:, None] + lpos[None, :] * seq[:, None] + off[:, None]  # type: ignore[index]
-    return _Batch(bs, max_draft, qlens, plens, rows, row_valid, mask_base), max_prefix
+        mask_draft_col = plens
+    return _Batch(bs, max_draft, qlens, plens, rows, row_valid, mask_base, mask_draft_col), max_prefix
 
 
 def _prefix_visible(f: Features, batch: _Batch, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -222,7 +230,7 @@ def _draft_visible(f: Features, batch: _Batch) -> torch.Tensor:
     col_ok = (lpos[None, :] < batch.qlens[:, None])[:, None, :]  # [bs, 1, L]
     vis = batch.row_valid[:, :, None] & col_ok
     if f.custom_mask is not None:
-        cols = batch.plens[:, None] + lpos[None, :]
+        cols = batch.mask_draft_col[:, None] + lpos[None, :]  # type: ignore[index]
         vis = vis & _custom_bits(f, batch, cols, col_ok)
     elif f.is_causal:
         vis = vis & (lpos[None, :, None] >= lpos[None, None, :])
@@ -266,7 +274,7 @@ def attend(
         return
     sm = 1.0 / math.sqrt(d_qk) if call.sm_scale is None else float(call.sm_scale)
     ks, vs = _scalar(call.k_scale, cd, dev), _scalar(call.v_scale, cd, dev)
-    batch, max_prefix = _make_batch(qo_indptr, prefix.lengths(), f)
+    batch, max_prefix = _make_batch(qo_indptr, prefix.lengths(), f, isinstance(call, PagedCall))
     if batch.max_draft == 0:
         return
     q = q_extend[batch.rows].to(cd).reshape(batch.bs, batch.max_draft, h_kv, group, d_qk)

@@ -20,7 +20,13 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 @dataclass(frozen=True)
 class Features:
-    """Everything beyond a plain causal chain; the fast kernels refuse most of it."""
+    """Everything beyond a plain causal chain; the fast kernels take a custom mask (a tree) and
+    refuse the rest.
+
+    ``custom_mask``/``mask_indptr``: in a ``VerifyCall`` SGLang's layout (request b's row-major
+    [L, P + L] block from ``mask_indptr[b]``); in a ``PagedCall`` the paged entry's rows (draft
+    token i of request b reads row ``mask_indptr[b] + i`` of a 2-D [rows, W] mask, columns
+    0..L-1: draft columns only, every draft token sees the whole prefix)."""
 
     custom_mask: torch.Tensor | None = None
     mask_indptr: torch.Tensor | None = None
@@ -43,6 +49,16 @@ class Features:
             and not self.logit_cap
             and self.xai_temperature_len <= 0
         )
+
+    def paged_kernel_mask(self) -> dict[str, torch.Tensor] | None:
+        """The mask keywords of a module's ``verify_paged_fwd`` for these features (empty for a
+        causal chain), or None when it has no argument for one of them (window, cap, sinks,
+        temperature, full draft attention without a mask)."""
+        if self.sliding_window_size > 0 or self.sinks is not None or self.logit_cap or self.xai_temperature_len > 0:
+            return None
+        if self.custom_mask is None:
+            return {} if self.is_causal else None
+        return {"custom_mask": self.custom_mask, "mask_indptr": self.mask_indptr}
 
     def describe(self) -> str:
         """The extras in words (``"plain causal"`` when there are none)."""
@@ -141,7 +157,9 @@ class VerifyCall:
 class PagedCall:
     """A verify call over vLLM-style pages: ``k_cache``/``v_cache [num_blocks, page, H_kv, D]``,
     request b's token t at ``cache[block_table[b, t // page], t % page]``, ``prefix_lens``
-    the committed prefix of each request. Kernels take it only when ``features.plain``."""
+    the committed prefix of each request. A tree's ``features.custom_mask`` is in the paged
+    entry's rows (see ``Features``). Kernels take it when ``features.paged_kernel_mask()``
+    is not None."""
 
     q_extend: torch.Tensor
     k_extend: torch.Tensor

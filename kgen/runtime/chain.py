@@ -22,13 +22,7 @@ from kgen.env import env_flag
 from kgen.runtime.attend import GeneralPath
 from kgen.runtime.call import PagedCall, VerifyCall, sglang_signature
 from kgen.runtime.gate import PATHS, PathName
-from kgen.runtime.validate import (
-    check_chain_mask,
-    check_flat_indices,
-    check_paged_indices,
-    validate_flat,
-    validate_paged,
-)
+from kgen.runtime.validate import check_flat_indices, check_paged_indices, validate_flat, validate_paged
 
 CHECK_INDICES_ENV = "KGEN_CHECK_INDICES"
 KERNEL_PATHS: tuple[PathName, ...] = ("grouped", "per_head")
@@ -68,10 +62,10 @@ class VerifyChain:
 
     ``layout``/``kv_dtype``/``q_dtype`` name the generated modules to use; ``start`` is
     usually the gate's ``GateDecision.path``. ``loader`` replaces ``kgen.load`` (tests pass
-    fake modules that follow the module contract). ``topk`` is EAGLE's: at 1 a custom mask
-    is SGLang's chain mask and kernels may ignore it (``check_indices`` verifies that); above
-    1 masked calls go to the general path. ``last_path`` records which level ran the
-    latest call, ``counts`` how often each did.
+    fake modules that follow the module contract). Calls with a custom mask (EAGLE trees, or
+    SGLang's chain written as a mask at topk = 1) go to the kernels like any other: the
+    modules read the mask on the device, and one they cannot read they refuse. ``last_path``
+    records which level ran the latest call, ``counts`` how often each did.
     """
 
     def __init__(
@@ -84,7 +78,6 @@ class VerifyChain:
         loader: Loader | None = None,
         general: GeneralPath | None = None,
         check_indices: bool | None = None,
-        topk: int = 1,
     ) -> None:
         if start not in PATHS:
             raise ValueError(f"start must be one of {', '.join(PATHS)}, got {start!r}")
@@ -97,10 +90,6 @@ class VerifyChain:
         self._kernels = tuple(lv for lv in self.levels if lv.module is not None)
         self.general = general or GeneralPath()
         self.check_indices = env_flag(CHECK_INDICES_ENV) if check_indices is None else check_indices
-        # SGLang's convention: at topk == 1 the custom mask it passes encodes the causal
-        # chain, and kernels do not read it (reading it would need a host sync). At
-        # topk > 1 the mask is a tree, so calls that carry one skip the kernels.
-        self.topk = topk
         self.last_path: PathName | None = None
         self.counts: dict[str, int] = dict.fromkeys(PATHS, 0)
 
@@ -118,18 +107,13 @@ class VerifyChain:
         self.counts[path] += 1
         return path
 
-    def _kernels_may_run(self, call: VerifyCall) -> bool:
-        return bool(self._kernels) and (call.custom_mask is None or self.topk == 1)
-
     def _validate_flat(self, call: VerifyCall) -> None:
         validate_flat(call)
         if self.check_indices:
             check_flat_indices(call)
-            if self._kernels_may_run(call):
-                check_chain_mask(call.qo_indptr, call.prefix_lens(), call.features)
 
     def _kernels_flat(self, call: VerifyCall) -> PathName | None:
-        if call.max_len_extend is None or not self._kernels_may_run(call):
+        if call.max_len_extend is None:
             return None
         args = call.as_sglang_args()
         for lv in self._kernels:
@@ -170,17 +154,18 @@ class VerifyChain:
         return self.run(VerifyCall.from_sglang(*args, **kwargs))
 
     def run_paged(self, call: PagedCall) -> PathName:
-        """vLLM-style pages. Kernels take only plain causal calls (their ``verify_paged_fwd``
-        has no mask/cap/window/sink arguments); anything else goes straight to the general
-        path, which gathers pages chunk by chunk."""
+        """vLLM-style pages. Kernels take causal chains and trees (a custom mask in the paged
+        entry's rows); their ``verify_paged_fwd`` has no cap/window/sink arguments, so calls
+        with those go straight to the general path, which gathers pages chunk by chunk."""
         validate_paged(call)
         if self.check_indices:
             check_paged_indices(call)
-        if call.features.plain and call.max_len_extend is not None:
+        mask = call.features.paged_kernel_mask()
+        if mask is not None and call.max_len_extend is not None:
             for lv in self._kernels:
                 if lv.module.verify_paged_fwd(
                     *call.tensors, call.max_len_extend, k_scale=call.k_scale, v_scale=call.v_scale,
-                    sm_scale=call.sm_scale, config=call.config,
+                    sm_scale=call.sm_scale, config=call.config, **mask,
                 ):  # fmt: skip
                     return self._ran(lv.name)
         self.general.run(call)

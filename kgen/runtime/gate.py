@@ -4,9 +4,10 @@ SGLang's ``_should_use_verify_shared_kv`` hard-codes one GPU (gfx950), two model
 and "exactly one TP-local KV head" in ``if`` chains. kgen generalizes it:
 
 - which model architectures use which layout is data (``LayoutSpec.architectures``);
-- the grouped kernel is chosen wherever ``topk == 1``, a generated module exists for the
-  layout and dtypes, and a block config exists for the arch (a table entry, tuned or
-  hand-picked, or the built-in default);
+- the grouped kernel is chosen wherever a generated module exists for the layout and
+  dtypes and a block config exists for the arch (a table entry, tuned or hand-picked, or the
+  built-in default), for chains (``topk == 1``) and trees (``topk > 1``) alike: the modules
+  read a tree's custom mask on the device;
 - several TP-local KV heads are fine (the kernel has a program group per KV head), the
   decision follows the layout and the reason says so.
 
@@ -219,13 +220,6 @@ def _decide(
         return trace.done("general", layout, "no GPU: the Triton kernels need one (or TRITON_INTERPRET=1)")
     if arch == INTERPRETER_ARCH:
         trace.note("no GPU, TRITON_INTERPRET=1: kernels run in Triton's CPU interpreter (tests only)")
-    if query.topk != 1:
-        return trace.done(
-            "general",
-            layout,
-            f"topk={query.topk}: the draft is a tree with a custom mask; the fast kernels verify a "
-            "causal chain (topk=1) only",
-        )
     if spec is None:
         return trace.done("general", None, why)
     return _decide_for_layout(trace, spec, arch, query, inventory)
@@ -262,8 +256,9 @@ def _decide_for_layout(trace: _Trace, spec: LayoutSpec, arch: str, query: GateQu
     if config is None:
         why = f"no block config for {arch} and no built-in default (kgen/tables/defaults.json)"
         return _fallback(trace, spec.name, why, per_head_ok, per_head_uri)
+    draft = "a chain" if query.topk == 1 else "a tree (the module reads its custom mask)"
     reason = (
-        f"topk=1, layout {spec.name!r} (group {group_size}), module {grouped_uri}, {config}; "
+        f"topk={query.topk}: {draft}, layout {spec.name!r} (group {group_size}), module {grouped_uri}, {config}; "
         f"{_kv_heads_note(num_local_kv_heads)}"
     )
     return trace.done("grouped", spec.name, reason)

@@ -2,9 +2,9 @@
 
 ``validate_flat`` / ``validate_paged`` check tensor metadata only (shapes, dtypes,
 devices): no host sync, safe in the hot path and under CUDA-graph capture; the chain runs
-them on every call. ``check_flat_indices`` / ``check_paged_indices`` / ``check_chain_mask``
-check index *values*, which syncs the host: they run only with ``check_indices=True`` or
-``KGEN_CHECK_INDICES=1``.
+them on every call. ``check_flat_indices`` / ``check_paged_indices`` check index *values*
+(custom-mask sizes included), which syncs the host: they run only with
+``check_indices=True`` or ``KGEN_CHECK_INDICES=1``.
 """
 
 from __future__ import annotations
@@ -87,11 +87,16 @@ def _check_draft(
     return h_q, h_kv, d_qk, d_v
 
 
-def _check_features(f: Features, bs: int, h_q: int) -> None:
+def _check_features(f: Features, bs: int, h_q: int, paged: bool = False) -> None:
     if f.custom_mask is not None:
         m = _need_tensor("custom_mask", f.custom_mask)
         if m.dtype not in _MASK_DTYPES:
             _fail(f"custom_mask must be bool or an integer 0/1 tensor, got {m.dtype}")
+        if paged and m.dim() != 2:
+            _fail(f"a paged call's custom_mask is 2-D [rows, W] (draft token i of request b reads row "
+                  f"mask_indptr[b] + i), got shape {tuple(m.shape)}")
+        if paged and not f.skip_prefix_custom_mask:
+            _fail("a paged call's custom_mask holds draft columns only: skip_prefix_custom_mask must be True")
         mi = _need_index("mask_indptr", f.mask_indptr)
         if mi.numel() < bs + 1:
             _fail(f"mask_indptr needs batch_size + 1 = {bs + 1} offsets, got {mi.numel()}")
@@ -166,8 +171,9 @@ def validate_paged(call: PagedCall) -> None:
         )
     _check_scale("k_scale", call.k_scale)
     _check_scale("v_scale", call.v_scale)
-    _check_features(call.features, bs, h_q)
-    _check_devices({**{name: getattr(call, name) for name in _PAGED_SAME_DEVICE}, "sinks": call.features.sinks})
+    _check_features(call.features, bs, h_q, paged=True)
+    _check_devices({**{name: getattr(call, name) for name in _PAGED_SAME_DEVICE}, "sinks": call.features.sinks,
+                    "custom_mask": call.features.custom_mask, "mask_indptr": call.features.mask_indptr})
 
 
 def _check_indptr(name: str, ptr: torch.Tensor, limit: int, limit_name: str) -> None:
@@ -181,13 +187,27 @@ def _check_indptr(name: str, ptr: torch.Tensor, limit: int, limit_name: str) -> 
 
 
 def _check_draft_indices(
-    q_extend: torch.Tensor, qo_indptr: torch.Tensor, max_len_extend: int | None, f: Features, plens: torch.Tensor
+    q_extend: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    max_len_extend: int | None,
+    f: Features,
+    plens: torch.Tensor,
+    paged: bool = False,
 ) -> None:
     _check_indptr("qo_indptr", qo_indptr, q_extend.shape[0], "the number of tokens")
     qlens = (qo_indptr[1:] - qo_indptr[:-1]).to(torch.int64).cpu()
     if max_len_extend is not None and qlens.numel() and int(qlens.max()) > max_len_extend:
         _fail(f"max_len_extend = {max_len_extend} but a request has {int(qlens.max())} draft tokens")
-    if f.custom_mask is not None:
+    if f.custom_mask is not None and paged:
+        rows, width = f.custom_mask.shape
+        starts = f.mask_indptr[: qlens.numel()].to(torch.int64).cpu()  # type: ignore[union-attr]
+        used = qlens > 0
+        if bool((starts[used] < 0).any()) or bool((starts + qlens)[used].gt(rows).any()):
+            _fail(f"custom_mask has {rows} rows but mask_indptr/draft lengths need rows up to "
+                  f"{int((starts + qlens)[used].max())} (draft token i of request b reads row mask_indptr[b] + i)")
+        if qlens.numel() and int(qlens.max()) > width:
+            _fail(f"custom_mask rows hold {width} draft columns but a request has {int(qlens.max())} draft tokens")
+    elif f.custom_mask is not None:
         mi = f.mask_indptr.to(torch.int64).cpu()  # type: ignore[union-attr]
         bs = qlens.numel()
         off = f.window_offsets(bs, torch.device("cpu"))
@@ -234,31 +254,5 @@ def check_paged_indices(call: PagedCall) -> None:
     vals = table[used]
     if vals.numel() and (int(vals.min()) < 0 or int(vals.max()) >= blocks):
         _fail(f"block_table points at blocks {int(vals.min())}..{int(vals.max())}, outside 0..{blocks - 1}")
-    _check_draft_indices(call.q_extend, call.qo_indptr, call.max_len_extend, call.features, plens)
+    _check_draft_indices(call.q_extend, call.qo_indptr, call.max_len_extend, call.features, plens, paged=True)
 
-
-def check_chain_mask(qo_indptr: torch.Tensor, prefix_lens: torch.Tensor, f: Features) -> None:
-    """Check (host sync) that a custom mask is SGLang's topk = 1 chain mask.
-
-    The kernels do not read the mask (that would need a sync); they compute the causal
-    chain, which equals the mask only at topk = 1. Debug aid, run with index checking.
-    """
-    if f.custom_mask is None:
-        return
-    flat = f.custom_mask.reshape(-1).cpu() != 0
-    starts = f.mask_indptr.to(torch.int64).cpu().tolist()  # type: ignore[union-attr]
-    qo = qo_indptr.to(torch.int64).cpu().tolist()
-    plens = prefix_lens.to(torch.int64).cpu().tolist()
-    offs = f.window_offsets(len(qo) - 1, torch.device("cpu")).tolist()
-    for b in range(len(qo) - 1):
-        draft, prefix, off = qo[b + 1] - qo[b], plens[b], offs[b]
-        width = prefix + draft + off
-        bits = flat[starts[b] : starts[b] + draft * width].reshape(draft, width)[:, off:]
-        want = torch.ones(draft, prefix + draft, dtype=torch.bool)
-        want[:, prefix:] = torch.ones(draft, draft, dtype=torch.bool).tril()
-        cols = slice(prefix, None) if f.skip_prefix_custom_mask else slice(None)
-        if not torch.equal(bits[:, cols], want[:, cols]):
-            _fail(
-                f"request {b}: custom_mask is not a causal chain, but the fast kernels ignore it "
-                "(SGLang's topk = 1 convention); build the chain with topk > 1 for tree masks"
-            )
