@@ -634,11 +634,11 @@ if _HAS_GLUON:
         async_copy.async_copy_global_to_shared(pe_dst, src + NOPE_DIM + row_pe[:, None] + cols_pe[None, :], mask=mask_pe)
 
     @gluon.jit
-    def _gluon_attend_tile(q_nope, q_pe, k_nope, k_pe, p_smem, m_i, l_cols, acc, limit, qk_scale,
+    def _gluon_attend_tile(q_nope, q_pe, k_nope, k_pe, p_smem, m_i, l_cols, acc, visible, qk_scale,
                            ROWS: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
                            BLOCK_N: gl.constexpr, LAZY_RESCALE: gl.constexpr):
         """One tile of the online softmax (log2 domain). Column c of the tile is visible to
-        row r when c < limit[r]. Returns the updated (m_i, l_cols, acc).
+        row r where visible[r, c] (broadcast to the tile). Returns the updated (m_i, l_cols, acc).
 
         l_cols holds each row's sum-exp per score column, summed over columns once at the end:
         a per-tile row sum would cross the two warpgroups through shared memory (the row max
@@ -648,7 +648,7 @@ if _HAS_GLUON:
         s = warpgroup_mma(q_pe, k_pe.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-        s = gl.where(cols[None, :] < limit[:, None], s * qk_scale, float("-inf"))
+        s = gl.where(visible, s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         if LAZY_RESCALE:
             # A row's max moves only when it grows by more than 2**8 (p stays <= 256, exact in
@@ -702,12 +702,15 @@ if _HAS_GLUON:
         stride_po_split,
         stride_pl_tok,
         stride_pl_head,
+        Custom_Mask,
+        Mask_Indptr,
         GROUP: gl.constexpr,
         BLOCK_H: gl.constexpr,
         L_PAD: gl.constexpr,
         BLOCK_N: gl.constexpr,
         NUM_STAGES: gl.constexpr,
         LAZY_RESCALE: gl.constexpr,
+        HAS_MASK: gl.constexpr,
     ):
         """The prefix stage on SGLang's token-slot pool: the same grid, split plan, partials
         and draft tile as _verify_prefix_stage, so _verify_merge_stage combines its output.
@@ -777,6 +780,7 @@ if _HAS_GLUON:
             offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, NOPE_LOAD))
             offs_n_pe = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, PE_LOAD))
             num_tiles = gl.cdiv(split_end - split_start, BLOCK_N)
+            tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
             # Prologue: tiles 0 .. NUM_STAGES - 2 in flight. Tokens past the split read its last
             # token again: finite data, scored -inf (no predicate on the copies).
             for i in gl.static_range(NUM_STAGES - 1):
@@ -811,15 +815,16 @@ if _HAS_GLUON:
                 next_slots = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS)
                 next_slots_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS)
                 stage = t % NUM_STAGES
-                limit = gl.full([ROWS], 0, gl.int32, layout=gl.SliceLayout(1, S_LAYOUT)) + (split_end - split_start - t * BLOCK_N)
+                visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
                 m_i, l_cols, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(stage),
-                                                      k_pe_stages.index(stage), p_smem, m_i, l_cols, acc, limit, qk_scale,
+                                                      k_pe_stages.index(stage), p_smem, m_i, l_cols, acc, visible, qk_scale,
                                                       ROWS, S_LAYOUT, O_LAYOUT, BLOCK_N, LAZY_RESCALE)
             async_copy.wait_group(0)
 
             if split == num_written - 1:
-                # The draft tile, in stage 0: draft token j (masked past the draft: zero rows)
-                # is seen by rows whose draft position is >= j (the causal chain).
+                # The draft tile, in stage 0: draft token j (masked past the draft: zero rows) is
+                # seen where the request's custom mask says (a tree: SGLang's [L, P + L] bytes at
+                # mask_indptr[b], only the draft columns read), else by draft positions >= j.
                 gl.thread_barrier()
                 j = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, NOPE_LOAD))
                 j_pe = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, PE_LOAD))
@@ -832,8 +837,16 @@ if _HAS_GLUON:
                 fence_async_shared()
                 gl.thread_barrier()
                 draft_pos = first_row + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) % L_PAD
+                if HAS_MASK:
+                    mask_row = (Custom_Mask + gl.load(Mask_Indptr + batch).to(gl.int64)
+                                + draft_pos.to(gl.int64) * (prefix_len + q_len) + prefix_len)
+                    bits = gl.load(mask_row[:, None] + tile_cols[None, :],
+                                   mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
+                    visible = bits != 0
+                else:
+                    visible = tile_cols[None, :] < gl.minimum(draft_pos + 1, q_len)[:, None]
                 m_i, l_cols, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(0), k_pe_stages.index(0),
-                                                      p_smem, m_i, l_cols, acc, gl.minimum(draft_pos + 1, q_len), qk_scale,
+                                                      p_smem, m_i, l_cols, acc, visible, qk_scale,
                                                    ROWS, S_LAYOUT, O_LAYOUT, BLOCK_N, False)
 
             rows_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))
@@ -844,7 +857,8 @@ if _HAS_GLUON:
             q_head_o = (kv_head * GROUP + head_o).to(gl.int64)
             q_tok_o = q_start + draft_o
             l_i = gl.convert_layout(gl.sum(l_cols, 1), gl.SliceLayout(1, O_LAYOUT))
-            l_safe = gl.where(ok_o, l_i, 1.0)
+            # A row that sees nothing (an empty prefix and a masked-out draft row) writes zeros.
+            l_safe = gl.where(ok_o & (l_i > 0), l_i, 1.0)
             out = acc / l_safe[:, None]
             if num_written == 1:
                 # One split holds the whole request: write o here; the merge skips it.
@@ -1111,20 +1125,21 @@ def _target_of(arch):
 def _gluon_prefix(arch, config, group, max_len, page_size, has_mask):
     """The Gluon prefix stage's (constexprs, split policy) for this launch, or None where the
     Triton kernel serves: the config has no gluon section, the GPU is not sm_90, this
-    Triton is not 3.6.x, the call is the paged entry or has a custom mask (a tree), the
-    draft is longer than a key tile or a program's rows, or the stages overflow shared memory. Batch
+    Triton is not 3.6.x, the call is the paged entry, the draft is longer than a key
+    tile or a program's rows, or the stages overflow shared memory. A custom mask (a tree, or
+    SGLang's chain at topk 1) runs in the Gluon stage's draft tile too. Batch
     invariant: the program is fitted for DRAFT_ROWS, and the module's longest draft must fit a key
     tile (never the batch's: which kernel serves must not depend on it)."""
     gluon = config.get("gluon")
-    if (gluon is None or not _HAS_GLUON or arch != "sm_90" or page_size is not None
-            or has_mask):
+    if gluon is None or not _HAS_GLUON or arch != "sm_90" or page_size is not None:
         return None
     rows = gluon_rows(DRAFT_ROWS, gluon["block_n"]) if MAX_DRAFT_TOKENS <= gluon["block_n"] else None
     if rows is None or gluon_shared_bytes(_KERNEL_SHAPE, gluon["block_n"], gluon["num_stages"]) > _target_of(arch)["shared_bytes"]:
         return None
     block_h, l_pad = rows
     constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": gluon["block_n"],
-                  "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale"))}
+                  "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale")),
+                  "HAS_MASK": has_mask}
     return constexprs, {"split": gluon.get("split", {})}
 
 
@@ -1173,7 +1188,7 @@ def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv
 
     Batch invariant: one program whatever the batch and the draft length (a longer draft adds
     row blocks), the module's splits; batch, max_len and num_sms change how many programs
-    run (the grid), never what one computes. has_mask (a tree) picks the Triton stage."""
+    run (the grid), never what one computes. has_mask: a custom mask is read in the draft tile."""
     is_rocm = _target_of(arch)["family"] == "hip"
     config = config if config is not None else select_config(arch, group, batch)
     use_pdl = _use_pdl(arch, is_rocm)
@@ -1240,6 +1255,8 @@ def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=N
     prefix_constexprs, prefix_options = plan["prefix"]
     if plan["prefix_kernel"] == "_verify_prefix_stage" and not has_mask:
         prefix_constexprs = {**prefix_constexprs, **_NO_MASK}
+    elif plan["prefix_kernel"] == "_gluon_prefix_stage" and not has_mask:
+        prefix_constexprs = {**prefix_constexprs, "Custom_Mask": None, "Mask_Indptr": None}
     launches = [(plan["prefix_kernel"], dict(prefix_constexprs), dict(prefix_options))]
     if plan["merge"] is not None:
         merge_constexprs, merge_options = plan["merge"]
@@ -1364,6 +1381,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
             *split_ints, q.stride(0), q.stride(1), k_strides[0], k_strides[2],
             k_extend.stride(0), k_extend.stride(1), o.stride(0), o.stride(1), partial_o.stride(0),
             partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0), partial_lse.stride(1),
+            Custom_Mask=mask_arguments["Custom_Mask"], Mask_Indptr=mask_arguments["Mask_Indptr"],
             **prefix_constexprs, **prefix_options,
         )
     else:

@@ -852,7 +852,7 @@ def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv
 
     Batch invariant: one program whatever the batch and the draft length (a longer draft adds
     row blocks), the module's splits; batch, max_len and num_sms change how many programs
-    run (the grid), never what one computes. has_mask (a tree) picks the Triton stage."""
+    run (the grid), never what one computes. has_mask: a custom mask is read in the draft tile."""
     is_rocm = _target_of(arch)["family"] == "hip"
     config = config if config is not None else select_config(arch, group, batch)
     use_pdl = _use_pdl(arch, is_rocm)

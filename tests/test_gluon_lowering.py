@@ -96,7 +96,7 @@ def test_a_gluon_row_launches_the_gluon_stage_with_its_own_choices(module: Modul
     name, constexprs, options = prefix(module)
     assert name == GLUON
     assert constexprs == {"GROUP": 16, "BLOCK_H": 16, "L_PAD": 4, "BLOCK_N": 32, "NUM_STAGES": 3,
-                          "LAZY_RESCALE": False}
+                          "LAZY_RESCALE": False, "HAS_MASK": False, "Custom_Mask": None, "Mask_Indptr": None}
     assert options == {"num_warps": 8, "num_stages": 1}
     # The Gluon section's split policy sizes the grid, not the row's Triton one (max 64 splits).
     assert module._plan_launch("sm_90", 132, 16, 4, 4, None, None)["max_splits"] == 8
@@ -204,11 +204,13 @@ def test_kgen_check_compiles_a_gluon_row_offline_for_sm90(built: Path) -> None:
     enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int32"])
     # The row's Gluon programs (32-token tiles; the default's have 64): one per draft class
     # (L_PAD 1, 2, 4, 8, 16, 32; drafts past 32 run the Triton stage), only at the row's group
-    # and batches, on the token-slot entry.
+    # and batches, on the token-slot entry; each for the chain and for a mask (HAS_MASK).
     gluon = [v for v in enum.variants if v.kernel == GLUON and v.constexprs["BLOCK_N"] == 32]
-    assert sorted(v.constexprs["L_PAD"] for v in gluon) == [1, 2, 4, 8, 16, 32]
+    for has_mask in (False, True):
+        l_pads = sorted(v.constexprs["L_PAD"] for v in gluon if v.constexprs["HAS_MASK"] is has_mask)
+        assert l_pads == [1, 2, 4, 8, 16, 32], (has_mask, l_pads)
     assert all(p.group == 16 and 1 <= p.batch <= 8 and p.page_size is None for v in gluon for p in v.points)
-    variant = next(v for v in gluon if v.constexprs["L_PAD"] == 4)
+    variant = next(v for v in gluon if v.constexprs["L_PAD"] == 4 and v.constexprs["HAS_MASK"])
     # In a spawned worker, as `kgen check` compiles: this process runs Triton's interpreter.
     with check._compile_environment(), ProcessPoolExecutor(
             1, mp_context=multiprocessing.get_context("spawn"), initializer=check._worker_init) as pool:

@@ -31,7 +31,7 @@ from kernel_cases import SPECS, tolerance
 from test_gpu_sweep import NUM_SMS, request_lengths, unlisted_group
 
 import kgen
-from kgen.testing import make_case, poison_unnamed_slots, relative_error
+from kgen.testing import chain_mask, eagle_tree, make_case, poison_unnamed_slots, relative_error, sglang_mask
 
 LAYOUT = "mla_absorbed_512_64"
 Q_DTYPES = ("bfloat16",)  # the Gluon stage needs q in the KV dtype (select_lowering)
@@ -154,3 +154,44 @@ def test_gluon_pool_past_2_pow_31_elements():
         module.launch(*problem.launch_args(), config=config)
         err = relative_error(problem.o, reference)
         assert err <= tolerance(problem), f"{index_dtype}: relative error {err:.2e}"
+
+
+def _draft_masks(kind: str, drafts: list[int], seed: int) -> list[torch.Tensor]:
+    """Per-request [L, L] masks: EAGLE trees, random bits (no tree; a row may see nothing), or
+    the chain written as a mask."""
+    if kind == "tree":
+        return [eagle_tree(n, seed=seed + i) for i, n in enumerate(drafts)]
+    if kind == "random":
+        gen = torch.Generator().manual_seed(seed)
+        return [torch.rand(n, n, generator=gen) < 0.5 for n in drafts]
+    return [chain_mask(n) for n in drafts]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["tree", "random", "chain"])
+@pytest.mark.parametrize("group", [16, 128, unlisted_group(tuple(SPECS[LAYOUT].attention.group_sizes))])
+def test_gluon_masks(group, kind):
+    """A custom mask (SGLang's [L, P + L] layout, 1-filled gaps between blocks) in the Gluon
+    stage's draft tile: trees, masks that are no tree (rows that see nothing, with an empty
+    prefix: zeros) and the chain as a mask, for every draft class up to the 64-token tile."""
+    module = kgen.load(LAYOUT, "bfloat16")
+    config = gluon_config(module, GLUON_CONFIGS["n64s2"])
+    for draft in (1, 3, 4, 7, 8, 13, 16, 31, 32, 45, 64):
+        prefixes = [700, 0, 130, 64]
+        drafts = [draft, max(1, draft - 2), max(1, draft // 2), 1]
+        problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, device="cuda",
+                            seed=zlib.crc32(f"mask/{group}/{kind}/{draft}".encode()))
+        poison_unnamed_slots(problem)
+        masks = _draft_masks(kind, drafts, seed=draft)
+        problem.custom_mask, problem.mask_indptr = sglang_mask(masks, prefixes, gap=5, device="cuda")
+        reference = problem.reference(torch.float64)
+        launches = module.launch_params("sm_90", NUM_SMS, group, 4, problem.max_len_extend, None, config,
+                                        has_mask=True)
+        assert launches[0][0] == "_gluon_prefix_stage" and launches[0][1]["HAS_MASK"], launches[0]
+        for index_dtype in INDEX_DTYPES:
+            problem.kv_indices = problem.kv_indices.to(index_dtype)
+            problem.o.fill_(float("nan"))
+            _poison_scratch(module)
+            module.launch(*problem.launch_args(), config=config, **problem.mask_kwargs())
+            err = relative_error(problem.o, reference)
+            assert err <= tolerance(problem), f"{kind} L {draft} {index_dtype}: relative error {err:.2e}"
