@@ -369,8 +369,9 @@ def _verify_prefix_stage(
                                            stride_mask_row, BLOCK_TABLE)
                 else:
                     mask_rows = Custom_Mask  # None: the chain reads no mask
-                if ROW_BLOCKS > 1:
-                    # Some of the draft rows: every DRAFT_N-wide tile of the draft columns they may see.
+                if ROW_BLOCKS > 1 or DRAFT_N < L_PAD:
+                    # Some of the draft rows, or tiles narrower than the draft: every DRAFT_N-wide
+                    # tile of the draft columns the rows may see.
                     for first_col in range(0, _draft_columns(q_len, first_row, L_PAD, HAS_MASK), DRAFT_N):
                         m_i, l_i, acc = _draft_tile(
                             m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
@@ -449,8 +450,9 @@ def _verify_prefix_stage(
                                            stride_mask_row, BLOCK_TABLE)
                 else:
                     mask_rows = Custom_Mask  # None: the chain reads no mask
-                if ROW_BLOCKS > 1:
-                    # Some of the draft rows: every DRAFT_N-wide tile of the draft columns they may see.
+                if ROW_BLOCKS > 1 or DRAFT_N < L_PAD:
+                    # Some of the draft rows, or tiles narrower than the draft: every DRAFT_N-wide
+                    # tile of the draft columns the rows may see.
                     for first_col in range(0, _draft_columns(q_len, first_row, L_PAD, HAS_MASK), DRAFT_N):
                         m_i, l_i, acc = _draft_tile(
                             m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
@@ -625,6 +627,16 @@ def draft_row_blocks(l_pad, max_len):
     return max(1, cdiv(max_len, l_pad))
 
 
+def draft_tile_columns(l_pad, block_n):
+    """DRAFT_N, the draft tile's width: L_PAD (the program's whole draft in one tile) up to the
+    prefix tile's BLOCK_N, at least MIN_DOT for tl.dot. A tile no wider than the prefix loop's
+    needs no more registers or shared memory than the loop: 64 draft columns beside a 64 x 256
+    accumulator spilled 2.7 KB a thread (ptxas sm_80/sm_89, 4 warps, 32-token tiles), and 32
+    beside MLA's 32 x 512 took 106496 B of shared memory on sm_89, over its 101376 B. A
+    narrower tile walks the draft columns in a loop."""
+    return max(MIN_DOT, min(l_pad, block_n))
+
+
 def max_rows_for(target, shape, num_warps):
     """The row budget of one program: MAX_ROWS, and no more accumulator than
     ACC_REGISTERS_PER_THREAD registers a thread (a power of two, at least MIN_DOT)."""
@@ -646,8 +658,9 @@ def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
     Triton's allocation there differs by program (sm_89 MLA: 106496 B where the sm_90 rule
     gives 95232; sm_100 MLA at 64 rows keeps the 64 x 512 fp32 accumulator in shared memory,
     250928 B): every buffer, q, a 16-bit copy of the accumulator and of p per row, and on
-    tcgen05 the fp32 accumulator once it is 512 wide. ``kgen check`` compiles every variant
-    and fails where an estimate is below what Triton allocates.
+    tcgen05 the fp32 accumulator once it is 512 wide. The bound is not exact everywhere (sm_89
+    MLA at 32 rows: 90112 B against 80896): ``kgen check`` compiles every variant and fails
+    where what Triton allocates exceeds the target.
     """
     kv_tile = block_n * shape["kv_row_bytes"]
     if target["shared_estimate"] == "measured":
@@ -742,9 +755,13 @@ def select_config(arch, group_size, batch):
     return _DEFAULT_CONFIG
 
 
-def _draft_first(config, rows):
-    """Whether the last split runs its draft tile before the prefix loop: the config's
-    draft_tile ("first" / "after", a tuner axis), else the row rule above."""
+def _draft_first(config, rows, has_mask):
+    """Whether the last split runs its draft tile before the prefix loop: always under a custom
+    mask (after the loop, the mask's row pointers stay live through it and spill there); else
+    the config's draft_tile ("first" / "after", a tuner axis tuned on chains), else the row
+    rule above."""
+    if has_mask:
+        return True
     placement = config.get("draft_tile")
     return rows in _DRAFT_FIRST_ROWS if placement is None else placement == "first"
 
@@ -799,13 +816,13 @@ def _triton_prefix(arch, config, group, max_len, page_size, has_mask):
         "GROUP": group,
         "BLOCK_H": block_h,
         "L_PAD": l_pad,
-        "DRAFT_N": max(MIN_DOT, l_pad),
+        "DRAFT_N": draft_tile_columns(l_pad, block_n),
         "ROW_BLOCKS": draft_row_blocks(l_pad, max_len),
         "HAS_MASK": has_mask,
         "BLOCK_N": block_n,
         "BLOCK_TABLE": page_size is not None,
         "LAZY_RESCALE": bool(config.get("lazy_rescale")),
-        "DRAFT_FIRST": _draft_first(config, block_h * l_pad),
+        "DRAFT_FIRST": _draft_first(config, block_h * l_pad, has_mask),
         "USE_PDL": _use_pdl(arch, is_rocm),
     }
     return constexprs, {"num_warps": config["num_warps"], "num_stages": num_stages,

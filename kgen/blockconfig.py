@@ -98,6 +98,10 @@ class BlockConfig(BaseModel):
     # its arch, the Triton version its own, the token-slot entry); the fields above are the
     # Triton kernel's, for everything else.
     gluon: GluonConfig | None = None
+    # The head block of the batch-invariant mode's programs, where it must be smaller than
+    # block_h: that mode walks the draft columns in a loop, which carries the accumulator,
+    # and a program that fits the default's straight-line draft tile can spill in the loop.
+    invariant_block_h: int | None = Field(default=None, ge=1, le=128)
 
     @field_validator("matrix_instr_nonkdim", "kpack", mode="before")
     @classmethod
@@ -107,10 +111,10 @@ class BlockConfig(BaseModel):
             raise ValueError(f"must be an integer, got {v!r} ({type(v).__name__})")
         return v
 
-    @field_validator("block_h", "block_n")
+    @field_validator("block_h", "block_n", "invariant_block_h")
     @classmethod
-    def _power_of_two(cls, v: int) -> int:
-        if not _pow2(v):
+    def _power_of_two(cls, v: int | None) -> int | None:
+        if v is not None and not _pow2(v):
             raise ValueError(f"must be a power of two (tl.arange extents are), got {v}")
         return v
 
@@ -143,6 +147,8 @@ class BlockConfig(BaseModel):
             s += f" draft_tile={self.draft_tile}"
         if self.gluon is not None:
             s += " " + self.gluon.short()
+        if self.invariant_block_h is not None:
+            s += f" invariant_block_h={self.invariant_block_h}"
         if self.has_rocm_knobs:
             s += f" waves_per_eu={self.waves_per_eu} nonkdim={self.matrix_instr_nonkdim} kpack={self.kpack}"
         return s

@@ -961,18 +961,27 @@ def plan_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterabl
 
 # Constexprs that set how many rows a program holds; the rest of a variant is its program's shape.
 # How many draft-row programs share a head block (ROW_BLOCKS) only changes the program index
-# arithmetic; whether the rows are split at all (the draft-column loop) stays in the shape.
+# arithmetic; whether the draft columns run in a loop (rows split, or tiles narrower than the
+# draft) stays in the shape.
 ROW_CONSTEXPRS = ("GROUP", "BLOCK_H", "L_PAD", "DRAFT_N", "MERGE_HEADS", "ROW_BLOCKS")
 
 
 GLUON_KERNEL_PREFIX = "_gluon"  # a generated module's Gluon kernels (kgen/templates/gluon/)
 
 
-def _rows_of(variant: Variant) -> tuple[int, int]:
-    """(rows a program holds, its draft row blocks): the larger is the worse case."""
+def _rows_of(variant: Variant) -> tuple[int, int, int]:
+    """(rows a program holds, its draft tile's columns, its draft row blocks): the larger is
+    the worse case (a wider draft tile holds more scores beside the same accumulator)."""
     cx = {k: _decode(v) for k, v in variant.constexprs.items()}
     rows = int(cx.get("BLOCK_H", cx.get("MERGE_HEADS", 1))) * int(cx.get("L_PAD", 1))
-    return rows, int(cx.get("ROW_BLOCKS", 1))
+    return rows, int(cx.get("DRAFT_N", 0)), int(cx.get("ROW_BLOCKS", 1))
+
+
+def _draft_loop(variant: Variant) -> bool:
+    """Whether the program walks its draft columns in a loop (the kernel's ROW_BLOCKS > 1 or
+    DRAFT_N < L_PAD branch)."""
+    cx = variant.constexprs
+    return int(cx.get("ROW_BLOCKS", 1)) > 1 or int(cx.get("DRAFT_N", 0)) < int(cx.get("L_PAD", 0))
 
 
 def _shape_of(variant: Variant) -> tuple:
@@ -980,7 +989,7 @@ def _shape_of(variant: Variant) -> tuple:
     kernel's every constexpr: see largest_rows)."""
     every_row = variant.kernel.startswith(GLUON_KERNEL_PREFIX)
     rest = {k: v for k, v in variant.constexprs.items() if every_row or k not in ROW_CONSTEXPRS}
-    rest["rows split"] = int(variant.constexprs.get("ROW_BLOCKS", 1)) > 1
+    rest["draft loop"] = _draft_loop(variant)
     return (variant.module, variant.arch, variant.kernel, json.dumps(variant.options, sort_keys=True),
             json.dumps(variant.signature, sort_keys=True), json.dumps(rest, sort_keys=True))
 

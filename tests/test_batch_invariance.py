@@ -355,6 +355,20 @@ def test_one_config_row_per_group_covers_every_batch():
             assert config == kgen.load("qwen3_5_gqa256", "bfloat16").select_config(arch, group, 64)
 
 
+def test_a_config_s_invariant_head_block_serves_the_invariant_mode_only():
+    """MLA FP8's default rule sets invariant_block_h 8: the invariant module's programs hold 8
+    heads x 4 rows (16 x 4 spill 2.7 KB a thread in its draft-column loop on sm_90); the default
+    module keeps 16 heads and does not carry the field."""
+    invariant = kgen.load("mla_absorbed_512_64", "float8_e4m3fn", batch_invariant=True)
+    default = kgen.load("mla_absorbed_512_64", "float8_e4m3fn")
+    for module, heads in ((invariant, 8), (default, 16)):
+        config = module.select_config("sm_90", 16, 64)
+        assert config["block_h"] == heads and "invariant_block_h" not in config
+    launched = invariant.launch_params("sm_90", 132, 16, 64, 4)[0][1]
+    assert (launched["BLOCK_H"], launched["L_PAD"]) == (8, 4)
+    assert default.launch_params("sm_90", 132, 16, 64, 4)[0][1]["BLOCK_H"] == 16
+
+
 def test_scratch_is_what_the_launcher_allocates_and_bounded(small_splits):
     module = small_splits(kgen.load(GQA, "bfloat16", batch_invariant=True))
     case, _ = _batch(GQA, 8, NEIGHBOURS_7, 3, TARGET, seed=7)

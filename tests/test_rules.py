@@ -24,6 +24,13 @@ def test_row_blocking_pads_to_a_dot_and_halves_heads():
     assert rules.row_blocking(16, 16, 4, grouped=False) == (1, 16)
 
 
+def test_a_draft_tile_is_never_wider_than_the_prefix_tile():
+    assert rules.draft_tile_columns(4, 64) == 16  # tl.dot's minimum
+    assert rules.draft_tile_columns(32, 64) == 32  # the whole draft in one tile
+    assert rules.draft_tile_columns(64, 32) == 32  # walked in tiles as wide as the prefix loop's
+    assert rules.draft_tile_columns(64, 16) == 16
+
+
 @pytest.mark.parametrize(("shape", "rows", "block_n", "stages", "warps", "measured"), [
     (GQA256, 64, 64, 3, 4, 229376),  # sm_90, Triton 3.6: wgmma keeps num_stages buffers and q
     (GQA256, 128, 64, 2, 4, 196608),

@@ -118,18 +118,37 @@ def test_mla_rows_split_by_the_accumulator_budget():
     check_parity(case, MLA, "bfloat16", config=SMALL_SPLITS)
 
 
-@pytest.mark.parametrize(("layout", "kv", "group", "draft_first"), [
-    (GQA256, "float8_e4m3fn", 8, True), (GQA256, "float8_e4m3fn", 16, False), (MLA, "float8_e4m3fn", 8, True),
+@pytest.mark.parametrize(("layout", "kv", "group", "placement"), [
+    (GQA256, "float8_e4m3fn", 8, "first"), (GQA256, "float8_e4m3fn", 16, "after"), (MLA, "float8_e4m3fn", 8, None),
 ])
-def test_fp8_trees_before_and_after_the_prefix_loop(layout, kv, group, draft_first):
-    """FP8 KV: a masked draft tile run before the prefix loop divides its P.V by v_scale (the
-    raw e4m3 tiles after it are descaled once); after the loop it does not."""
+def test_fp8_trees_run_the_draft_tile_first(layout, kv, group, placement):
+    """FP8 KV: a masked draft tile runs before the prefix loop whatever the config's draft_tile
+    (tuned on chains; after the loop the mask's row pointers spill there), and divides its P.V by
+    v_scale (the raw e4m3 tiles after it are descaled once)."""
     case = build(layout, [45, 0, 30], [6, 3, 5], group, kv_dtype=kv, k_scale=0.4, v_scale=1.8, seed=7)
     set_draft_masks(case, _trees(case.draft_lens(), seed=7))
-    config = {**SMALL_SPLITS, "block_h": group, "draft_tile": "first" if draft_first else "after"}
-    if layout == MLA:
-        config.pop("draft_tile")  # MLA runs it first always
+    config = {**SMALL_SPLITS, "block_h": group, **({"draft_tile": placement} if placement else {})}
+    if placement is not None:  # grouped GQA emits both placements: the mask picks the first
+        module = kgen.load(layout, kv)
+        assert module.launch_params("sm_90", 132, group, 3, 6, config=config, has_mask=True)[0][1]["DRAFT_FIRST"]
+        chain = module.launch_params("sm_90", 132, group, 3, 6, config=config)[0][1]["DRAFT_FIRST"]
+        assert chain is (placement == "first")
     check_parity(case, layout, kv, config=config)
+
+
+@pytest.mark.parametrize("mask", ["tree", "chain"])
+def test_drafts_wider_than_a_prefix_tile_run_in_draft_tiles(mask):
+    """A draft tile is never wider than the prefix tile (rules.draft_tile_columns): one program
+    holding a 40-token draft (L_PAD 64) walks its draft columns 16 at a time, both entries."""
+    module = kgen.load(GQA64, "bfloat16")
+    config = {**SMALL_SPLITS, "block_h": 1}
+    launched = module.launch_params("interpreter", 4, 8, 3, 40, config=config, has_mask=mask == "tree")[0][1]
+    assert (launched["L_PAD"], launched["DRAFT_N"], launched["ROW_BLOCKS"]) == (64, 16, 1)
+    case = build(GQA64, [21, 0, 50], [40, 9, 23], 8, seed=8)
+    if mask == "tree":
+        set_draft_masks(case, _trees(case.draft_lens(), seed=8, topk=3), gap=3)
+    check_parity(case, GQA64, "bfloat16", config=config)
+    _paged_parity(case, GQA64, "bfloat16", page=16, config=config)
 
 
 def test_per_head_variant_reads_the_mask_too():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kgen.blockconfig import BlockConfig
 from kgen.passes.context import BuildContext
 from kgen.plan import ConfigEntry, Decision, Invariance, Plan
 
@@ -50,6 +51,18 @@ NOT_INVARIANT_WHY = (
 )
 
 
+def invariant_config(config: BlockConfig) -> BlockConfig:
+    """The config as the batch-invariant mode runs it: its invariant_block_h, where set, is the
+    head block (the mode's draft-column loop needs the smaller program)."""
+    if config.invariant_block_h is None:
+        return config
+    return config.model_copy(update={"block_h": config.invariant_block_h, "invariant_block_h": None})
+
+
+def _drop_invariant_block_h(config: BlockConfig) -> BlockConfig:
+    return config if config.invariant_block_h is None else config.model_copy(update={"invariant_block_h": None})
+
+
 def _one_row_per_group(rows: tuple[ConfigEntry, ...]) -> tuple[tuple[ConfigEntry, ...], list[str]]:
     """Each group's row whose bucket holds CONFIG_BATCH, widened to every batch (a group whose
     rows miss that batch keeps the default config), and a line per group saying which."""
@@ -60,16 +73,22 @@ def _one_row_per_group(rows: tuple[ConfigEntry, ...]) -> tuple[tuple[ConfigEntry
         if row is None:
             lines.append(f"group {group}: the default config (no row holds batch {CONFIG_BATCH})")
             continue
-        chosen.append(ConfigEntry(group, *ALL_BATCHES, row.config))
-        lines.append(f"group {group}: the batch {row.batch_min}-{row.batch_max} row ({row.config.short()})")
+        config = invariant_config(row.config)
+        chosen.append(ConfigEntry(group, *ALL_BATCHES, config))
+        lines.append(f"group {group}: the batch {row.batch_min}-{row.batch_max} row ({config.short()})")
     return tuple(chosen), lines
 
 
 def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     configs = plan.need("config", NAME)
     if not plan.batch_invariant:
+        # The default mode's modules do not carry the other mode's head block.
+        plain = dataclasses.replace(
+            configs, default=_drop_invariant_block_h(configs.default),
+            by_arch={arch: tuple(dataclasses.replace(r, config=_drop_invariant_block_h(r.config)) for r in rows)
+                     for arch, rows in configs.by_arch.items()})
         return plan.with_([Decision(NAME, "batch invariant", False, NOT_INVARIANT_WHY)],
-                          invariance=Invariance(enabled=False))
+                          config=plain, invariance=Invariance(enabled=False))
     tiles = plan.need("tiles", NAME)
     by_arch: dict[str, tuple[ConfigEntry, ...]] = {}
     decisions = [Decision(NAME, "batch invariant", True,
@@ -84,10 +103,14 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
             NAME, f"config {arch}", "; ".join(lines),
             f"one block config for every batch (no buckets): tile width and pipeline decide the order of a "
             f"split's sums; the row tuned for batch {CONFIG_BATCH}, the mode's speed bar"))
+    default = invariant_config(configs.default)
     decisions += [
-        Decision(NAME, "config elsewhere", configs.default.short(),
+        Decision(NAME, "config elsewhere", default.short(),
                  "archs without table rows and groups without a row take the built-in default, as in the default "
-                 "mode (its split policies, the Gluon section's too, are not used: the splits below replace them)"),
+                 "mode (its split policies, the Gluon section's too, are not used: the splits below replace them); "
+                 "a config's invariant_block_h, where set, replaces its head block"
+                 + (f" (here {configs.default.invariant_block_h} heads, set by {configs.default_why})"
+                    if configs.default.invariant_block_h is not None else "")),
         Decision(NAME, "prefix stage", "the config's: Gluon where its section applies, else Triton",
                  "which stage runs depends on the config row, the GPU, the Triton version and the entry, never on "
                  "the batch: the Gluon stage's program is fitted for the draft rows below too, and it serves only "
@@ -100,7 +123,7 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                  "ROW_BLOCKS is a constexpr); at L <= "
                  f"{DRAFT_ROWS} the programs are the default's at L = {DRAFT_ROWS} (GQA 256 group 16: 16 heads "
                  "x 4 rows)"),
-        Decision(NAME, "draft columns", "DRAFT_N = max(16, L_PAD) wide tiles from column 0",
+        Decision(NAME, "draft columns", "DRAFT_N = max(16, min(L_PAD, BLOCK_N)) wide tiles from column 0",
                  "every program walks the draft columns its rows may see (all of the request's draft under a "
                  "custom mask, up to its last row's token in a chain) in tiles of DRAFT_N, from column 0: the "
                  "request's own draft length decides the tiles, never the batch's longest (the default takes "
@@ -137,4 +160,5 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     ]
     section = Invariance(enabled=True, tokens_per_split=TOKENS_PER_SPLIT, max_splits=MAX_SPLITS,
                          draft_rows=DRAFT_ROWS, merge_split_chunk=tiles.merge_split_chunk)
-    return plan.with_(decisions, config=dataclasses.replace(configs, by_arch=by_arch), invariance=section)
+    return plan.with_(decisions, config=dataclasses.replace(configs, default=default, by_arch=by_arch),
+                      invariance=section)

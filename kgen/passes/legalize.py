@@ -40,9 +40,11 @@ def legalize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
         Decision(NAME, "L_PAD rule", "max(next_pow2(cdiv(16, BLOCK_H)), next_pow2(L))",
                  "tl.dot needs >= 16 rows: R = BLOCK_H x L_PAD; computed by the launcher from "
                  "the Python int max_len_extend"),
-        Decision(NAME, "DRAFT_N rule", "max(16, L_PAD)",
-                 "the draft block runs on tensor cores: >= 16 draft columns, masked; a program whose "
-                 "draft rows are split over several (ROW_BLOCKS > 1) loops over DRAFT_N-wide tiles of "
+        Decision(NAME, "DRAFT_N rule", "max(16, min(L_PAD, BLOCK_N))",
+                 "the draft block runs on tensor cores: >= 16 draft columns, masked, and no wider than the "
+                 "prefix tile, so it needs no more registers or shared memory than the prefix loop "
+                 "(rules.draft_tile_columns); a program whose draft rows are split over several "
+                 "(ROW_BLOCKS > 1), or whose draft is wider than DRAFT_N, loops over DRAFT_N-wide tiles of "
                  "every draft column its rows can see"),
         Decision(NAME, "MAX_ROWS", MAX_ROWS,
                  "BLOCK_H is halved at launch until BLOCK_H x L_PAD fits this row budget (and the "
