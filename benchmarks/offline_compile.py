@@ -4,6 +4,9 @@ says (registers, spills, shared memory) and which MMA instructions the SASS uses
 Costs no device time: Triton's wheel ships ptxas and nvdisasm. Usage:
   python benchmarks/offline_compile.py --layout qwen3_5_gqa256 --kv bf16 --group 16 --draft 4 \
       --block-n 32 --warps 4 --stages 4
+
+Besides the totals it counts the spill loads and stores (LDL/STL) inside the program's
+longest loop, the prefix loop: spills there are paid every tile, spills outside it once.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ def compile_prefix(args) -> None:
               "lazy_rescale": args.lazy}
     if args.draft_first:
         config["draft_tile"] = "first"
-    name, constexprs, options = module.launch_params("sm_90", 132, args.group, 64, args.draft, None, config)[0]
+    name, constexprs, options = module.launch_params("sm_90", 132, args.group, 64, args.draft, None, config,
+                                                     has_mask=args.mask)[0]
     constexprs = check.complete_launch(module, name, constexprs)[0]
     signature, constants, divisible = check.kernel_signature(module, name, constexprs, "int64", {})
     kernel = getattr(module, name)
@@ -75,10 +79,42 @@ def compile_prefix(args) -> None:
         if "registers" in line or "spill" in line or "stack" in line:
             print("  ptxas:", line.split("info    :")[-1].strip())
     print("  SASS:", ", ".join(f"{k} {v}" for k, v in ops.items()))
+    loop = longest_loop(sass)
+    if loop:
+        print(f"  longest loop ({len(loop)} instructions): LDL {sum(' LDL' in i for i in loop)}, "
+              f"STL {sum(' STL' in i for i in loop)}")
     if args.dump:
         Path(args.dump).write_text(sass)
     if args.dump_ttgir:
         Path(args.dump_ttgir).write_text(kernel.asm["ttgir"])
+
+
+_ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
+_LABEL = re.compile(r"^\s*\.L_x_(\d+):")
+_BACK_BRANCH = re.compile(r"\bBRA\b.*`\(\.L_x_(\d+)\)")
+
+
+def longest_loop(sass: str) -> list[str]:
+    """The instructions between the label and the backward branch of the widest loop in the
+    SASS (nvdisasm marks branch targets .L_x_N), or [] when there is no loop."""
+    instructions, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        label = _LABEL.match(line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        address = _ADDRESS.search(line)
+        if address:
+            for name in pending:
+                labels[name] = len(instructions)
+            pending = []
+            instructions.append(line)
+    loops = [(labels[m.group(1)], end) for end, line in enumerate(instructions)
+             if (m := _BACK_BRANCH.search(line)) and labels.get(m.group(1), end + 1) <= end]
+    if not loops:
+        return []
+    start, end = max(loops, key=lambda span: span[1] - span[0])
+    return instructions[start:end + 1]
 
 
 def main() -> int:
@@ -93,6 +129,7 @@ def main() -> int:
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--lazy", action="store_true", help="compile with LAZY_RESCALE (the block-config knob)")
     ap.add_argument("--draft-first", action="store_true", help="GQA: the draft tile before the loop (DRAFT_FIRST)")
+    ap.add_argument("--mask", action="store_true", help="the custom-mask (tree) program (HAS_MASK)")
     ap.add_argument("--module", help="compile this module file instead of the generated one (a variant)")
     ap.add_argument("--dump", help="write the SASS here")
     ap.add_argument("--dump-ttgir", help="write Triton's GPU IR (layouts, where values live) here")

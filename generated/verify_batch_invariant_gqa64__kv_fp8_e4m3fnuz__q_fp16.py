@@ -386,8 +386,10 @@ def _verify_prefix_stage(
                 else:
                     mask_rows = Custom_Mask  # None: the chain reads no mask
                 # Every program walks the DRAFT_N-wide tiles of the draft columns its rows may see,
-                # from column 0: the request's own draft decides how many, never the batch's.
-                for first_col in range(0, _draft_columns(q_len, first_row, L_PAD, HAS_MASK), DRAFT_N):
+                # from column 0: the request's own draft decides how many, never the batch's. Not
+                # software-pipelined (num_stages=1): a few tiles once a request, where the kernel's
+                # stages would only add buffers beside the prefix loop's.
+                for first_col in tl.range(0, _draft_columns(q_len, first_row, L_PAD, HAS_MASK), DRAFT_N, num_stages=1):
                     m_i, l_i, acc = _draft_tile(
                         m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
                         mask_rows, offs_d, offs_dv, qk_scale, v_descale, stride_ke_tok, stride_ke_head, stride_ve_tok,
@@ -458,8 +460,10 @@ def _verify_prefix_stage(
                 else:
                     mask_rows = Custom_Mask  # None: the chain reads no mask
                 # Every program walks the DRAFT_N-wide tiles of the draft columns its rows may see,
-                # from column 0: the request's own draft decides how many, never the batch's.
-                for first_col in range(0, _draft_columns(q_len, first_row, L_PAD, HAS_MASK), DRAFT_N):
+                # from column 0: the request's own draft decides how many, never the batch's. Not
+                # software-pipelined (num_stages=1): a few tiles once a request, where the kernel's
+                # stages would only add buffers beside the prefix loop's.
+                for first_col in tl.range(0, _draft_columns(q_len, first_row, L_PAD, HAS_MASK), DRAFT_N, num_stages=1):
                     m_i, l_i, acc = _draft_tile(
                         m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
                         mask_rows, offs_d, offs_dv, qk_scale, v_descale, stride_ke_tok, stride_ke_head, stride_ve_tok,
@@ -585,6 +589,7 @@ MAX_ROWS = 128  # BLOCK_H x L_PAD rows: the largest tl.dot M any program uses
 ACC_REGISTERS_PER_THREAD = 128
 SHARED_MARGIN_BYTES = 1024  # barriers and alignment Triton adds beside the tile buffers
 WGMMA_MIN_ROWS = 64  # one warpgroup's wgmma is 64 rows; smaller programs run mma.sync
+MAX_DRAFT_SCORES = 2048  # rows x columns of one draft tile: 64 x 32, 16 registers a thread at 4 warps
 
 
 def cdiv(a, b):
@@ -632,14 +637,15 @@ def draft_row_blocks(l_pad, max_len):
     return max(1, cdiv(max_len, l_pad))
 
 
-def draft_tile_columns(l_pad, block_n):
-    """DRAFT_N, the draft tile's width: L_PAD (the program's whole draft in one tile) up to the
-    prefix tile's BLOCK_N, at least MIN_DOT for tl.dot. A tile no wider than the prefix loop's
-    needs no more registers or shared memory than the loop: 64 draft columns beside a 64 x 256
-    accumulator spilled 2.7 KB a thread (ptxas sm_80/sm_89, 4 warps, 32-token tiles), and 32
-    beside MLA's 32 x 512 took 106496 B of shared memory on sm_89, over its 101376 B. A
-    narrower tile walks the draft columns in a loop."""
-    return max(MIN_DOT, min(l_pad, block_n))
+def draft_tile_columns(rows, l_pad, block_n):
+    """DRAFT_N, the draft tile's width: L_PAD (the program's whole draft in one tile), but no
+    wider than the prefix tile's BLOCK_N and no more than MAX_DRAFT_SCORES scores for the
+    program's rows; at least MIN_DOT for tl.dot. Beside its scores a draft tile holds the mask's
+    bits and the draft positions, which a prefix tile does not: 64 columns beside a 64 x 256
+    accumulator spilled 2.7 KB a thread (ptxas sm_80/sm_89, 4 warps), 128 rows x 64 columns
+    4.7 KB (GQA 128, sm_90), and 32 columns beside MLA's 32 x 512 took 106496 B of shared
+    memory on sm_89, over its 101376 B. A narrower tile walks the draft columns in a loop."""
+    return max(MIN_DOT, min(l_pad, block_n, MAX_DRAFT_SCORES // rows))
 
 
 def max_rows_for(target, shape, num_warps):
@@ -761,13 +767,9 @@ def select_config(arch, group_size, batch):
     return _DEFAULT_CONFIG
 
 
-def _draft_first(config, rows, has_mask):
-    """Whether the last split runs its draft tile before the prefix loop: always under a custom
-    mask (after the loop, the mask's row pointers stay live through it and spill there); else
-    the config's draft_tile ("first" / "after", a tuner axis tuned on chains), else the row
-    rule above."""
-    if has_mask:
-        return True
+def _draft_first(config, rows):
+    """Whether the last split runs its draft tile before the prefix loop: the config's
+    draft_tile ("first" / "after", a tuner axis), else the row rule above."""
     placement = config.get("draft_tile")
     return rows in _DRAFT_FIRST_ROWS if placement is None else placement == "first"
 
@@ -836,12 +838,12 @@ def _triton_prefix(arch, config, group, max_len, page_size, has_mask):
         "GROUP": group,
         "BLOCK_H": block_h,
         "L_PAD": l_pad,
-        "DRAFT_N": draft_tile_columns(l_pad, block_n),
+        "DRAFT_N": draft_tile_columns(block_h * l_pad, l_pad, block_n),
         "HAS_MASK": has_mask,
         "BLOCK_N": block_n,
         "BLOCK_TABLE": page_size is not None,
         "LAZY_RESCALE": bool(config.get("lazy_rescale")),
-        "DRAFT_FIRST": _draft_first(config, block_h * l_pad, has_mask),
+        "DRAFT_FIRST": _draft_first(config, block_h * l_pad),
         "USE_PDL": _use_pdl(arch, is_rocm),
     }
     return constexprs, {"num_warps": config["num_warps"], "num_stages": num_stages,

@@ -419,8 +419,11 @@ def _verify_prefix_stage(
                 mask_rows = Custom_Mask  # None: the chain reads no mask
             if ROW_BLOCKS > 1 or DRAFT_N < L_PAD:
                 # Some of the draft rows, or tiles narrower than the draft: every DRAFT_N-wide
-                # tile of the draft columns the rows may see.
-                for first_col in range(0, _draft_columns(q_len, first_row, L_PAD, HAS_MASK), DRAFT_N):
+                # tile of the draft columns the rows may see. Not software-pipelined: a few tiles
+                # once a request, where the kernel's stages would add buffers (MLA, 64 rows,
+                # 32-column tiles, 3 stages: 282624 B of shared memory, over sm_90's 232448).
+                for first_col in tl.range(0, _draft_columns(q_len, first_row, L_PAD, HAS_MASK), DRAFT_N,
+                                          num_stages=1):
                     m_i, l_i, acc = _draft_tile(
                         m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
                         mask_rows, offs_d, offs_dv, qk_scale, stride_ke_tok, stride_ke_head, stride_ve_tok,
@@ -543,6 +546,7 @@ MAX_ROWS = 128  # BLOCK_H x L_PAD rows: the largest tl.dot M any program uses
 ACC_REGISTERS_PER_THREAD = 128
 SHARED_MARGIN_BYTES = 1024  # barriers and alignment Triton adds beside the tile buffers
 WGMMA_MIN_ROWS = 64  # one warpgroup's wgmma is 64 rows; smaller programs run mma.sync
+MAX_DRAFT_SCORES = 2048  # rows x columns of one draft tile: 64 x 32, 16 registers a thread at 4 warps
 
 
 def cdiv(a, b):
@@ -590,14 +594,15 @@ def draft_row_blocks(l_pad, max_len):
     return max(1, cdiv(max_len, l_pad))
 
 
-def draft_tile_columns(l_pad, block_n):
-    """DRAFT_N, the draft tile's width: L_PAD (the program's whole draft in one tile) up to the
-    prefix tile's BLOCK_N, at least MIN_DOT for tl.dot. A tile no wider than the prefix loop's
-    needs no more registers or shared memory than the loop: 64 draft columns beside a 64 x 256
-    accumulator spilled 2.7 KB a thread (ptxas sm_80/sm_89, 4 warps, 32-token tiles), and 32
-    beside MLA's 32 x 512 took 106496 B of shared memory on sm_89, over its 101376 B. A
-    narrower tile walks the draft columns in a loop."""
-    return max(MIN_DOT, min(l_pad, block_n))
+def draft_tile_columns(rows, l_pad, block_n):
+    """DRAFT_N, the draft tile's width: L_PAD (the program's whole draft in one tile), but no
+    wider than the prefix tile's BLOCK_N and no more than MAX_DRAFT_SCORES scores for the
+    program's rows; at least MIN_DOT for tl.dot. Beside its scores a draft tile holds the mask's
+    bits and the draft positions, which a prefix tile does not: 64 columns beside a 64 x 256
+    accumulator spilled 2.7 KB a thread (ptxas sm_80/sm_89, 4 warps), 128 rows x 64 columns
+    4.7 KB (GQA 128, sm_90), and 32 columns beside MLA's 32 x 512 took 106496 B of shared
+    memory on sm_89, over its 101376 B. A narrower tile walks the draft columns in a loop."""
+    return max(MIN_DOT, min(l_pad, block_n, MAX_DRAFT_SCORES // rows))
 
 
 def max_rows_for(target, shape, num_warps):
@@ -768,7 +773,7 @@ def _triton_prefix(arch, config, group, max_len, page_size, has_mask):
         "GROUP": group,
         "BLOCK_H": block_h,
         "L_PAD": l_pad,
-        "DRAFT_N": draft_tile_columns(l_pad, block_n),
+        "DRAFT_N": draft_tile_columns(block_h * l_pad, l_pad, block_n),
         "ROW_BLOCKS": draft_row_blocks(l_pad, max_len),
         "HAS_MASK": has_mask,
         "BLOCK_N": block_n,

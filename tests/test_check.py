@@ -8,6 +8,7 @@ import multiprocessing
 import time
 import types
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -278,3 +279,31 @@ def test_json_and_markdown_reports_carry_every_variant_and_the_failures(monkeypa
     assert f"## Failures ({len(prefix)})" in markdown and "shared memory 300000 B > 232448 B" in markdown
     assert "8 B spill stores" in markdown  # merge stages: spills under the limit are listed, not hidden
     assert f"FAIL ({len(prefix)})" in check.format_table(report)
+
+
+def test_offline_compile_finds_the_longest_loop():
+    """benchmarks/offline_compile.py counts spills inside the widest loop (nvdisasm's .L_x_N
+    labels and backward branches), not the ones outside it."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "offline_compile.py"
+    spec = importlib.util.spec_from_file_location("offline_compile", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    sass = "\n".join([
+        "        /*0000*/                   STL [R1], R2 ;",
+        ".L_x_1:",
+        "        /*0010*/                   LDL R3, [R1] ;",
+        "        /*0020*/                   @P0 BRA `(.L_x_1) ;",
+        ".L_x_2:",
+        "        /*0030*/                   LDL R4, [R1] ;",
+        "        /*0040*/                   STL [R1], R4 ;",
+        "        /*0050*/                   HGMMA.64x64x16 R8, gdesc[UR4], R8 ;",
+        "        /*0060*/                   @P1 BRA `(.L_x_2) ;",
+        "        /*0070*/                   BRA `(.L_x_3) ;",
+        ".L_x_3:",
+        "        /*0080*/                   EXIT ;",
+    ])
+    loop = tool.longest_loop(sass)
+    assert len(loop) == 4 and sum(" LDL" in i for i in loop) == 1 and sum(" STL" in i for i in loop) == 1
+    assert tool.longest_loop("        /*0000*/                   EXIT ;") == []

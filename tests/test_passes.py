@@ -230,8 +230,8 @@ def test_unmasked_full_tiles_is_a_generation_time_decision(ctx, layout, kv, spli
 
 def test_draft_tile_position_is_a_generation_time_decision(ctx):
     """MLA emits the draft tile before the prefix loop only; the per-head baseline after it
-    only; grouped GQA both, each under the launcher's DRAFT_FIRST (first under a custom mask,
-    else the config's draft_tile, else the rows)."""
+    only; grouped GQA both, each under the launcher's DRAFT_FIRST (the config's draft_tile,
+    else the rows)."""
     for layout, variant, first, both in (("mla_absorbed_512_64", "grouped", True, False),
                                          ("qwen3_5_gqa256", "per_head", False, False),
                                          ("qwen3_5_gqa256", "grouped", False, True)):
@@ -255,7 +255,7 @@ def test_draft_tile_position_is_a_generation_time_decision(ctx):
         assert "K_Extend + " in helper
         assert "K_Extend + " not in prefix_stage, "the draft tile's body is emitted once, in _draft_tile"
         assert ("if DRAFT_FIRST:" in prefix_stage and "if not DRAFT_FIRST:" in prefix_stage) is both
-        assert ('"DRAFT_FIRST": _draft_first(config, block_h * l_pad, has_mask)' in code) is both
+        assert ('"DRAFT_FIRST": _draft_first(config, block_h * l_pad)' in code) is both
         assert ('placement = config.get("draft_tile")' in code) is both
 
 

@@ -25,10 +25,11 @@ def test_row_blocking_pads_to_a_dot_and_halves_heads():
 
 
 def test_a_draft_tile_is_never_wider_than_the_prefix_tile():
-    assert rules.draft_tile_columns(4, 64) == 16  # tl.dot's minimum
-    assert rules.draft_tile_columns(32, 64) == 32  # the whole draft in one tile
-    assert rules.draft_tile_columns(64, 32) == 32  # walked in tiles as wide as the prefix loop's
-    assert rules.draft_tile_columns(64, 16) == 16
+    assert rules.draft_tile_columns(64, 4, 64) == 16  # tl.dot's minimum
+    assert rules.draft_tile_columns(32, 32, 64) == 32  # the whole draft in one tile
+    assert rules.draft_tile_columns(32, 64, 32) == 32  # walked in tiles as wide as the prefix loop's
+    assert rules.draft_tile_columns(64, 64, 64) == 32  # at most MAX_DRAFT_SCORES scores
+    assert rules.draft_tile_columns(128, 64, 64) == 16
 
 
 @pytest.mark.parametrize(("shape", "rows", "block_n", "stages", "warps", "measured"), [

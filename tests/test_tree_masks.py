@@ -118,21 +118,17 @@ def test_mla_rows_split_by_the_accumulator_budget():
     check_parity(case, MLA, "bfloat16", config=SMALL_SPLITS)
 
 
-@pytest.mark.parametrize(("layout", "kv", "group", "placement"), [
-    (GQA256, "float8_e4m3fn", 8, "first"), (GQA256, "float8_e4m3fn", 16, "after"), (MLA, "float8_e4m3fn", 8, None),
+@pytest.mark.parametrize(("layout", "kv", "group", "draft_first"), [
+    (GQA256, "float8_e4m3fn", 8, True), (GQA256, "float8_e4m3fn", 16, False), (MLA, "float8_e4m3fn", 8, True),
 ])
-def test_fp8_trees_run_the_draft_tile_first(layout, kv, group, placement):
-    """FP8 KV: a masked draft tile runs before the prefix loop whatever the config's draft_tile
-    (tuned on chains; after the loop the mask's row pointers spill there), and divides its P.V by
-    v_scale (the raw e4m3 tiles after it are descaled once)."""
+def test_fp8_trees_before_and_after_the_prefix_loop(layout, kv, group, draft_first):
+    """FP8 KV: a masked draft tile run before the prefix loop divides its P.V by v_scale (the
+    raw e4m3 tiles after it are descaled once); after the loop it does not."""
     case = build(layout, [45, 0, 30], [6, 3, 5], group, kv_dtype=kv, k_scale=0.4, v_scale=1.8, seed=7)
     set_draft_masks(case, _trees(case.draft_lens(), seed=7))
-    config = {**SMALL_SPLITS, "block_h": group, **({"draft_tile": placement} if placement else {})}
-    if placement is not None:  # grouped GQA emits both placements: the mask picks the first
-        module = kgen.load(layout, kv)
-        assert module.launch_params("sm_90", 132, group, 3, 6, config=config, has_mask=True)[0][1]["DRAFT_FIRST"]
-        chain = module.launch_params("sm_90", 132, group, 3, 6, config=config)[0][1]["DRAFT_FIRST"]
-        assert chain is (placement == "first")
+    config = {**SMALL_SPLITS, "block_h": group, "draft_tile": "first" if draft_first else "after"}
+    if layout == MLA:
+        config.pop("draft_tile")  # MLA runs it first always
     check_parity(case, layout, kv, config=config)
 
 

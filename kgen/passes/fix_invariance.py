@@ -21,6 +21,7 @@ import dataclasses
 from kgen.blockconfig import BlockConfig
 from kgen.passes.context import BuildContext
 from kgen.plan import ConfigEntry, Decision, Invariance, Plan
+from kgen.rules import MAX_DRAFT_SCORES
 
 NAME = "fix_invariance"
 # Prefix tokens per split. Batch 64, prefix 16K (the mode's speed bar) then has 4 splits a
@@ -123,7 +124,8 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                  "ROW_BLOCKS is a constexpr); at L <= "
                  f"{DRAFT_ROWS} the programs are the default's at L = {DRAFT_ROWS} (GQA 256 group 16: 16 heads "
                  "x 4 rows)"),
-        Decision(NAME, "draft columns", "DRAFT_N = max(16, min(L_PAD, BLOCK_N)) wide tiles from column 0",
+        Decision(NAME, "draft columns",
+                 f"DRAFT_N = max(16, min(L_PAD, BLOCK_N, {MAX_DRAFT_SCORES} // rows)) wide tiles from column 0",
                  "every program walks the draft columns its rows may see (all of the request's draft under a "
                  "custom mask, up to its last row's token in a chain) in tiles of DRAFT_N, from column 0: the "
                  "request's own draft length decides the tiles, never the batch's longest (the default takes "

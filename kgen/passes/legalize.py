@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kgen.passes.context import BuildContext
 from kgen.plan import Decision, Plan, Tiles
-from kgen.rules import MAX_ROWS, MIN_DOT, next_pow2
+from kgen.rules import MAX_DRAFT_SCORES, MAX_ROWS, MIN_DOT, next_pow2
 
 NAME = "legalize"
 # EAGLE chains are 1..8 tokens; trees (topk > 1) 8..64 (topk 4 with 3 steps gives up to 64).
@@ -40,12 +40,12 @@ def legalize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
         Decision(NAME, "L_PAD rule", "max(next_pow2(cdiv(16, BLOCK_H)), next_pow2(L))",
                  "tl.dot needs >= 16 rows: R = BLOCK_H x L_PAD; computed by the launcher from "
                  "the Python int max_len_extend"),
-        Decision(NAME, "DRAFT_N rule", "max(16, min(L_PAD, BLOCK_N))",
-                 "the draft block runs on tensor cores: >= 16 draft columns, masked, and no wider than the "
-                 "prefix tile, so it needs no more registers or shared memory than the prefix loop "
-                 "(rules.draft_tile_columns); a program whose draft rows are split over several "
-                 "(ROW_BLOCKS > 1), or whose draft is wider than DRAFT_N, loops over DRAFT_N-wide tiles of "
-                 "every draft column its rows can see"),
+        Decision(NAME, "DRAFT_N rule", f"max(16, min(L_PAD, BLOCK_N, {MAX_DRAFT_SCORES} // rows))",
+                 "the draft block runs on tensor cores: >= 16 draft columns, masked; no wider than the "
+                 f"prefix tile and at most {MAX_DRAFT_SCORES} scores, since beside them it holds the mask's "
+                 "bits and the draft positions (rules.draft_tile_columns); a program whose draft rows are split over "
+                 "several (ROW_BLOCKS > 1), or whose draft is wider than DRAFT_N, loops over DRAFT_N-wide "
+                 "tiles of every draft column its rows can see, not software-pipelined"),
         Decision(NAME, "MAX_ROWS", MAX_ROWS,
                  "BLOCK_H is halved at launch until BLOCK_H x L_PAD fits this row budget (and the "
                  "target's accumulator registers: see the fit pass)"),

@@ -16,12 +16,6 @@ GQA_DRAFT_FIRST_WHY = (
     "after, none before). 16-row programs ran slower before it, and 64-row ones spill 20 B before "
     "it and none after."
 )
-# Where a custom mask's draft tile runs in grouped GQA programs, whatever the rows or the config.
-GQA_MASKED_DRAFT_FIRST_WHY = (
-    "a custom mask's draft tile runs before the prefix loop: after it, the tile's mask row pointers "
-    "and draft positions stay live through the loop (ptxas sm_90a, GQA 256, 8 heads x 8 rows, 64-token "
-    "tiles: spill loads inside the loop 31 after against 16 before, the chain's after 14)"
-)
 
 
 def reads_v_from_k_tile(attention: AttentionShape) -> bool:
@@ -78,7 +72,7 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                      "fragments in registers through the loop and a draft tile after it keeps a second copy "
                      "(ptxas sm_90a: 208 B of spills after, none before; H200 group 8, batch 64, prefix 16K "
                      "282.2 -> 273.9 us); 16-row programs ran slower before (group 4: 256.0 -> 268.5 us), "
-                     "64-row ones spill 20 B before and none after; " + GQA_MASKED_DRAFT_FIRST_WHY if either else
+                     "64-row ones spill 20 B before and none after" if either else
                      "after the loop: the per-head baseline keeps its measured placement"),
             Decision(NAME, "draft mask", "HAS_MASK constexpr",
                      "a tree's custom mask is read on the device by the draft tile alone (the prefix loop "
@@ -112,6 +106,5 @@ def _draft_tile_what(first: bool, either: bool, first_rows: tuple[int, ...]) -> 
         return "before the prefix tiles"
     if either:
         rows = ", ".join(str(r) for r in first_rows) or "no"
-        return (f"under a custom mask before the prefix tiles; else the config's draft_tile, unset: before them "
-                f"in programs of {rows} rows, after otherwise")
+        return f"the config's draft_tile; unset: before the prefix tiles in programs of {rows} rows, after otherwise"
     return "after the prefix tiles"
