@@ -281,11 +281,14 @@ def test_json_and_markdown_reports_carry_every_variant_and_the_failures(monkeypa
     assert f"FAIL ({len(prefix)})" in check.format_table(report)
 
 
-def test_offline_compile_finds_the_longest_loop():
+def test_offline_compile_finds_the_longest_loop(monkeypatch):
     """benchmarks/offline_compile.py counts spills inside the widest loop (nvdisasm's .L_x_N
     labels and backward branches), not the ones outside it."""
     import importlib.util
 
+    # The script drops TRITON_INTERPRET at import (it compiles for a real target): monkeypatch
+    # puts it back for the tests after this one.
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "offline_compile.py"
     spec = importlib.util.spec_from_file_location("offline_compile", path)
     tool = importlib.util.module_from_spec(spec)
