@@ -40,12 +40,15 @@ MASKS = (False, True)
 
 
 def _load(path: Path) -> ModuleType:
-    """The module, as on a GPU machine with PDL available (the sweep must not depend on
-    TRITON_INTERPRET, KGEN_NO_PDL or the installed Triton)."""
+    """The module, as on a GPU machine with PDL available and, where the module has a Gluon
+    stage, the Triton it is written for (the sweep must not depend on TRITON_INTERPRET,
+    KGEN_NO_PDL, KGEN_NO_GLUON or the installed Triton)."""
     spec = importlib.util.spec_from_file_location(f"stable_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module._INTERPRET, module._NO_PDL, module._HAS_GRID_DEPENDENCY_CONTROL = False, False, True
+    if hasattr(module, "_HAS_GLUON"):
+        module._HAS_GLUON = True
     return module
 
 
