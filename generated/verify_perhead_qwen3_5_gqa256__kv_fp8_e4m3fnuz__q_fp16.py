@@ -547,6 +547,11 @@ ACC_REGISTERS_PER_THREAD = 128
 SHARED_MARGIN_BYTES = 1024  # barriers and alignment Triton adds beside the tile buffers
 WGMMA_MIN_ROWS = 64  # one warpgroup's wgmma is 64 rows; smaller programs run mma.sync
 MAX_DRAFT_SCORES = 2048  # rows x columns of one draft tile: 64 x 32, 16 registers a thread at 4 warps
+# Rows of an FP8 program with an accumulator this wide whose draft columns run in a loop: the
+# loop carries the accumulator beside the e4m3 -> fp16 conversion (absorbed MLA, 64 x 512, ptxas
+# sm_90a: 64 rows spilled 3.1 KB a thread, 32 rows 64 B; straight-line at 64 rows 1008 B).
+FP8_LOOPED_DRAFT_WIDE_ACC = 512
+FP8_LOOPED_DRAFT_MAX_ROWS = 32
 
 
 def cdiv(a, b):
@@ -565,6 +570,7 @@ def kernel_shape(k_width, acc_width, kv_bytes, v_separate):
         "kv_row_bytes": (k_width + (acc_width if v_separate else 0)) * kv_bytes,
         "q_row_bytes": k_width * 2,
         "acc_width": acc_width,
+        "kv_bytes": kv_bytes,
     }
 
 
@@ -603,6 +609,12 @@ def draft_tile_columns(rows, l_pad, block_n):
     4.7 KB (GQA 128, sm_90), and 32 columns beside MLA's 32 x 512 took 106496 B of shared
     memory on sm_89, over its 101376 B. A narrower tile walks the draft columns in a loop."""
     return max(MIN_DOT, min(l_pad, block_n, MAX_DRAFT_SCORES // rows))
+
+
+def _draft_loops(block_h, l_pad, max_len, block_n):
+    """Whether a program walks its draft columns in a loop: rows split over programs, or a
+    draft tile narrower than its rows' draft (the kernel's ROW_BLOCKS > 1 or DRAFT_N < L_PAD)."""
+    return draft_row_blocks(l_pad, max_len) > 1 or draft_tile_columns(block_h * l_pad, l_pad, block_n) < l_pad
 
 
 def max_rows_for(target, shape, num_warps):
@@ -657,6 +669,13 @@ def fit(target, shape, config, group, max_len, grouped=True):
     if block_h < wanted_h:
         reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_h * wanted_l} rows x {shape['acc_width']} fp32 "
                        f"accumulator exceed {ACC_REGISTERS_PER_THREAD} registers a thread at {num_warps} warps")
+    if (shape["kv_bytes"] == 1 and shape["acc_width"] >= FP8_LOOPED_DRAFT_WIDE_ACC
+            and block_h * l_pad > FP8_LOOPED_DRAFT_MAX_ROWS and _draft_loops(block_h, l_pad, max_len, block_n)):
+        while block_h * l_pad > FP8_LOOPED_DRAFT_MAX_ROWS:
+            block_h, l_pad = (block_h // 2, l_pad) if block_h > 1 else (1, l_pad // 2)
+        reasons.append(f"{block_h * l_pad} rows: an FP8 program whose draft columns loop carries its "
+                       f"{shape['acc_width']}-wide accumulator beside the e4m3 conversion, at most "
+                       f"{FP8_LOOPED_DRAFT_MAX_ROWS} rows")
     row_blocks = draft_row_blocks(l_pad, max_len)
     if row_blocks > 1:
         reasons.append(f"draft rows over {row_blocks} programs of L_PAD {l_pad}: {draft_rows(1, max_len)} rows "

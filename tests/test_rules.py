@@ -32,6 +32,16 @@ def test_a_draft_tile_is_never_wider_than_the_prefix_tile():
     assert rules.draft_tile_columns(128, 64, 64) == 16
 
 
+def test_fp8_mla_programs_that_loop_over_draft_columns_hold_32_rows():
+    sm_90 = TARGETS["sm_90"]
+    config = {"block_h": 16, "block_n": 64, "num_warps": 8, "num_stages": 2}
+    fp8 = rules.kernel_shape(576, 512, 1, False)
+    block_h, l_pad, *_, reasons = rules.fit(sm_90, fp8, config, 16, 40)
+    assert (block_h, l_pad) == (1, 32) and any("draft columns loop" in r for r in reasons)
+    assert rules.fit(sm_90, fp8, config, 16, 4)[:2] == (16, 4)  # one draft tile: no loop, 64 rows
+    assert rules.fit(sm_90, rules.kernel_shape(576, 512, 2, False), config, 16, 40)[:2] == (1, 64)  # 16-bit
+
+
 @pytest.mark.parametrize(("shape", "rows", "block_n", "stages", "warps", "measured"), [
     (GQA256, 64, 64, 3, 4, 229376),  # sm_90, Triton 3.6: wgmma keeps num_stages buffers and q
     (GQA256, 128, 64, 2, 4, 196608),
