@@ -558,9 +558,11 @@ ACC_REGISTERS_PER_THREAD = 128
 SHARED_MARGIN_BYTES = 1024  # barriers and alignment Triton adds beside the tile buffers
 WGMMA_MIN_ROWS = 64  # one warpgroup's wgmma is 64 rows; smaller programs run mma.sync
 MAX_DRAFT_SCORES = 2048  # rows x columns of one draft tile: 64 x 32, 16 registers a thread at 4 warps
-# Rows of an FP8 program with an accumulator this wide whose draft columns run in a loop: the
-# loop carries the accumulator beside the e4m3 -> fp16 conversion (absorbed MLA, 64 x 512, ptxas
-# sm_90a: 64 rows spilled 3.1 KB a thread, 32 rows 64 B; straight-line at 64 rows 1008 B).
+# Rows of a wgmma FP8 program with an accumulator this wide whose draft columns run in a loop:
+# the loop carries the register accumulator beside the e4m3 -> fp16 conversion (absorbed MLA,
+# 64 x 512, ptxas sm_90a: 64 rows spilled 3.1 KB a thread, 32 rows 64 B; straight-line at 64
+# rows 1008 B). Other targets run another matrix instruction and keep their rows; kgen check
+# compiles their looped programs too.
 FP8_LOOPED_DRAFT_WIDE_ACC = 512
 FP8_LOOPED_DRAFT_MAX_ROWS = 32
 
@@ -680,7 +682,7 @@ def fit(target, shape, config, group, max_len, grouped=True):
     if block_h < wanted_h:
         reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_h * wanted_l} rows x {shape['acc_width']} fp32 "
                        f"accumulator exceed {ACC_REGISTERS_PER_THREAD} registers a thread at {num_warps} warps")
-    if (shape["kv_bytes"] == 1 and shape["acc_width"] >= FP8_LOOPED_DRAFT_WIDE_ACC
+    if (target["mma"] == "wgmma" and shape["kv_bytes"] == 1 and shape["acc_width"] >= FP8_LOOPED_DRAFT_WIDE_ACC
             and block_h * l_pad > FP8_LOOPED_DRAFT_MAX_ROWS and _draft_loops(block_h, l_pad, max_len, block_n)):
         while block_h * l_pad > FP8_LOOPED_DRAFT_MAX_ROWS:
             block_h, l_pad = (block_h // 2, l_pad) if block_h > 1 else (1, l_pad // 2)
