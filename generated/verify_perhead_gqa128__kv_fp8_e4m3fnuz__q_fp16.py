@@ -613,10 +613,10 @@ def draft_tile_columns(rows, l_pad, block_n):
     return max(MIN_DOT, min(l_pad, block_n, MAX_DRAFT_SCORES // rows))
 
 
-def _draft_loops(block_h, l_pad, max_len, block_n):
-    """Whether a program walks its draft columns in a loop: rows split over programs, or a
-    draft tile narrower than its rows' draft (the kernel's ROW_BLOCKS > 1 or DRAFT_N < L_PAD)."""
-    return draft_row_blocks(l_pad, max_len) > 1 or draft_tile_columns(block_h * l_pad, l_pad, block_n) < l_pad
+def draft_columns_loop(row_blocks, draft_n, l_pad):
+    """Whether a program walks its draft columns in a loop (the kernel's branch): its draft rows
+    are split over programs, or its draft tile is narrower than its rows' draft."""
+    return row_blocks > 1 or draft_n < l_pad
 
 
 def max_rows_for(target, shape, num_warps):
@@ -671,8 +671,10 @@ def fit(target, shape, config, group, max_len, grouped=True):
     if block_h < wanted_h:
         reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_h * wanted_l} rows x {shape['acc_width']} fp32 "
                        f"accumulator exceed {ACC_REGISTERS_PER_THREAD} registers a thread at {num_warps} warps")
+    rows = block_h * l_pad
+    loops = draft_columns_loop(draft_row_blocks(l_pad, max_len), draft_tile_columns(rows, l_pad, block_n), l_pad)
     if (target["mma"] == "wgmma" and shape["kv_bytes"] == 1 and shape["acc_width"] >= FP8_LOOPED_DRAFT_WIDE_ACC
-            and block_h * l_pad > FP8_LOOPED_DRAFT_MAX_ROWS and _draft_loops(block_h, l_pad, max_len, block_n)):
+            and rows > FP8_LOOPED_DRAFT_MAX_ROWS and loops):
         while block_h * l_pad > FP8_LOOPED_DRAFT_MAX_ROWS:
             block_h, l_pad = (block_h // 2, l_pad) if block_h > 1 else (1, l_pad // 2)
         reasons.append(f"{block_h * l_pad} rows: an FP8 program whose draft columns loop carries its "

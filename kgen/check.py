@@ -36,6 +36,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from kgen import rules
 from kgen.errors import KgenError
 
 # Bumped when what a cached result holds changes, so old cache entries are not reused.
@@ -977,19 +978,14 @@ def _rows_of(variant: Variant) -> tuple[int, int, int]:
     return rows, int(cx.get("DRAFT_N", 0)), int(cx.get("ROW_BLOCKS", 1))
 
 
-def _draft_loop(variant: Variant) -> bool:
-    """Whether the program walks its draft columns in a loop (the kernel's ROW_BLOCKS > 1 or
-    DRAFT_N < L_PAD branch)."""
-    cx = variant.constexprs
-    return int(cx.get("ROW_BLOCKS", 1)) > 1 or int(cx.get("DRAFT_N", 0)) < int(cx.get("L_PAD", 0))
-
-
 def _shape_of(variant: Variant) -> tuple:
     """A variant's program shape: everything but its row blocking and its group (a Gluon
     kernel's every constexpr: see largest_rows)."""
     every_row = variant.kernel.startswith(GLUON_KERNEL_PREFIX)
     rest = {k: v for k, v in variant.constexprs.items() if every_row or k not in ROW_CONSTEXPRS}
-    rest["draft loop"] = _draft_loop(variant)
+    cx = variant.constexprs
+    rest["draft loop"] = rules.draft_columns_loop(int(cx.get("ROW_BLOCKS", 1)), int(cx.get("DRAFT_N", 0)),
+                                                  int(cx.get("L_PAD", 0)))
     return (variant.module, variant.arch, variant.kernel, json.dumps(variant.options, sort_keys=True),
             json.dumps(variant.signature, sort_keys=True), json.dumps(rest, sort_keys=True))
 

@@ -21,7 +21,6 @@ import dataclasses
 from kgen.blockconfig import BlockConfig
 from kgen.passes.context import BuildContext
 from kgen.plan import ConfigEntry, Decision, Invariance, Plan
-from kgen.rules import MAX_DRAFT_SCORES
 
 NAME = "fix_invariance"
 # Prefix tokens per split. Batch 64, prefix 16K (the mode's speed bar) then has 4 splits a
@@ -52,16 +51,14 @@ NOT_INVARIANT_WHY = (
 )
 
 
-def invariant_config(config: BlockConfig) -> BlockConfig:
-    """The config as the batch-invariant mode runs it: its invariant_block_h, where set, is the
-    head block (the mode's draft-column loop needs the smaller program)."""
+def mode_config(config: BlockConfig, batch_invariant: bool) -> BlockConfig:
+    """The config as a mode runs it: the batch-invariant mode takes its invariant_block_h, where
+    set, as the head block (that mode's draft-column loop needs the smaller program); neither
+    mode's module carries the field."""
     if config.invariant_block_h is None:
         return config
-    return config.model_copy(update={"block_h": config.invariant_block_h, "invariant_block_h": None})
-
-
-def _drop_invariant_block_h(config: BlockConfig) -> BlockConfig:
-    return config if config.invariant_block_h is None else config.model_copy(update={"invariant_block_h": None})
+    update = {"invariant_block_h": None, **({"block_h": config.invariant_block_h} if batch_invariant else {})}
+    return config.model_copy(update=update)
 
 
 def _one_row_per_group(rows: tuple[ConfigEntry, ...]) -> tuple[tuple[ConfigEntry, ...], list[str]]:
@@ -74,7 +71,7 @@ def _one_row_per_group(rows: tuple[ConfigEntry, ...]) -> tuple[tuple[ConfigEntry
         if row is None:
             lines.append(f"group {group}: the default config (no row holds batch {CONFIG_BATCH})")
             continue
-        config = invariant_config(row.config)
+        config = mode_config(row.config, batch_invariant=True)
         chosen.append(ConfigEntry(group, *ALL_BATCHES, config))
         lines.append(f"group {group}: the batch {row.batch_min}-{row.batch_max} row ({config.short()})")
     return tuple(chosen), lines
@@ -83,11 +80,10 @@ def _one_row_per_group(rows: tuple[ConfigEntry, ...]) -> tuple[tuple[ConfigEntry
 def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     configs = plan.need("config", NAME)
     if not plan.batch_invariant:
-        # The default mode's modules do not carry the other mode's head block.
         plain = dataclasses.replace(
-            configs, default=_drop_invariant_block_h(configs.default),
-            by_arch={arch: tuple(dataclasses.replace(r, config=_drop_invariant_block_h(r.config)) for r in rows)
-                     for arch, rows in configs.by_arch.items()})
+            configs, default=mode_config(configs.default, batch_invariant=False),
+            by_arch={arch: tuple(dataclasses.replace(r, config=mode_config(r.config, batch_invariant=False))
+                                 for r in rows) for arch, rows in configs.by_arch.items()})
         return plan.with_([Decision(NAME, "batch invariant", False, NOT_INVARIANT_WHY)],
                           config=plain, invariance=Invariance(enabled=False))
     tiles = plan.need("tiles", NAME)
@@ -104,7 +100,7 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
             NAME, f"config {arch}", "; ".join(lines),
             f"one block config for every batch (no buckets): tile width and pipeline decide the order of a "
             f"split's sums; the row tuned for batch {CONFIG_BATCH}, the mode's speed bar"))
-    default = invariant_config(configs.default)
+    default = mode_config(configs.default, batch_invariant=True)
     decisions += [
         Decision(NAME, "config elsewhere", default.short(),
                  "archs without table rows and groups without a row take the built-in default, as in the default "
@@ -124,8 +120,7 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                  "ROW_BLOCKS is a constexpr); at L <= "
                  f"{DRAFT_ROWS} the programs are the default's at L = {DRAFT_ROWS} (GQA 256 group 16: 16 heads "
                  "x 4 rows)"),
-        Decision(NAME, "draft columns",
-                 f"DRAFT_N = max(16, min(L_PAD, BLOCK_N, {MAX_DRAFT_SCORES} // rows)) wide tiles from column 0",
+        Decision(NAME, "draft columns", "DRAFT_N-wide tiles (rules.draft_tile_columns) from column 0",
                  "every program walks the draft columns its rows may see (all of the request's draft under a "
                  "custom mask, up to its last row's token in a chain) in tiles of DRAFT_N, from column 0: the "
                  "request's own draft length decides the tiles, never the batch's longest (the default takes "
