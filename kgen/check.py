@@ -26,9 +26,7 @@ import itertools
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -419,6 +417,9 @@ class Variant:
     divisible: list[str]
     points: list[Point] = dataclasses.field(default_factory=list)
     modules: set[str] = dataclasses.field(default_factory=set)  # every module launching this exact compile
+    program: str = ""  # program_hash of the kernel: the same for every module whose kernel text is the same
+    family: str = ""  # "<kernel> <layout> <KV dtype>": how `kgen check` reports where its time goes
+    module_variants: set[tuple] = dataclasses.field(default_factory=set)  # (module, arch, kernel, options, launch)
 
     @property
     def from_table(self) -> bool:
@@ -442,6 +443,33 @@ class Enumeration:
     refused_points: Counter  # (module, arch) -> domain points launch_params refuses (returns [])
 
 
+def program_hash(kernel: Any) -> str:
+    """The content of a kernel as a compile sees it: Triton's cache key (the source of the
+    kernel and of every JIT function it calls, with the constexpr globals they read), taken
+    with every function's starting line set to 0.
+
+    Triton's own key adds the line a function starts on, so the same kernel text at another
+    line of another generated module (a merge stage below a longer prefix stage) would be
+    compiled again; lines only move debug locations, never the program. Every input that
+    changes the program (any source character, a global constexpr's value) still changes the
+    hash. Triton's key leaves out the value of a plain (not ``tl.constexpr``) global the code
+    reads, which the compile bakes in all the same: this hash adds every such value. Where a
+    Triton keeps no ``starting_line_number``, Triton's own key stands for the text."""
+    functions = [f for f in vars(sys.modules[kernel.fn.__module__]).values()
+                 if hasattr(f, "starting_line_number") and hasattr(f, "hash")]
+    saved = [(f, f.starting_line_number, f.hash) for f in functions]
+    try:
+        if kernel in functions:
+            for f in functions:
+                f.starting_line_number, f.hash = 0, None
+        text_key = kernel.cache_key
+        values = sorted((name, repr(value)) for (name, _), (value, _) in kernel.used_global_vals.items())
+    finally:
+        for f, line, cached in saved:
+            f.starting_line_number, f.hash = line, cached
+    return hashlib.sha256(json.dumps([text_key, values]).encode()).hexdigest()
+
+
 def _variant_key(arch: str, kernel_hash: str, constexprs: dict, signature: dict, options: dict,
                  divisible: list[str]) -> str:
     import triton
@@ -457,7 +485,7 @@ def _distinct_launch(info: ModuleInfo, module: ModuleType, arch_name: str, kerne
                      by_key: dict[str, Variant], proj: dict[str, set]) -> Variant:
     """The Variant of one distinct launch (shared with other modules' identical compiles)."""
     if kernel_name not in kernel_hashes:
-        kernel_hashes[kernel_name] = getattr(module, kernel_name).cache_key
+        kernel_hashes[kernel_name] = program_hash(getattr(module, kernel_name))
     signature, constants, divisible = kernel_signature(module, kernel_name, constexprs, index_dtype, scalars)
     encoded = {k: _encode(v) for k, v in constants.items()}
     key = _variant_key(arch_name, kernel_hashes[kernel_name], encoded, signature, options, divisible)
@@ -485,8 +513,10 @@ def _distinct_launch(info: ModuleInfo, module: ModuleType, arch_name: str, kerne
     variant = by_key.get(key)
     if variant is None:
         variant = by_key[key] = Variant(key, info.uri, str(info.path), kernel_name, arch_name, encoded,
-                                        dict(options), signature, divisible)
+                                        dict(options), signature, divisible, program=kernel_hashes[kernel_name],
+                                        family=f"{kernel_name.strip('_')} {info.layout} {info.kv_dtype}")
     variant.modules.add(info.uri)
+    variant.module_variants.add((info.uri, arch_name, kernel_name, base[-1], cx, sg, dv))
     return variant
 
 
@@ -568,7 +598,10 @@ _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 _AMDGCN_FIELD = re.compile(r"^\s*-?\s*\.(vgpr_count|sgpr_count|agpr_count|vgpr_spill_count|sgpr_spill_count"
                            r"|group_segment_fixed_size|private_segment_fixed_size):\s+(\d+)", re.M)
 _MFMA = re.compile(r"\b(v_mfma_\w+|v_smfmac_\w+)")
-_NVIDIA_MMA = re.compile(r"\b(HGMMA|QGMMA|HMMA|IMMA|UTC\w*MMA)\b")
+# Tensor-core instructions in PTX: wgmma (Hopper), mma.sync (Ampere/Ada), tcgen05.mma (Blackwell),
+# with the operand type that names the kind (bf16, f16, e4m3, ...; tcgen05 spells it kind::f16).
+_NVIDIA_MMA = re.compile(r"^\s*(?:@!?%p\d+\s+)?(wgmma\.mma_async|mma\.sync|tcgen05\.mma)[.\w:]*", re.M)
+_MMA_KIND = re.compile(r"\.(bf16|f16|tf32|e4m3|e5m2|s8|u8)\b|kind::(\w+)")
 
 
 def parse_ptxas_log(text: str) -> dict[str, int]:
@@ -598,9 +631,15 @@ def parse_amdgcn(text: str) -> dict[str, Any]:
             "mma": dict(sorted(Counter(_MFMA.findall(text)).items()))}
 
 
-def count_nvidia_mma(sass: str) -> dict[str, int]:
-    """Tensor-core instructions in SASS (HGMMA/QGMMA on Hopper, HMMA, tcgen05's UTC*MMA)."""
-    return dict(sorted(Counter(_NVIDIA_MMA.findall(sass)).items()))
+def count_nvidia_mma(ptx: str) -> dict[str, int]:
+    """Tensor-core instructions in PTX by instruction and operand kind ("wgmma.mma_async bf16",
+    "mma.sync f16", "tcgen05.mma f8f6f4"). Read from the PTX Triton hands ptxas, which lowers each
+    to its SASS form (HGMMA/QGMMA, HMMA, UTC*MMA) one for one."""
+    counts: Counter = Counter()
+    for m in _NVIDIA_MMA.finditer(ptx):
+        kind = _MMA_KIND.search(m.group(0))
+        counts[f"{m.group(1)} {next(g for g in kind.groups() if g) if kind else '?'}"] += 1
+    return dict(sorted(counts.items()))
 
 
 _WORKER_MODULES: dict[str, ModuleType] = {}
@@ -641,7 +680,7 @@ def compile_variant(job: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = {"shared": int(compiled.metadata.shared)}
         if arch.backend == "cuda":
             result.update(parse_ptxas_log(log.getvalue()))
-            result["mma"] = count_nvidia_mma(_nvdisasm(compiled.asm["cubin"]))
+            result["mma"] = count_nvidia_mma(compiled.asm["ptx"])
         else:
             result.update(parse_amdgcn(compiled.asm["amdgcn"]))
         result["error"] = None
@@ -649,16 +688,6 @@ def compile_variant(job: dict[str, Any]) -> dict[str, Any]:
         result = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
     result["compile_s"] = round(time.perf_counter() - started, 3)
     return result
-
-
-def _nvdisasm(cubin: bytes) -> str:
-    import triton
-
-    nvdisasm = triton.knobs.nvidia.nvdisasm.path
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([nvdisasm, f.name], capture_output=True, text=True, check=True).stdout
 
 
 def _job(variant: Variant) -> dict[str, Any]:
@@ -697,53 +726,96 @@ class ResultCache:
         tmp.replace(path)
 
 
+def _expected_cost(variant: Variant) -> tuple:
+    """A sort key, most expensive compile first: FP8 KV (its conversions), AMD's backend, then
+    the tile (rows x BLOCK_N). One queue for every target, so no compile is left running alone
+    at the end of one."""
+    cx = {k: _decode(v) for k, v in variant.constexprs.items()}
+    fp8 = variant.signature.get("K_Buffer", "").startswith("*fp8")
+    tile = _rows_of(variant)[0] * int(cx.get("BLOCK_N", 0) or 0)
+    return (not fp8, ARCHS[variant.arch].backend != "hip", -tile)
+
+
 def compile_all(variants: list[Variant], archs: list[str], jobs: int, cache: ResultCache,
                 progress: bool = True) -> tuple[dict[str, dict], dict[str, dict]]:
-    """Results by variant key, and per arch: distinct variants, compiled, cached, wall seconds."""
+    """Results by variant key, and per arch: distinct programs, compiled, cached, and the
+    seconds its compiles took (summed over the workers); "all" adds the wall time."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     from tqdm import tqdm
 
+    started = time.perf_counter()
     results: dict[str, dict] = {}
-    timing: dict[str, dict] = {}
-    todo_by_arch: dict[str, list[Variant]] = {a: [] for a in archs}
+    todo: list[Variant] = []
     for variant in variants:
         hit = cache.get(variant.key)
         if hit is not None:
             results[variant.key] = {**hit, "cached": True}
         else:
-            todo_by_arch[variant.arch].append(variant)
-    total = sum(len(v) for v in todo_by_arch.values())
-    bar = tqdm(total=total, desc="kgen check", unit="variant", disable=not progress or total == 0)
+            todo.append(variant)
+    todo.sort(key=_expected_cost)
+    bar = tqdm(total=len(todo), desc="kgen check", unit="program", disable=not progress or not todo)
     pool = None
     try:
-        if total:
+        if todo:
             with _compile_environment():  # spawned workers inherit the environment at start
                 pool = ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=multiprocessing.get_context("spawn"),
                                            initializer=_worker_init)
                 list(pool.map(_worker_init_probe, range(max(1, jobs))))
-        for arch in archs:
-            todo = todo_by_arch[arch]
-            started = time.perf_counter()
-            bar.set_postfix_str(arch)
-            # Most expensive first, so the last compiles of an arch do not run alone.
-            todo.sort(key=lambda v: -int(v.constexprs.get("BLOCK_N", 0) or 0))
-            futures = {pool.submit(compile_variant, _job(v)): v for v in todo} if todo else {}
+            futures = {pool.submit(compile_variant, _job(v)): v for v in todo}
             for future in as_completed(futures):
                 variant = futures[future]
                 result = future.result()
                 cache.put(variant.key, result)
                 results[variant.key] = {**result, "cached": False}
+                bar.set_postfix_str(variant.arch)
                 bar.update(1)
-            distinct = sum(1 for v in variants if v.arch == arch)
-            timing[arch] = {"variants": distinct, "compiled": len(todo), "cached": distinct - len(todo),
-                            "wall_s": round(time.perf_counter() - started, 1)}
     finally:
         bar.close()
         if pool is not None:
             pool.shutdown()
+    timing: dict[str, dict] = {}
+    for arch in archs:
+        mine = [v for v in variants if v.arch == arch]
+        compiled = [v for v in mine if not results[v.key]["cached"]]
+        timing[arch] = {"programs": len(mine), "compiled": len(compiled), "cached": len(mine) - len(compiled),
+                        "compile_s": round(sum(results[v.key].get("compile_s", 0) for v in compiled), 1)}
+    timing["all"] = {"programs": len(variants), "compiled": len(todo), "cached": len(variants) - len(todo),
+                     "compile_s": round(sum(t["compile_s"] for t in timing.values()), 1),
+                     "wall_s": round(time.perf_counter() - started, 1), "jobs": max(1, jobs)}
     return results, timing
+
+
+def family_seconds(report: CheckReport) -> list[tuple[str, int, int, float]]:
+    """(kernel family, programs, compiled, compile seconds), most seconds first: a family is a
+    kernel of one layout and KV dtype, whichever module and target launch it."""
+    by: dict[str, list] = {}
+    for variant in report.enumeration.variants:
+        row = by.setdefault(variant.family, [0, 0, 0.0])
+        result = report.results.get(variant.key, {})
+        row[0] += 1
+        if not result.get("cached", True):
+            row[1] += 1
+            row[2] += result.get("compile_s", 0)
+    return sorted(((f, n, c, round(sec, 1)) for f, (n, c, sec) in by.items()), key=lambda r: (-r[3], r[0]))
+
+
+def format_timing(report: CheckReport) -> str:
+    """Where the check's time goes: per target, then per kernel family."""
+    t = report.timing
+    lines = [f"{'target':8s} {'programs':>8s} {'compiled':>8s} {'cached':>7s} {'compile s':>10s}"]
+    for arch in report.archs:
+        a = t.get(arch, {})
+        lines.append(f"{arch:8s} {a.get('programs', 0):8d} {a.get('compiled', 0):8d} {a.get('cached', 0):7d} "
+                     f"{a.get('compile_s', 0):10.1f}")
+    total = t.get("all", {})
+    lines.append(f"{'all':8s} {total.get('programs', 0):8d} {total.get('compiled', 0):8d} "
+                 f"{total.get('cached', 0):7d} {total.get('compile_s', 0):10.1f}  (wall {total.get('wall_s', 0)} s "
+                 f"on {total.get('jobs', 1)} workers)")
+    lines += ["", f"{'kernel family':56s} {'programs':>8s} {'compiled':>8s} {'compile s':>10s}"]
+    lines += [f"{f:56s} {n:8d} {c:8d} {sec:10.1f}" for f, n, c, sec in family_seconds(report)]
+    return "\n".join(lines)
 
 
 def _worker_init_probe(_: int) -> int:
@@ -845,7 +917,8 @@ def summarize(report: CheckReport) -> list[dict]:
     """One line per module x arch with the worst numbers."""
     by: dict[tuple[str, str], list[dict]] = {}
     for row in report.rows():
-        by.setdefault((row["module"], row["arch"]), []).append(row)
+        for module in row["modules"] or [row["module"]]:  # a program several modules launch counts for each
+            by.setdefault((module, row["arch"]), []).append(row)
     out = []
     for (module, arch), rows in sorted(by.items()):
         ok = [r["result"] for r in rows if not r["result"].get("error")]
@@ -907,20 +980,29 @@ def to_json(report: CheckReport) -> dict:
         "domain_points": sum(e.points.values()), "launches": dict(e.launches),
         "axis_multipliers": e.axis_multipliers,
         "variants": report.rows(),
+        "programs": len(e.variants), "module_variants": module_variant_count(e),
+        "families": [{"family": f, "programs": n, "compiled": c, "compile_s": sec}
+                     for f, n, c, sec in family_seconds(report)],
         "failures": len(report.failures()),
     }
+
+
+def module_variant_count(enumeration: Enumeration) -> int:
+    """How many (module, launch) variants the enumeration's programs compile for: each module's
+    own launches, before programs shared between modules are counted once."""
+    return len(set().union(*(v.module_variants for v in enumeration.variants)))
 
 
 def format_markdown(report: CheckReport) -> str:
     e = report.enumeration
     out = ["# kgen check", ""]
-    out += ["| arch | distinct variants | compiled | cached | wall s | launches walked | failing |",
+    out += ["| arch | distinct programs | compiled | cached | compile s | launches walked | failing |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     fails = Counter(r["arch"] for r in report.failures())
     for arch in report.archs:
         t = report.timing.get(arch, {})
-        out.append(f"| {arch} | {t.get('variants', 0)} | {t.get('compiled', 0)} | {t.get('cached', 0)} | "
-                   f"{t.get('wall_s', 0)} | {e.launches.get(arch, 0)} | {fails.get(arch, 0)} |")
+        out.append(f"| {arch} | {t.get('programs', 0)} | {t.get('compiled', 0)} | {t.get('cached', 0)} | "
+                   f"{t.get('compile_s', 0)} | {e.launches.get(arch, 0)} | {fails.get(arch, 0)} |")
     out += ["", "## Module x arch (worst numbers)", "",
             "| module | arch | variants | max shared B | limit B | max regs (VGPRs on AMD) | max spill | status |",
             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -986,7 +1068,7 @@ def _shape_of(variant: Variant) -> tuple:
     cx = variant.constexprs
     rest["draft loop"] = rules.draft_columns_loop(int(cx.get("ROW_BLOCKS", 1)), int(cx.get("DRAFT_N", 0)),
                                                   int(cx.get("L_PAD", 0)))
-    return (variant.module, variant.arch, variant.kernel, json.dumps(variant.options, sort_keys=True),
+    return (variant.program, variant.arch, variant.kernel, json.dumps(variant.options, sort_keys=True),
             json.dumps(variant.signature, sort_keys=True), json.dumps(rest, sort_keys=True))
 
 
@@ -1003,11 +1085,18 @@ def largest_rows(enumeration: Enumeration) -> Enumeration:
         kept = worst.get(shape)
         if kept is None or _rows_of(variant) > _rows_of(kept):
             if kept is not None:
-                variant.points.extend(kept.points)
+                _stand_for(variant, kept)
             worst[shape] = variant
         else:
-            kept.points.extend(variant.points)
+            _stand_for(kept, variant)
     return dataclasses.replace(enumeration, variants=list(worst.values()))
+
+
+def _stand_for(kept: Variant, dropped: Variant) -> None:
+    """The kept variant answers for the dropped one: its domain points and its modules."""
+    kept.points.extend(dropped.points)
+    kept.modules |= dropped.modules
+    kept.module_variants |= dropped.module_variants
 
 
 def format_plan(enumeration: Enumeration, archs: list[str]) -> str:

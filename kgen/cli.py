@@ -101,9 +101,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     report = check.run_check(archs, jobs=args.jobs, use_cache=not args.no_cache, progress=not args.quiet,
                              worst_case_only=args.largest_rows, **selection)
     print(check.format_table(report, verbose=args.verbose))
-    for arch, t in report.timing.items():
-        print(f"{arch}: {t['variants']} distinct variants, {t['compiled']} compiled, {t['cached']} cached, "
-              f"{t['wall_s']} s")
+    print(check.format_timing(report))
     for refusal in report.enumeration.refused:
         print(f"refused: {refusal.module} on {refusal.arch}: {refusal.reason}")
     if args.json:
@@ -115,8 +113,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print(failures, file=sys.stderr)
         print(f"kgen check: {len(report.failures())} variant(s) do not fit their target", file=sys.stderr)
         return 1
-    scope = "largest-rows variants" if args.largest_rows else "variants"
-    print(f"kgen check: all {len(report.enumeration.variants)} {scope} fit their targets")
+    scope = "largest-rows programs" if args.largest_rows else "programs"
+    print(f"kgen check: all {len(report.enumeration.variants)} distinct {scope} fit their targets "
+          f"({check.module_variant_count(report.enumeration)} module variants)")
     return 0
 
 

@@ -159,8 +159,16 @@ def test_amdgcn_metadata_parsing_and_mfma_count():
     assert (parsed["vgprs"], parsed["sgprs"], parsed["agprs"]) == (512, 104, 256)
     assert (parsed["vgpr_spills"], parsed["sgpr_spills"], parsed["scratch_bytes"]) == (136, 71, 552)
     assert parsed["mma"] == {"v_mfma_f32_16x16x32_bf16": 3, "v_mfma_f32_32x32x16_bf16": 1}
-    assert check.count_nvidia_mma("HGMMA.64x64x16.F32.BF16 R0\nHMMA.16816.F32.BF16 R1\nHGMMA.64x64x16 R2") == {
-        "HGMMA": 2, "HMMA": 1}
+    ptx = """
+	wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%r1}, %rd1, %rd2, p, 1, 1, 0, 1;
+	@%p3 wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%r2}, %rd3, %rd4, p, 1, 1;
+	mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1}, {%r3}, {%r4}, {%f2};
+	tcgen05.mma.cta_group::1.kind::f16 [%r5], %rd5, %rd6, %r6, p;
+	// wgmma.mma_async in a comment is not an instruction
+	wgmma.fence.sync.aligned;
+"""
+    assert check.count_nvidia_mma(ptx) == {"mma.sync f16": 1, "tcgen05.mma f16": 1, "wgmma.mma_async bf16": 1,
+                                           "wgmma.mma_async e4m3": 1}
 
 
 def test_real_offline_compile_gqa64_sm90(gqa64):
@@ -206,6 +214,76 @@ def test_shared_memory_overflow_fails_the_command_and_names_the_variant(cache, m
     assert "FAIL verify_gqa64__kv_bf16__q_bf16 sm_90 _verify_prefix_stage: shared memory" in err
     assert "> 232448 B limit" in err and "BLOCK_N=512" in err and "num_stages=4" in err
     assert "draft length 1-64" in err and "(chain/tree)" in err
+
+
+def _one_warp_launch_params(module):
+    """launch_params that runs GQA 256's 64-row program on one warp: its 64 x 256 fp32
+    accumulator alone is 512 registers a thread, so ptxas spills far past the limit."""
+    real = module.launch_params
+
+    def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=None, has_mask=False):
+        name, constexprs, options = real(arch, num_sms, 16, 1, 4, None, config)[0]
+        return [(name, constexprs, {**options, "num_warps": 1})]
+
+    return launch_params
+
+
+def test_a_variant_that_spills_past_the_limit_fails_the_command_and_is_named(cache, monkeypatch, capsys):
+    monkeypatch.setattr(check, "module_launch_params", _one_warp_launch_params)
+    monkeypatch.setattr(check, "runtime_scalars", lambda module, arch, num_sms, point: {})
+    code = cli.main(["check", "--arch", "sm_90", "--layout", "qwen3_5_gqa256", "--kv-dtype", "bf16", "--q-dtype",
+                     "bf16", "--variant", "grouped", "--entry", "token-slot", "--index-dtype", "int32", "--jobs", "1",
+                     "-q"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "FAIL verify_qwen3_5_gqa256__kv_bf16__q_bf16 sm_90 _verify_prefix_stage: spills" in captured.err
+    assert f"B a thread > {check.NVIDIA_SPILL_LIMIT} B" in captured.err and "num_warps=1" in captured.err
+    assert "1 variant(s) do not fit their target" in captured.err
+    assert "kernel family" in captured.out  # where the time went is printed, failing or not
+
+
+_KERNEL_FILE = """
+import triton
+import triton.language as tl
+
+WIDTH: tl.constexpr = {width}
+{padding}
+
+@triton.jit
+def _helper(x):
+    return x * {factor}
+
+
+@triton.jit
+def _kernel(X, Y):
+    offs = tl.arange(0, WIDTH)
+    tl.store(Y + offs, _helper(tl.load(X + offs)))
+"""
+
+
+def _program_hash_of(tmp_path, name, width=16, factor=2, padding=""):
+    path = tmp_path / f"{name}.py"
+    path.write_text(_KERNEL_FILE.format(width=width, factor=factor, padding=padding))
+    return check.program_hash(check.load_module_file(path)._kernel)
+
+
+def test_a_program_is_its_content_not_the_line_it_starts_on(tmp_path):
+    """Modules that hold the same kernel text at other lines share one compile; any change to
+    the kernel, a function it calls or a global constexpr it reads makes another."""
+    base = _program_hash_of(tmp_path, "base")
+    assert _program_hash_of(tmp_path, "moved", padding="\n\n# another module's text above\n\n") == base
+    assert _program_hash_of(tmp_path, "helper_changed", factor=3) != base
+    assert _program_hash_of(tmp_path, "global_changed", width=32) != base
+
+
+def test_programs_shared_between_modules_compile_once_and_count_for_each():
+    """The default module's merge stage is the same program for its BF16 and FP8 KV modules (the
+    kernel text is the same at another line), so one compile serves both."""
+    enum = check.plan_check(["sm_90"], layouts=["gqa64"], kv_dtypes=["bf16", "fp8_e4m3fn"], q_dtypes=["bf16"],
+                            variants=["grouped"], entries=["token-slot"], index_dtypes=["int64"])
+    merges = [v for v in enum.variants if v.kernel == "_verify_merge_stage"]
+    assert merges and all(len(v.modules) == 2 for v in merges), [sorted(v.modules) for v in merges]
+    assert check.module_variant_count(enum) > len(enum.variants)
 
 
 def test_verdicts_apply_the_limits():
