@@ -7,13 +7,17 @@ commands; ``--help`` and the module docstring say what is true.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+import torch
+from kernel_cases import tolerance
 
 import kgen.cli
 from kgen.cli import build_parser, main
 from kgen.spec import SHIPPED_LAYOUT_DIR, load_layouts
 from kgen.targets import read_targets
+from kgen.testing import eagle_tree, make_case, relative_error, set_draft_masks
 
 TARGETS = list(read_targets())
 
@@ -163,3 +167,43 @@ def test_layouts_still_works_and_says_it_is_deprecated(capsys, one_layout_dir):
     assert "warning: --layouts is deprecated, use --layout-dir" in captured.err
     list_help = next(a for a in build_parser()._actions if a.dest == "command").choices["list"].format_help()
     assert "--layout-dir DIR" in list_help and "--layouts" not in list_help
+
+
+# ----------------------------------------------------------------- the README a newcomer reads
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+FENCE = re.compile(r"^```(\S*)\n(.*?)^```$", re.M | re.S)
+
+
+def _blocks() -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for m in FENCE.finditer(README)]
+
+
+def test_readme_first_two_bash_blocks_are_the_setup_and_the_tests():
+    """CI and a fresh machine run these two; every other block must not look like them."""
+    bash = [body.strip() for lang, body in _blocks() if lang == "bash"]
+    assert bash == ['pip install torch==2.13.0 -e ".[test,tune,bench]" && kgen build', "python -m pytest -q"]
+    assert {lang for lang, _ in _blocks()} <= {"bash", "sh", "console", "text", "python"}
+
+
+def test_readme_engine_check_prints_what_it_shows(capsys):
+    """The engine user's can_handle check, on CPU tensors in the interpreter instead of CUDA ones."""
+    console = next(body for lang, body in _blocks() if lang == "console" and "can_handle" in body)
+    script, shown = re.search(r"<<'PY'\n(.*?)\nPY\n(.*?)\n", console, re.S).groups()
+    assert 'device="cuda"' in script
+    exec(compile(script.replace('device="cuda"', 'device="cpu"'), "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == shown.strip()
+
+
+def test_readme_call_example_runs_and_is_right():
+    """The keyword call of "Using a generated kernel", run as written on a tree (its last call)."""
+    example = next(body for lang, body in _blocks() if lang == "python" and "verify_shared_kv_fwd" in body)
+    case = make_case(load_layouts()["qwen3_5_gqa256"], [30, 9], [5, 3], 4, seed=3)
+    set_draft_masks(case, [eagle_tree(n, seed=b) for b, n in enumerate(case.draft_lens())])
+    names = dict(q=case.q, k=case.k_extend, v=case.v_extend, o=case.o, k_buffer=case.k_buffer,
+                 v_buffer=case.v_buffer, qo_indptr=case.qo_indptr, kv_indptr=case.kv_indptr,
+                 kv_indices=case.kv_indices, max_len_extend=case.max_len_extend,
+                 custom_mask=case.custom_mask, mask_indptr=case.mask_indptr)
+    exec(compile(example, "README.md", "exec"), names)
+    assert names["ok"] is True
+    assert relative_error(case.o, case.reference(torch.float64)) <= tolerance(case)
