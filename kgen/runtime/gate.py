@@ -205,7 +205,7 @@ def _not_a_target(arch: str, targets: Mapping[str, frozenset[str]]) -> str:
     return (
         f"{arch} is not a target the generated modules were checked for (kgen/tables/targets.json: "
         f"{', '.join(targets)}), so every kernel's why_not refuses it; to serve it add its row there, "
-        f"run `kgen check --arch {arch}` and `kgen build`"
+        f"then run `kgen build` (the modules take their targets from it) and `kgen check --arch {arch}`"
     )
 
 
