@@ -1,4 +1,4 @@
-"""The ``kgen`` command: build, list, explain, tune, bench."""
+"""The ``kgen`` command: list, build, explain, check, tune, bench."""
 
 from __future__ import annotations
 
@@ -8,25 +8,48 @@ from pathlib import Path
 
 from kgen.errors import KgenError
 
-DESCRIPTION = """\
-kgen generates grouped-head shared-KV target-verify attention kernels (speculative
-decoding, EAGLE topk = 1) from layout specs, and tunes their block configs per GPU.
-
+COMMANDS = """\
   kgen list                           the layout specs and what each generates
   kgen build [--check]                write generated/ (or check it is up to date)
   kgen explain LAYOUT [--kv-dtype D]  the plan after each compiler pass, and the gate's decision
   kgen tune [--layout LAYOUT] ...     search block configs on this GPU (needs the 'tune' extra)
   kgen bench [--quick] ...            measure kernels against peers and the copy ceiling
   kgen check [--arch A,B] ...         compile every kernel variant for real GPUs offline, check resources
+"""
 
+DESCRIPTION = f"""\
+kgen generates grouped-head shared-KV target-verify attention kernels (speculative
+decoding: EAGLE chains, topk = 1, and trees, topk > 1) from layout specs, and tunes their
+block configs per GPU.
+
+{COMMANDS}
 `kgen COMMAND --help` shows a command's options.
 """
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old option name that still works and says which name replaced it."""
+
+    def __init__(self, *args, replacement: str, **kwargs) -> None:
+        self.replacement = replacement
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"warning: {option_string} is deprecated, use {self.replacement}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _add_layout_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layout-dir", metavar="DIR",
+                   help="directory of layout specs (default: the shipped kgen/layouts)")
+    p.add_argument("--layouts", dest="layout_dir", action=_DeprecatedAlias, replacement="--layout-dir",
+                   help=argparse.SUPPRESS)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
     from kgen.spec import load_layouts
 
-    specs = load_layouts(Path(args.layouts) if args.layouts else None)
+    specs = load_layouts(Path(args.layout_dir) if args.layout_dir else None)
     header = (f"{'layout':24s} {'kind':4s} {'qk':>4s} {'nope':>4s} {'pe':>3s} {'v':>4s}  "
               f"{'groups':14s} {'kv dtypes':40s} q")
     print(header)
@@ -47,7 +70,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     bar = tqdm(desc="kgen build", unit="module", disable=not sys.stderr.isatty() or args.quiet)
     result = build_all(Path(args.out) if args.out else None, check_only=args.check,
-                       layout_dir=Path(args.layouts) if args.layouts else None,
+                       layout_dir=Path(args.layout_dir) if args.layout_dir else None,
                        progress=lambda plan: bar.update(1))
     bar.close()
     for warning in sorted({d.why for p in result.plans for d in p.warnings}):
@@ -122,10 +145,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kgen", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Not required: a bare `kgen` prints the command list instead of argparse's one-line error.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("list", help="list the layout specs")
-    p.add_argument("--layouts", help="directory of layout specs (default: the shipped kgen/layouts)")
+    _add_layout_dir(p)
     p.set_defaults(func=_cmd_list)
 
     p = sub.add_parser("build", help="generate the kernels into generated/",
@@ -136,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write nothing; exit 1 naming the files if generated/ is stale")
     p.add_argument("--out", help="output directory (default: generated/ of the source checkout; required "
                    "outside one, then set KGEN_GENERATED_DIR to it so kgen.load finds the modules)")
-    p.add_argument("--layouts", help="directory of layout specs (default: the shipped kgen/layouts)")
+    _add_layout_dir(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_build)
 
@@ -150,9 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", default="grouped", choices=["grouped", "per_head"])
     p.add_argument("--batch-invariant", action="store_true",
                    help="the grouped kernel's batch-invariant module: what it fixes, and why")
-    p.add_argument("--arch", default=None, help="GPU arch for the gate and table lookup, e.g. sm_90, gfx950")
-    p.add_argument("--model", default=None, help="HuggingFace architecture name for the gate")
-    p.add_argument("--topk", type=int, default=1, help="EAGLE topk for the gate (default 1)")
+    p.add_argument("--arch", default=None, help="GPU arch for the gate and table lookup, one of "
+                   "the targets in kgen/tables/targets.json (e.g. sm_90, gfx950); default: this GPU's")
+    p.add_argument("--model", default=None, help="HuggingFace architecture name for the gate; one the layout "
+                   "lists (see `kgen list`) or none lists (default: the layout's first)")
+    p.add_argument("--topk", type=int, default=1, help="EAGLE topk for the gate: 1 a chain, > 1 a tree (default 1)")
     p.add_argument("--group", type=int, default=None, help="query heads per KV head (default: the largest)")
     p.add_argument("--source", action="store_true", help="also print the generated source")
     p.set_defaults(func=_cmd_explain)
@@ -218,6 +244,10 @@ def _missing(what: str, exc: Exception) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        print(f"usage: kgen COMMAND ...\n\n{COMMANDS}", file=sys.stderr)
+        print("kgen: error: name a command (above); `kgen --help` says more", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except KgenError as exc:

@@ -9,7 +9,8 @@ from kgen.loader import check_variant
 from kgen.passes.context import load_context
 from kgen.passes.pipeline import run_pipeline
 from kgen.plan import SECTION_OF_PASS, Plan, module_uri, new_plan
-from kgen.spec import KV_DTYPES, Q_DTYPES, canonical_dtype, load_layouts
+from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, layouts_for_architecture, load_layouts
+from kgen.targets import read_targets
 
 
 def _show(value: object) -> str:
@@ -58,29 +59,65 @@ def _table_lines(plan: Plan, arch: str | None, group: int) -> list[str]:
     return lines
 
 
-def _gate_lines(spec_name: str, arch: str | None, model: str | None, topk: int, group: int,
+def _gate_lines(spec: LayoutSpec, arch: str | None, model: str | None, topk: int, group: int,
                 kv: str, q: str) -> list[str]:
     from kgen.runtime.gate import DETECT, explain_gate
 
-    specs = load_layouts()
-    model = model or (specs[spec_name].architectures[0] if specs[spec_name].architectures else None)
+    model = model or (spec.architectures[0] if spec.architectures else None)
     if model is None:
         return ["── gate: the layout lists no model architecture, so no model is routed to it"]
+    a = spec.attention
     try:
+        # The explained layout's widths: a model no layout lists is then refused with the fix.
         text = explain_gate(model, device_arch=DETECT if arch is None else arch, topk=topk, group_size=group,
-                            kv_dtype=kv, q_dtype=q)
-    except (TypeError, ValueError) as exc:
-        return [f"── gate: cannot evaluate ({exc})"]
+                            qk_dim=a.qk_dim, pe_dim=a.pe_dim, v_dim=a.v_head_dim, kv_dtype=kv, q_dtype=q)
+    except ValueError as exc:
+        raise UsageError(f"the runtime gate cannot evaluate this: {exc}") from None
     return ["── runtime gate " + "─" * 46, *("  " + line for line in str(text).splitlines())]
+
+
+def _check_arch(arch: str | None) -> None:
+    """An arch the modules accept (kgen/tables/targets.json), else a UsageError naming them."""
+    known = list(read_targets())
+    if arch is not None and arch not in known:
+        raise UsageError(
+            f"unknown --arch {arch!r}: the generated modules are checked for and accept {', '.join(known)} "
+            f"(kgen/tables/targets.json); to bring up another GPU add its row there (README.md, "
+            f"\"Tuning a new GPU\")"
+        )
+
+
+def _check_model(model: str | None, spec: LayoutSpec, specs: dict[str, LayoutSpec]) -> None:
+    """Refuse a model that another layout serves: the gate would explain that layout, not this one."""
+    if model is None or model in spec.architectures:
+        return
+    owners = sorted(s.name for s in layouts_for_architecture(model, specs))
+    if owners:
+        raise UsageError(
+            f"--model {model!r} is served by layout {', '.join(owners)}, not {spec.name!r} (whose models are "
+            f"{', '.join(spec.architectures) or 'none'}): run `kgen explain {owners[0]} --model {model}`, or add "
+            f"it to `architectures` in {spec.source} if {spec.name!r} is its layout"
+        )
+
+
+def _check_topk(topk: int) -> None:
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise UsageError(f"--topk must be EAGLE's branches per step, a whole number >= 1 (1: a chain, "
+                         f"> 1: a tree), got {topk!r}")
 
 
 def explain(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16", variant: str = "grouped",
             arch: str | None = None, model: str | None = None, topk: int = 1, group: int | None = None,
             show_source: bool = False, batch_invariant: bool = False) -> str:
+    """The text of ``kgen explain``. Raises UsageError (exit 2) for an unknown layout, dtype or
+    arch, a model another layout serves, or a topk or group below 1."""
     specs = load_layouts()
     if layout not in specs:
         raise SpecError(f"unknown layout {layout!r}; known layouts: {', '.join(sorted(specs))}")
     spec = specs[layout]
+    _check_arch(arch)
+    _check_model(model, spec, specs)
+    _check_topk(topk)
     kv = canonical_dtype(kv_dtype, KV_DTYPES, "KV")
     q = canonical_dtype(q_dtype, Q_DTYPES, "query")
     variant = check_variant(variant)
@@ -112,7 +149,7 @@ def explain(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16", 
     lines.append(f"uri: {plan.uri}")
     lines.extend(collected)
     lines.extend(_table_lines(plan, arch, group))
-    lines.extend(_gate_lines(layout, arch, model, topk, group, kv, q))
+    lines.extend(_gate_lines(spec, arch, model, topk, group, kv, q))
     if show_source:
         lines.extend(["── source " + "─" * 52, plan.output.source])
     return "\n".join(lines)

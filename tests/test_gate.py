@@ -6,7 +6,9 @@ import types
 
 import pytest
 import torch
+from kernel_cases import build
 
+import kgen
 from kgen.env import env_flag
 from kgen.plan import module_uri
 from kgen.runtime import device as device_mod
@@ -21,7 +23,8 @@ from kgen.runtime.gate import (
     gate_from_env,
     scan_inventory,
 )
-from kgen.spec import load_layouts, parse_layout
+from kgen.spec import KV_DTYPES, canonical_dtype, load_layouts, parse_layout
+from kgen.targets import read_targets
 
 LAYOUTS = load_layouts()
 QWEN = dict(model_arch="Qwen3_5MoeForCausalLM", qk_dim=256, pe_dim=0, v_dim=256)
@@ -238,6 +241,53 @@ def test_gate_decision_is_frozen():
     d = decide()
     with pytest.raises(AttributeError):
         d.path = "general"  # type: ignore[misc]
+
+
+# ------------------------------------------------------------------ targets: the gate agrees with the modules
+
+LLAMA = dict(model_arch="LlamaForCausalLM", qk_dim=128, pe_dim=0, v_dim=128)
+# Every target, and two real archs outside targets.json (Turing, MI250).
+ARCHS = [*read_targets(), "sm_75", "gfx90a"]
+
+
+def _module_refusal(monkeypatch, kv: str, variant: str, arch: str) -> str:
+    """The why_not of gqa128's module on ``arch`` (its device probe mocked) for a call it otherwise takes."""
+    module = kgen.load("gqa128", kv_dtype=kv, variant=variant)
+    monkeypatch.setattr(module, "_device_info", lambda device_type, index: (arch, 132, arch.startswith("gfx")))
+    case = build("gqa128", [40, 9], [2, 3], 8, kv_dtype=canonical_dtype(kv, KV_DTYPES, "KV"))
+    return module.why_not(*case.sglang_args())
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8_e4m3fn", "fp8_e4m3fnuz"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gate_refuses_exactly_the_archs_and_fp8_formats_the_modules_refuse(monkeypatch, arch, kv):
+    """The gate reads kgen/tables/targets.json, each module the copy `kgen build` rendered into it:
+    a grouped start the grouped and per-head kernels both refuse would be a wasted chain level,
+    and a general start they would take a lost kernel."""
+    refusals = {variant: _module_refusal(monkeypatch, kv, variant, arch) for variant in ("grouped", "per_head")}
+    d = decide(arch=arch, model=LLAMA, group=8, kv_dtype=kv)
+    if any(refusals.values()):
+        assert all(arch in reason for reason in refusals.values()), refusals
+        assert d.path == "general", (d, refusals)
+        assert arch in d.reason and "why_not refuses it" in d.reason
+    else:
+        assert d.path == "grouped", d
+
+
+def test_an_arch_outside_the_targets_names_them_and_the_bring_up():
+    d = decide(arch="sm_75", model=LLAMA, group=8)
+    assert (d.path, d.layout) == ("general", "gqa128")
+    assert ", ".join(read_targets()) in d.reason
+    assert "kgen/tables/targets.json" in d.reason and "`kgen check --arch sm_75`" in d.reason
+    # the inventory's targets decide: an arch added there is served
+    inv = inventory(targets={"sm_75": frozenset()})
+    assert decide(arch="sm_75", model=LLAMA, group=8, inv=inv).path == "grouped"
+    assert decide(arch="sm_90", model=LLAMA, group=8, inv=inv).path == "general"
+
+
+def test_interpreter_is_not_held_to_the_targets():
+    d = decide(arch=None, interpreter=True, kv_dtype="fp8_e4m3fnuz", inv=inventory(targets={}))
+    assert d.path == "grouped", d
 
 
 # ------------------------------------------------------------------ inventory and explain

@@ -4,6 +4,9 @@ SGLang's ``_should_use_verify_shared_kv`` hard-codes one GPU (gfx950), two model
 and "exactly one TP-local KV head" in ``if`` chains. kgen generalizes it:
 
 - which model architectures use which layout is data (``LayoutSpec.architectures``);
+- the archs served are data too (``kgen/tables/targets.json``, the targets every generated
+  module was checked for and accepts): an arch outside them, or an FP8 KV format its tensor
+  cores lack, goes to the general path, as both kernels' ``why_not`` refuse it;
 - the grouped kernel is chosen wherever a generated module exists for the layout and
   dtypes and a block config exists for the arch (a table entry, tuned or hand-picked, or the
   built-in default), for chains (``topk == 1``) and trees (``topk > 1``) alike: the modules
@@ -28,10 +31,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Literal, get_args
 
 from kgen.env import env_flag
-from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, layouts_for_architecture
+from kgen.spec import FP8_DTYPES, KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, layouts_for_architecture
+from kgen.targets import read_targets
 
 PathName = Literal["grouped", "per_head", "general"]
 PATHS: tuple[PathName, ...] = get_args(PathName)
@@ -83,13 +88,28 @@ class Switches:
     interpreter: bool = False
 
 
+@functools.lru_cache(maxsize=1)
+def _read_shipped_targets() -> Mapping[str, frozenset[str]]:
+    return MappingProxyType({arch: frozenset(t.fp8) for arch, t in read_targets().items()})
+
+
+def shipped_targets() -> Mapping[str, frozenset[str]]:
+    """Each arch of ``kgen/tables/targets.json`` with the FP8 formats its tensor cores take.
+
+    ``kgen build`` renders the same file into every module, whose ``why_not`` refuses any
+    other arch (and an FP8 KV format outside the arch's list), so the gate reads it too.
+    """
+    return _read_shipped_targets()
+
+
 @dataclass(frozen=True)
 class Inventory:
-    """What exists, as plain data: layouts, generated modules, block-config table entries.
+    """What exists, as plain data: layouts, generated modules, block-config table entries, targets.
 
     ``table_entries`` holds ``(arch, layout, kv_dtype, group_size)`` for every table row;
     ``tuned_arches`` the arches whose table says it was tuned on the hardware (the gfx950
-    table shipped with kgen holds hand-picked values until ``kgen tune`` replaces them).
+    table shipped with kgen holds hand-picked values until ``kgen tune`` replaces them);
+    ``targets`` the archs the modules accept, each with its FP8 formats (``shipped_targets``).
     """
 
     layouts: Mapping[str, LayoutSpec]
@@ -99,6 +119,7 @@ class Inventory:
     has_default_config: bool = True
     generated_dir: str = ""
     notes: tuple[str, ...] = field(default=())
+    targets: Mapping[str, frozenset[str]] = field(default_factory=shipped_targets)
 
 
 def module_uri(layout: str, kv_dtype: str, q_dtype: str, variant: str) -> str:
@@ -180,6 +201,22 @@ def _config_source(inv: Inventory, arch: str, layout: str, kv_dtype: str, group_
     return None
 
 
+def _not_a_target(arch: str, targets: Mapping[str, frozenset[str]]) -> str:
+    return (
+        f"{arch} is not a target the generated modules were checked for (kgen/tables/targets.json: "
+        f"{', '.join(targets)}), so every kernel's why_not refuses it; to serve it add its row there, "
+        f"then run `kgen build` (the modules take their targets from it) and `kgen check --arch {arch}`"
+    )
+
+
+def _fp8_unsupported(arch: str, kv_dtype: str, targets: Mapping[str, frozenset[str]]) -> str | None:
+    """Why ``arch``'s tensor cores cannot take this FP8 KV format (None when they can, or it is not FP8)."""
+    if kv_dtype not in FP8_DTYPES or arch == INTERPRETER_ARCH or kv_dtype in targets[arch]:
+        return None
+    takes = ", ".join(sorted(targets[arch])) or "none"
+    return f"{arch} has no {kv_dtype} tensor-core format (it takes: {takes}), so every kernel's why_not refuses it"
+
+
 def _kv_heads_note(num_local_kv_heads: int) -> str:
     if num_local_kv_heads == 1:
         return "1 TP-local KV head"
@@ -220,6 +257,8 @@ def _decide(
         return trace.done("general", layout, "no GPU: the Triton kernels need one (or TRITON_INTERPRET=1)")
     if arch == INTERPRETER_ARCH:
         trace.note("no GPU, TRITON_INTERPRET=1: kernels run in Triton's CPU interpreter (tests only)")
+    elif arch not in inventory.targets:
+        return trace.done("general", layout, _not_a_target(arch, inventory.targets))
     if spec is None:
         return trace.done("general", None, why)
     return _decide_for_layout(trace, spec, arch, query, inventory)
@@ -237,6 +276,9 @@ def _decide_for_layout(trace: _Trace, spec: LayoutSpec, arch: str, query: GateQu
             f"layout {spec.name!r} is generated for KV {list(spec.dtypes.kv)} and query "
             f"{list(spec.dtypes.q)}, not KV {kv_dtype!r} / query {q_dtype!r}",
         )
+    fp8_refused = _fp8_unsupported(arch, kv, inv.targets)
+    if fp8_refused:
+        return trace.done("general", spec.name, fp8_refused)
     grouped_uri = module_uri(spec.name, kv, q, "grouped")
     per_head_uri = module_uri(spec.name, kv, q, "per_head")
     if num_local_kv_heads > 1:
@@ -276,7 +318,8 @@ def decide_path(
     """Pure: the path the verify chain should start on for one model on one device.
 
     ``device_arch`` is ``"gfx950"``, ``"sm_90"``... or None without a GPU (then only
-    ``switches.interpreter`` lets the kernels run, on CPU). Raises ValueError only for
+    ``switches.interpreter`` lets the kernels run, on CPU); an arch outside
+    ``inventory.targets`` goes to the general path. Raises ValueError only for
     impossible numbers (topk < 1, ...) or an unknown forced path.
     """
     return _decide(_Trace(), query, device_arch, switches, inventory)
@@ -324,6 +367,7 @@ def scan_inventory(directory: Path | None = None, env: Mapping[str, str] | None 
         has_default_config=has_default,
         generated_dir=where,
         notes=tuple(notes),
+        targets=shipped_targets(),
     )
 
 
