@@ -17,3 +17,30 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _drop_module_scratch() -> None:
+    """Empty every generated module's scratch cache (``_SCRATCH``: split partials cached by shape
+    so a CUDA graph replays one address). It only ever grows, one entry per (rows, heads,
+    splits), so a worker that ran many shapes would keep all of them on the GPU."""
+    import sys
+
+    for module in list(sys.modules.values()):
+        scratch = getattr(module, "_SCRATCH", None)
+        if isinstance(scratch, dict) and hasattr(module, "verify_shared_kv_fwd"):
+            scratch.clear()
+
+
+@pytest.fixture(autouse=True)
+def _free_gpu_memory_after_gpu_tests(request):
+    """After each gpu-marked test: drop the modules' scratch, collect what the test held and
+    hand the caching allocator's free blocks back, so 16 workers sharing one GPU each keep only
+    what their current test needs."""
+    yield
+    if request.node.get_closest_marker("gpu") is None or not torch.cuda.is_initialized():
+        return
+    import gc
+
+    _drop_module_scratch()
+    gc.collect()
+    torch.cuda.empty_cache()

@@ -56,3 +56,32 @@ def build_module(out_dir: Path, layout: str, kv_dtype: str, variant: str = "grou
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return plan, module
+
+
+# The tests that hold pools past 2**31 elements share this xdist group: under `pytest -n N
+# --dist loadgroup` they run one at a time in one worker (two at once, or one beside fifteen
+# workers' caches, need more than one GPU holds).
+LARGE_POOL_GROUP = "gpu_large_pool"
+
+
+def wait_for_free_gpu_memory(nbytes: int, timeout_s: float = 120.0) -> None:
+    """Return once ``nbytes`` of GPU memory are free (other workers' tests end and hand theirs
+    back, tests/conftest.py); fail naming the shortfall after ``timeout_s``, rather than die
+    out of memory halfway through a test."""
+    import gc
+    import time
+
+    import pytest
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        gc.collect()
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        if free >= nbytes:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"this test needs {nbytes / 2**30:.1f} GiB of GPU memory, {free / 2**30:.1f} GiB of "
+                        f"{total / 2**30:.1f} GiB stayed free for {timeout_s:.0f} s; run the gpu suite with "
+                        "--dist loadgroup (one large-pool test at a time) or fewer workers")
+        time.sleep(1.0)

@@ -2,7 +2,7 @@
 
 Run on the H200 (sm_90, Triton 3.6), spread over processes:
 
-    KGEN_TEST_ON_GPU=1 python -m pytest -q -m gpu tests/test_gpu_gluon.py -n 16
+    KGEN_TEST_ON_GPU=1 python -m pytest -q -m gpu tests/test_gpu_gluon.py -n 16 --dist loadgroup
 
 Every module with a Gluon prefix stage (absorbed MLA, 16-bit KV, q in the KV dtype) runs through
 ``launch`` with a config that carries a ``gluon`` section, so the launcher picks the Gluon
@@ -27,7 +27,7 @@ import zlib
 
 import pytest
 import torch
-from kernel_cases import SPECS, tolerance
+from kernel_cases import LARGE_POOL_GROUP, SPECS, tolerance, wait_for_free_gpu_memory
 from test_gpu_sweep import NUM_SMS, request_lengths, unlisted_group
 
 import kgen
@@ -132,6 +132,7 @@ def test_gluon_graph_replay_with_oversized_indices(config_name):
 
 
 @pytest.mark.gpu
+@pytest.mark.xdist_group(LARGE_POOL_GROUP)
 def test_gluon_pool_past_2_pow_31_elements():
     """Every named slot lies past element 2**31 of the pool: slot x stride must be int64."""
     module = kgen.load(LAYOUT, "bfloat16")
@@ -140,6 +141,7 @@ def test_gluon_pool_past_2_pow_31_elements():
     problem = make_case(spec, [400, 0, 130], [3, 1, 4], 16, device="cuda", seed=31)
     reference = problem.reference(torch.float64)
     width = spec.attention.qk_dim
+    wait_for_free_gpu_memory((1 << 31) * problem.k_buffer.element_size() + (1 << 30))  # one pool: V is K's view
     slots = -(-(1 << 31) // width) + problem.k_buffer.shape[0]
     big = torch.full((slots, *problem.k_buffer.shape[1:]), float("nan"), dtype=problem.k_buffer.dtype, device="cuda")
     offset = slots - problem.k_buffer.shape[0]

@@ -3,7 +3,7 @@ variant runs at least once, with the boundaries of the draft length, the group a
 
 Run on a GPU machine (the cost is Triton compiling the variants, so spread it over processes):
 
-    KGEN_TEST_ON_GPU=1 python -m pytest -q -m gpu tests/test_gpu_sweep.py -n 8
+    KGEN_TEST_ON_GPU=1 python -m pytest -q -m gpu tests/test_gpu_sweep.py -n 8 --dist loadgroup
 
 What is swept, per shipped layout (``kgen list``) and KV dtype this GPU stores (bfloat16 and the
 vendor's float8), with bfloat16 queries (float16 for ``FP16_LAYOUT``):
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from kernel_cases import SPECS, tolerance
+from kernel_cases import LARGE_POOL_GROUP, SPECS, tolerance, wait_for_free_gpu_memory
 
 import kgen
 from kgen.spec import FP8_DTYPES
@@ -345,11 +345,13 @@ def _moved_up(pool: torch.Tensor, rows: int) -> tuple[torch.Tensor, int]:
 
 
 @pytest.mark.gpu
+@pytest.mark.xdist_group(LARGE_POOL_GROUP)
 @pytest.mark.parametrize(("layout", "kv"), [("gqa64", "bfloat16"), ("mla_absorbed_512_64", FP8)])
 def test_pool_past_2_pow_31_elements(layout, kv):
     """A pool of more than 2**31 elements whose named slots (and pages) all lie past element
     2**31: slot x stride overflows int32, so every address must be formed in int64. (The CPU
-    test in test_int64_addressing.py runs the interpreter, not the compiled kernel.)"""
+    test in test_int64_addressing.py runs the interpreter, not the compiled kernel.) The paged
+    caches are freed before the token-slot pools are made: one pair at a time on the GPU."""
     module = kgen.load(layout, kv)
     fp8 = kv in FP8_DTYPES
     spec = SPECS[layout]
@@ -359,6 +361,8 @@ def test_pool_past_2_pow_31_elements(layout, kv):
     bound = tolerance(problem)
     absorbed = problem.v_buffer.data_ptr() == problem.k_buffer.data_ptr()
     width = spec.attention.qk_dim
+    pools = 1 if absorbed else 2
+    wait_for_free_gpu_memory(pools * (1 << 31) * problem.k_buffer.element_size() + (1 << 30))
 
     paged = to_paged(problem, 64)
     blocks = -(-(1 << 31) // (64 * width)) + paged.k_cache.shape[0]  # the copied blocks start past 2**31
@@ -372,7 +376,8 @@ def test_pool_past_2_pow_31_elements(layout, kv):
         assert module.verify_paged_fwd(*args), module.why_not_paged(*args)
         err = relative_error(problem.o, reference)
         assert err <= bound, f"paged, {index_dtype}: relative error {err:.2e} > tolerance {bound:.2e}"
-    del paged, k_cache, v_cache
+    del paged, k_cache, v_cache, args  # args holds the caches too
+    torch.cuda.empty_cache()
 
     slots = -(-(1 << 31) // width) + problem.k_buffer.shape[0]  # the copied slots start past 2**31
     k_pool, offset = _moved_up(problem.k_buffer, slots)

@@ -7,6 +7,9 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+from kernel_cases import LARGE_POOL_GROUP
+
 SCRIPT = textwrap.dedent(
     """
     import os
@@ -33,6 +36,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.xdist_group(LARGE_POOL_GROUP)  # 8 GiB of host address space: one such test at a time
 def test_pool_larger_than_2_pow_31_elements():
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"

@@ -30,11 +30,13 @@ def test_shipped_layouts_cover_the_issue():
     mla = specs["mla_absorbed_512_64"].attention
     assert (mla.nope_dim, mla.pe_dim, mla.v_head_dim, mla.v_source) == (512, 64, 512, "k_latent")
     assert specs["gqa128"].attention.group_sizes == (8, 16)
-    assert specs["gqa64"].attention.group_sizes == (8,)
+    assert specs["gqa64"].attention.group_sizes == (4, 8)  # 4: Kimi-K3's DSpark draft
     for spec in specs.values():
         assert {"bfloat16", "float8_e4m3fn", "float8_e4m3fnuz"} <= set(spec.dtypes.kv)
         assert "bfloat16" in spec.dtypes.q
     assert [s.name for s in layouts_for_architecture("KimiK3ForCausalLM", specs)] == ["mla_absorbed_512_64"]
+    for model in ("MiniMaxM3SparseForConditionalGeneration", "LlamaForCausalLMEagle3"):
+        assert [s.name for s in layouts_for_architecture(model, specs)] == ["gqa128"]
     assert len([a for a in specs["qwen3_5_gqa256"].architectures if a.startswith("Qwen3_5")]) == 4
 
 

@@ -10,7 +10,9 @@ are imported. A call then only checks tensor metadata and launches.
   running its own ``extend_attention_fwd``; otherwise kgen's general path runs.
 - ``VLLMVerify`` takes vLLM's names (``seq_lens`` counts the new tokens too,
   ``query_start_loc`` is ``qo_indptr``, ``tree_attn_bias`` the tree backend's one tree for
-  the batch) and converts them on the device, without syncs.
+  the batch) and converts them on the device, without syncs. It returns None, ``output``
+  untouched, for a call no kgen path serves (an FP8 query with its ``q_descale``): vLLM's own
+  kernel then runs it.
 """
 
 from __future__ import annotations
@@ -97,12 +99,18 @@ class VLLMVerify:
     ``key_cache``/``value_cache`` are ``[num_blocks, block_size, H_kv, D]`` (FlashAttention's
     ``kv_cache.unbind(0)``); the draft tokens' K/V come from ``key``/``value``, so they need
     not be written into the cache before the call. ``tree_attn_bias`` (vLLM's tree attention
-    backend, ``TreeAttentionMetadata.tree_attn_bias``) turns tree verification on.
+    backend, ``TreeAttentionMetadata.tree_attn_bias``) turns tree verification on. A call no
+    kgen path serves returns None with ``output`` untouched, and ``last_refusal`` says why.
     """
 
     def __init__(self, chain: VerifyChain, *, decision: GateDecision | None = None) -> None:
         self.chain = chain
         self.decision = decision
+
+    @property
+    def last_refusal(self) -> str:
+        """Why the latest refused call was refused ('' before any was)."""
+        return self.chain.last_refusal
 
     def __call__(
         self,
@@ -123,8 +131,11 @@ class VLLMVerify:
         sliding_window: int | tuple[int, int] | None = None,
         sinks: torch.Tensor | None = None,
         tree_attn_bias: torch.Tensor | None = None,
-    ) -> PathName:
-        """Write ``output`` and return the path that ran. ``seq_lens`` counts each request's
+        q_descale: Scale = None,
+    ) -> PathName | None:
+        """Write ``output`` and return the path that ran, or return None with ``output``
+        untouched when no kgen path serves the call (an FP8 query: kgen applies no
+        ``q_descale``), so vLLM runs its own kernel. ``seq_lens`` counts each request's
         committed prefix plus its draft tokens (vLLM's meaning); ``tree_attn_bias`` is the
         tree backend's [T, T] bias (``vllm_tree_mask``), None for a chain."""
         if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
@@ -142,10 +153,11 @@ class VLLMVerify:
             sinks=sinks,
             logit_cap=float(logits_soft_cap or 0.0),
         )
-        return self.chain.run_paged(
+        return self.chain.try_paged(
             PagedCall(
                 query, key, value, output, key_cache, value_cache, block_table[:bs], prefix_lens,
                 query_start_loc, max_query_len, k_scale, v_scale, softmax_scale, features=features,
+                q_descale=q_descale,
             )
         )  # fmt: skip
 

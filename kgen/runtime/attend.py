@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import torch
 
 from kgen.runtime.call import Features, PagedCall, Scale, VerifyCall, sglang_signature
-from kgen.runtime.validate import check_flat_indices, validate_flat
+from kgen.runtime.validate import check_flat_indices, unserved_reason, validate_flat
 
 # ----------------------------------------------------------------------------- prefix sources
 
@@ -286,7 +286,10 @@ def attend(
         valid = pos[None, :] < batch.plens[:, None]
         k_pre, v_pre = prefix.gather(pos, valid)
         s = _postprocess(_scores(q, k_pre.to(cd), sm * ks), f, temp)
-        state.update(_hide(s, _prefix_visible(f, batch, pos, valid)), v_pre.to(cd), vs)
+        # Past a request's prefix the gather reads some cache position (a page's unused tail):
+        # its V may hold NaN, and 0 x NaN is NaN in P.V, so those rows are zeroed.
+        v_pre = v_pre.to(cd).masked_fill(~valid[:, :, None, None], 0.0)
+        state.update(_hide(s, _prefix_visible(f, batch, pos, valid)), v_pre, vs)
     k_d = k_extend[batch.rows].to(cd)
     v_d = v_extend[batch.rows].to(cd)
     s = _postprocess(_scores(q, k_d, sm), f, temp)
@@ -323,9 +326,13 @@ class GeneralPath:
 @sglang_signature
 def general_verify(*args: Any, check_indices: bool = False, path: GeneralPath | None = None, **kwargs: Any) -> None:
     """The general path alone, with SGLang's call shape (``VerifyCall``'s arguments):
-    validate, optionally check index values, then write ``o_extend``."""
+    validate, optionally check index values, then write ``o_extend``. A call it cannot compute
+    correctly (``unserved_reason``: an FP8 query) raises ValueError, ``o_extend`` untouched."""
     call = VerifyCall.from_sglang(*args, **kwargs)
     validate_flat(call)
     if check_indices:
         check_flat_indices(call)
+    reason = unserved_reason(call)
+    if reason:
+        raise ValueError(reason)
     (path or GeneralPath()).run(call)

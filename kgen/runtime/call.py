@@ -176,6 +176,8 @@ class PagedCall:
     sm_scale: float | None = None
     features: Features = field(default=PLAIN, kw_only=True)
     config: dict | None = field(default=None, kw_only=True)
+    # vLLM's FP8 query descale; every path refuses a call that would need it (``unserved_reason``).
+    q_descale: Scale = field(default=None, kw_only=True)
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:

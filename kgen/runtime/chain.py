@@ -9,6 +9,11 @@ kernel accepting.
 Modules are looked up once, when the chain is built: a call does no file I/O, and for the
 kernel levels no host sync (only tensor metadata is checked). Index values are checked
 only when asked (``check_indices=True`` or ``KGEN_CHECK_INDICES=1``), because that syncs.
+
+A valid call that no level computes correctly (``kgen.runtime.validate.unserved_reason``:
+an FP8 query) is refused before any level runs, ``o_extend`` untouched: ``try_call`` /
+``try_paged`` return None (the engine runs its own kernel), ``run`` / ``run_paged`` raise
+ValueError with the reason; ``last_refusal`` keeps it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,13 @@ from kgen.env import env_flag
 from kgen.runtime.attend import GeneralPath
 from kgen.runtime.call import PagedCall, VerifyCall, sglang_signature
 from kgen.runtime.gate import PATHS, PathName
-from kgen.runtime.validate import check_flat_indices, check_paged_indices, validate_flat, validate_paged
+from kgen.runtime.validate import (
+    check_flat_indices,
+    check_paged_indices,
+    unserved_reason,
+    validate_flat,
+    validate_paged,
+)
 
 CHECK_INDICES_ENV = "KGEN_CHECK_INDICES"
 KERNEL_PATHS: tuple[PathName, ...] = ("grouped", "per_head")
@@ -65,7 +76,8 @@ class VerifyChain:
     fake modules that follow the module contract). Calls with a custom mask (EAGLE trees, or
     SGLang's chain written as a mask at topk = 1) go to the kernels like any other: the
     modules read the mask on the device, and one they cannot read they refuse. ``last_path``
-    records which level ran the latest call, ``counts`` how often each did.
+    records which level ran the latest call, ``counts`` how often each did, ``last_refusal``
+    why the latest refused call was refused.
     """
 
     def __init__(
@@ -91,6 +103,7 @@ class VerifyChain:
         self.general = general or GeneralPath()
         self.check_indices = env_flag(CHECK_INDICES_ENV) if check_indices is None else check_indices
         self.last_path: PathName | None = None
+        self.last_refusal = ""
         self.counts: dict[str, int] = dict.fromkeys(PATHS, 0)
 
     def describe(self) -> str:
@@ -107,10 +120,24 @@ class VerifyChain:
         self.counts[path] += 1
         return path
 
-    def _validate_flat(self, call: VerifyCall) -> None:
+    def _validate_flat(self, call: VerifyCall) -> str:
+        """Raise for invalid input; return why no level serves it ('' when one may)."""
         validate_flat(call)
         if self.check_indices:
             check_flat_indices(call)
+        return self._refusal(call)
+
+    def _validate_paged(self, call: PagedCall) -> str:
+        validate_paged(call)
+        if self.check_indices:
+            check_paged_indices(call)
+        return self._refusal(call)
+
+    def _refusal(self, call: VerifyCall | PagedCall) -> str:
+        reason = unserved_reason(call)
+        if reason:
+            self.last_refusal = reason
+        return reason
 
     def _kernels_flat(self, call: VerifyCall) -> PathName | None:
         if call.max_len_extend is None:
@@ -124,19 +151,24 @@ class VerifyChain:
     def try_call(self, call: VerifyCall) -> PathName | None:
         """Validate, then run the first kernel level that accepts; None when none does.
 
-        For engines that keep their own fallback (SGLang's ``extend_attention_fwd``).
-        Raises ValueError for input no path can take.
+        For engines that keep their own fallback (SGLang's ``extend_attention_fwd``); a call
+        no level serves (``last_refusal`` says why) returns None too. Raises ValueError for
+        invalid input.
         """
-        self._validate_flat(call)
+        if self._validate_flat(call):
+            return None
         return self._kernels_flat(call)
 
     def run(self, call: VerifyCall) -> PathName:
         """Write ``call.o_extend`` through the first level that accepts; return its name.
 
         Without ``max_len_extend`` (the longest draft, which lets the kernels size their
-        grid without a host sync) only the general path runs.
+        grid without a host sync) only the general path runs. A call no level serves raises
+        ValueError with the reason, ``o_extend`` untouched.
         """
-        self._validate_flat(call)
+        reason = self._validate_flat(call)
+        if reason:
+            raise ValueError(reason)
         ran = self._kernels_flat(call)
         if ran is not None:
             return ran
@@ -156,10 +188,21 @@ class VerifyChain:
     def run_paged(self, call: PagedCall) -> PathName:
         """vLLM-style pages. Kernels take causal chains and trees (a custom mask in the paged
         entry's rows); their ``verify_paged_fwd`` has no cap/window/sink arguments, so calls
-        with those go straight to the general path, which gathers pages chunk by chunk."""
-        validate_paged(call)
-        if self.check_indices:
-            check_paged_indices(call)
+        with those go straight to the general path, which gathers pages chunk by chunk. A
+        call no level serves raises ValueError with the reason, ``o_extend`` untouched."""
+        reason = self._validate_paged(call)
+        if reason:
+            raise ValueError(reason)
+        return self._run_paged_levels(call)
+
+    def try_paged(self, call: PagedCall) -> PathName | None:
+        """``run_paged``, but a call no level serves returns None (``last_refusal`` says why),
+        ``o_extend`` untouched, so the engine runs its own kernel."""
+        if self._validate_paged(call):
+            return None
+        return self._run_paged_levels(call)
+
+    def _run_paged_levels(self, call: PagedCall) -> PathName:
         mask = call.features.paged_kernel_mask()
         if mask is not None and call.max_len_extend is not None:
             for lv in self._kernels:

@@ -4,7 +4,9 @@
 devices): no host sync, safe in the hot path and under CUDA-graph capture; the chain runs
 them on every call. ``check_flat_indices`` / ``check_paged_indices`` check index *values*
 (custom-mask sizes included), which syncs the host: they run only with
-``check_indices=True`` or ``KGEN_CHECK_INDICES=1``.
+``check_indices=True`` or ``KGEN_CHECK_INDICES=1``. ``unserved_reason`` names valid calls that no kgen path computes
+correctly (an FP8 query): the chain and the adapters refuse those, leaving ``o_extend``
+untouched, so the engine runs its own kernel.
 """
 
 from __future__ import annotations
@@ -117,6 +119,36 @@ def _check_features(f: Features, bs: int, h_q: int, paged: bool = False) -> None
         _fail("xai_temperature_len = 1 divides by log2(1) = 0; use -1 (off) or a length > 1")
 
 
+def _is_one(s: Scale) -> bool:
+    """True for None or the number 1; a tensor is never known to be 1 without a host sync."""
+    return s is None or (not isinstance(s, torch.Tensor) and float(s) == 1.0)
+
+
+def unserved_reason(call: VerifyCall | PagedCall) -> str:
+    """Why no kgen path computes this valid call correctly ('' when one does).
+
+    Every path computes with the query-side tensors as they are: an FP8 query (vLLM's FP8
+    attention path, ``q`` in e4m3 with a ``q_descale``) would need its descale in the dot
+    product, which no path applies, and an FP8 ``o_extend`` a quantization scale nobody
+    passes. A tensor ``q_descale`` with a 16-bit query is refused too: its value is not
+    known without a host sync."""
+    for name in ("q_extend", "k_extend", "v_extend", "o_extend"):
+        t = getattr(call, name)
+        if t.element_size() == 1:
+            return (
+                f"{name} is {t.dtype}: kgen computes with 16- or 32-bit queries, draft K/V and outputs and "
+                "applies no q_descale (the FP8 query path), so it refuses; run the engine's own kernel for "
+                "FP8 queries"
+            )
+    q_descale = getattr(call, "q_descale", None)
+    if not _is_one(q_descale):
+        return (
+            f"q_descale is given with a {call.q_extend.dtype} query: kgen applies no query descale; pass "
+            "q_descale=None for a 16-bit query, or run the engine's own kernel"
+        )
+    return ""
+
+
 def _check_devices(tensors: dict[str, torch.Tensor | None]) -> None:
     devices = {n: t.device for n, t in tensors.items() if isinstance(t, torch.Tensor)}
     first = next(iter(devices.values()))
@@ -171,6 +203,7 @@ def validate_paged(call: PagedCall) -> None:
         )
     _check_scale("k_scale", call.k_scale)
     _check_scale("v_scale", call.v_scale)
+    _check_scale("q_descale", call.q_descale)
     _check_features(call.features, bs, h_q, paged=True)
     _check_devices({**{name: getattr(call, name) for name in _PAGED_SAME_DEVICE}, "sinks": call.features.sinks,
                     "custom_mask": call.features.custom_mask, "mask_indptr": call.features.mask_indptr})
