@@ -45,7 +45,7 @@ VARIANT = "grouped"
 KV_DTYPE = torch.bfloat16
 Q_DTYPE = torch.bfloat16
 QK_DIM = 64
-GROUP_SIZES = (8,)
+GROUP_SIZES = (4, 8)
 ARCHITECTURES = ()
 SUPPORTED_PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 

@@ -44,7 +44,7 @@ KV_DTYPE = torch.float8_e4m3fn
 Q_DTYPE = torch.bfloat16
 QK_DIM = 128
 GROUP_SIZES = (8, 16)
-ARCHITECTURES = ('LlamaForCausalLM', 'Qwen3ForCausalLM', 'Qwen3MoeForCausalLM')
+ARCHITECTURES = ('LlamaForCausalLM', 'Qwen3ForCausalLM', 'Qwen3MoeForCausalLM', 'MiniMaxM3SparseForCausalLM', 'MiniMaxM3SparseForConditionalGeneration', 'LlamaForCausalLMEagle3')
 SUPPORTED_PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 
 # Widths the kernels use, declared once as tl.constexpr objects: @triton.jit functions read

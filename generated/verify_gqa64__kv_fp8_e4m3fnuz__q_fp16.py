@@ -43,7 +43,7 @@ VARIANT = "grouped"
 KV_DTYPE = torch.float8_e4m3fnuz
 Q_DTYPE = torch.float16
 QK_DIM = 64
-GROUP_SIZES = (8,)
+GROUP_SIZES = (4, 8)
 ARCHITECTURES = ()
 SUPPORTED_PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 
