@@ -1102,15 +1102,16 @@ def _stand_for(kept: Variant, dropped: Variant) -> None:
 def format_plan(enumeration: Enumeration, archs: list[str]) -> str:
     """Counts per arch and kernel, and how much each domain axis multiplies the variants."""
     counts = Counter((v.arch, v.kernel) for v in enumeration.variants)
-    lines = [f"{'arch':7s} {'launches':>9s} {'variants':>8s}  per kernel; x multiplier of each axis"]
+    lines = [f"{'arch':7s} {'launches':>9s} {'programs':>8s}  per kernel; x multiplier of each axis"]
     for arch in archs:
         kernels = ", ".join(f"{k.strip('_')} {n}" for (a, k), n in sorted(counts.items()) if a == arch)
         mult = ", ".join(f"{axis} x{m:.2f}" for axis, m in enumeration.axis_multipliers.get(arch, {}).items())
         lines.append(f"{arch:7s} {enumeration.launches.get(arch, 0):9d} "
                      f"{sum(n for (a, _), n in counts.items() if a == arch):8d}  {kernels}; {mult}")
-    lines.append(f"total {len(enumeration.variants)} distinct variants from {sum(enumeration.points.values())} "
-                 f"domain points ({sum(enumeration.refused_points.values())} refused by launch_params: no program "
-                 f"fits); {len(enumeration.refused)} module x arch refused")
+    lines.append(f"total {len(enumeration.variants)} distinct programs for {module_variant_count(enumeration)} module "
+                 f"variants from {sum(enumeration.points.values())} domain points "
+                 f"({sum(enumeration.refused_points.values())} refused by launch_params: no program fits); "
+                 f"{len(enumeration.refused)} module x arch refused")
     return "\n".join(lines)
 
 
