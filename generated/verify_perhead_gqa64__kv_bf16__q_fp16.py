@@ -1223,7 +1223,7 @@ def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indic
 def why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
             custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale=None, logit_cap=0.0,
             skip_prefix_custom_mask=True, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
-            xai_temperature_len=-1, max_bs=None, kv_len_adjust=0):
+            xai_temperature_len=-1, max_bs=None, *, kv_len_adjust=0):
     """Why this module cannot run these arguments ('' when it can)."""
     if sinks is not None:
         return "attention sinks are not supported"
@@ -1285,8 +1285,7 @@ def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
                          kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
                          sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True, sliding_window_size=-1,
                          sinks=None, window_kv_offsets=None, xai_temperature_len=-1, max_bs=None,
-                         kv_len_adjust=0,
-                         *, check_indices=False):
+                         *, kv_len_adjust=0, check_indices=False):
     """SGLang's target-verify call. Writes o_extend and returns True, or returns False
     (o_extend untouched, nothing raised) when this module does not handle the input.
 
@@ -1309,7 +1308,7 @@ def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     if why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
                custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale, logit_cap,
                skip_prefix_custom_mask, sliding_window_size, sinks, window_kv_offsets, xai_temperature_len,
-               max_bs, kv_len_adjust):
+               max_bs, kv_len_adjust=kv_len_adjust):
         return False
     if check_indices or _CHECK_INDICES:
         _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, kv_indptr=kv_indptr,
