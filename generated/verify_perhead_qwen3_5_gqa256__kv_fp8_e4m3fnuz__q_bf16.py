@@ -9,7 +9,8 @@
 #
 # Target verification for speculative decoding (EAGLE): every request attends L draft tokens
 # over its whole prefix in a paged KV cache. Among themselves draft token i sees draft tokens
-# 0..i (a chain, topk = 1), or the ones its request's custom mask gives it (a tree, topk > 1).
+# 0..i (a chain, topk = 1), every draft token (a block drafter's block, is_causal=False), or
+# the ones its request's custom mask gives it (a tree, topk > 1).
 # Layout qwen3_5_gqa256: GQA, K width 256 (nope 256 + pe 0), V width 256, KV float8_e4m3fnuz, queries bfloat16.
 #
 # Two launches:

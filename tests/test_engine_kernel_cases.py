@@ -282,3 +282,39 @@ def test_absorbed_mla_separate_v_buffer_is_refused(invariant):
     args[5] = paged.k_cache[..., :512].clone()
     assert "v_buffer is not a view" in module.why_not_paged(*args)
     assert not module.verify_paged_fwd(*args)
+
+
+# ---- the Gluon MLA stage (sm_90): the same three runtime arguments -----------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("invariant", [False, True])
+def test_gpu_gluon_stage_scales_blocks_and_trim(invariant):
+    """The Gluon prefix stage takes k_scale / v_scale, draft_lookahead_len and prefix_trim_len as
+    the Triton stage does (compiled by `kgen check`; the interpreter cannot run Gluon): a BF16
+    pool scaled 0.5 / 0.25, non-causal blocks and a kv_len_adjust of -1, each against the
+    reference, with the Gluon stage asserted to be the one launched."""
+    from test_gpu_gluon import GLUON_CONFIGS, gluon_config
+
+    module = _load(MLA, invariant=invariant)
+    config = None if invariant else gluon_config(module, GLUON_CONFIGS["n64s2"])
+    launches = module.launch_params("sm_90", 132, 16, 3, 7, None, config)
+    assert launches[0][0] == "_gluon_prefix_stage", launches
+
+    scaled = make_case(SPECS[MLA], [900, 0, 333], [4, 1, 3], 16, k_scale=0.5, v_scale=0.25, device="cuda", seed=1)
+    module.launch(*scaled.launch_args(), config=config)
+    _check(scaled, scaled.o)
+
+    block = make_case(SPECS[MLA], [900, 0, 333], [7, 2, 5], 16, device="cuda", seed=2, draft_affinity=4.0)
+    block.is_causal = False
+    module.launch(*block.launch_args(), config=config, is_causal=False)
+    _check(block, block.o)
+
+    trimmed = make_case(SPECS[MLA], [901, 1, 334], [1, 1, 1], 16, device="cuda", seed=3)
+    module.launch(*trimmed.launch_args(), config=config, kv_len_adjust=-1)
+    bounds = trimmed.kv_indptr.tolist()
+    keep = torch.cat([trimmed.kv_indices[bounds[b]:bounds[b + 1] - 1] for b in range(len(bounds) - 1)])
+    indptr = torch.tensor([0] + [bounds[b + 1] - (b + 1) for b in range(len(bounds) - 1)], device="cuda",
+                          dtype=trimmed.kv_indptr.dtype)
+    ref = reference_verify(trimmed.q, trimmed.k_extend, trimmed.v_extend, trimmed.k_buffer, trimmed.v_buffer,
+                           trimmed.qo_indptr, indptr, keep, dtype=torch.float64)
+    assert relative_error(trimmed.o, ref) <= tolerance(trimmed)
