@@ -9,7 +9,8 @@
 #
 # Target verification for speculative decoding (EAGLE): every request attends L draft tokens
 # over its whole prefix in a paged KV cache. Among themselves draft token i sees draft tokens
-# 0..i (a chain, topk = 1), or the ones its request's custom mask gives it (a tree, topk > 1).
+# 0..i (a chain, topk = 1), every draft token (a block drafter's block, is_causal=False), or
+# the ones its request's custom mask gives it (a tree, topk > 1).
 # Layout mla_absorbed_512_64: MLA, K width 576 (nope 512 + pe 64), V width 512, KV float8_e4m3fnuz, queries bfloat16.
 #
 # Two launches:
@@ -90,12 +91,14 @@ _DEFAULT_CONFIG = {'block_h': 8, 'block_n': 64, 'num_warps': 8, 'num_stages': 2,
 
 
 @triton.jit
-def _request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE: tl.constexpr):
+def _request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, BLOCK_TABLE: tl.constexpr):
     """Draft rows [q_start, q_start + q_len) and where the request's prefix lives.
 
     SGLang's token-slot layout: Kv_Bounds is kv_indptr and the table is kv_indices (one
-    slot per token, page size 1). vLLM's block tables: Kv_Bounds holds the prefix lengths
-    and row `batch` of the block table lists the request's pages.
+    slot per token, page size 1); the prefix is the request's slots less its last
+    prefix_trim_len (SGLang's kv_len_adjust = -prefix_trim_len: decode through the verify
+    entry, whose token is already the last slot). vLLM's block tables: Kv_Bounds holds the
+    prefix lengths and row `batch` of the block table lists the request's pages.
     """
     q_start = tl.load(Qo_Indptr + batch).to(tl.int64)
     q_len = (tl.load(Qo_Indptr + batch + 1) - tl.load(Qo_Indptr + batch)).to(tl.int32)
@@ -104,7 +107,7 @@ def _request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE: tl.c
         prefix_len = tl.load(Kv_Bounds + batch).to(tl.int32)
     else:
         table_start = tl.load(Kv_Bounds + batch).to(tl.int64)
-        prefix_len = (tl.load(Kv_Bounds + batch + 1) - tl.load(Kv_Bounds + batch)).to(tl.int32)
+        prefix_len = (tl.load(Kv_Bounds + batch + 1) - tl.load(Kv_Bounds + batch)).to(tl.int32) - prefix_trim_len
     return q_start, q_len, table_start, prefix_len
 
 
@@ -174,28 +177,29 @@ def _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len, st
 
 
 @triton.jit
-def _draft_columns(q_len, first_row, L_PAD: tl.constexpr, HAS_MASK: tl.constexpr):
+def _draft_columns(q_len, first_row, L_PAD: tl.constexpr, draft_lookahead_len, HAS_MASK: tl.constexpr):
     """Draft columns rows first_row .. first_row + L_PAD - 1 may see: all of them under a
-    mask, up to the last row's own token in a chain."""
+    mask, else up to draft_lookahead_len past the last row's own token (0: a chain)."""
     if HAS_MASK:
         end = q_len
     else:
-        end = tl.minimum(q_len, first_row + L_PAD)
+        end = tl.minimum(q_len, first_row + L_PAD + draft_lookahead_len)
     return end
 
 
 @triton.jit
 def _draft_tile(
     m_i, l_i, acc, q, q_pe, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
-    mask_rows, offs_d, offs_dpe, dpe_ok, offs_dv, qk_scale, v_descale, stride_ke_tok, stride_ke_head,
-    stride_ve_tok, stride_ve_head,
+    mask_rows, offs_d, offs_dpe, dpe_ok, offs_dv, qk_scale, draft_lookahead_len, v_descale, stride_ke_tok,
+    stride_ke_head, stride_ve_tok, stride_ve_head,
     DRAFT_N: tl.constexpr, DOT_DTYPE: tl.constexpr, HAS_MASK: tl.constexpr, RAW_V_FOLLOWS: tl.constexpr,
 ):
     """Draft columns first_col .. first_col + DRAFT_N - 1, run by the request's last split: every
     row against those draft tokens as one more tile of the same online softmax. Which token
-    sees which: the custom mask's bits when HAS_MASK (whatever their shape), else the causal
-    chain (draft token i sees 0..i). Returns the updated (m_i, l_i, acc). Draft K/V are in the
-    query dtype, never quantized."""
+    sees which: the custom mask's bits when HAS_MASK (whatever their shape), else draft token
+    i sees 0..i + draft_lookahead_len (0: the causal chain; a whole draft block, is_causal=False
+    without a mask, passes MAX_DRAFT_TOKENS). Returns the updated (m_i, l_i, acc). Draft K/V
+    are in the query dtype, never quantized."""
     offs_j = first_col + tl.arange(0, DRAFT_N)
     j_ok = offs_j < q_len
     kd_row_ptr = K_Extend + (q_start + offs_j)[:, None] * stride_ke_tok + kv_head * stride_ke_head
@@ -207,7 +211,7 @@ def _draft_tile(
         bits = tl.load(mask_rows[:, None] + offs_j[None, :], mask=row_ok[:, None] & j_ok[None, :], other=0)
         visible = bits != 0
     else:
-        visible = (offs_j[None, :] <= draft_pos[:, None]) & j_ok[None, :]
+        visible = (offs_j[None, :] <= draft_pos[:, None] + draft_lookahead_len) & j_ok[None, :]
     s = tl.where(visible, s * qk_scale, float("-inf"))
     # Padding rows (draft_pos >= q_len) can see nothing: keep their max finite.
     m_new = tl.maximum(m_i, tl.where(row_ok, tl.max(s, 1), 0.0))
@@ -266,7 +270,7 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
 # every batch size, split count and page size (the JIT would otherwise compile a variant per
 # value class, and `kgen check` would have to prove each).
 @triton.jit(do_not_specialize=["max_splits", "tokens_per_split", "slots_per_request", "row_blocks", "page_shift",
-                               "stride_mask_row", "stride_pl_head"])
+                               "prefix_trim_len", "draft_lookahead_len", "stride_mask_row", "stride_pl_head"])
 def _verify_prefix_stage(
     Q,
     K_Buffer,
@@ -286,6 +290,8 @@ def _verify_prefix_stage(
     slots_per_request,
     row_blocks,
     page_shift,
+    prefix_trim_len,
+    draft_lookahead_len,
     stride_table,
     stride_q_tok,
     stride_q_head,
@@ -344,7 +350,7 @@ def _verify_prefix_stage(
         gdc_wait()
 
     q_start, q_len, table_start, prefix_len = _request_bounds(
-        Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE
+        Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, BLOCK_TABLE
     )
     split_len, num_written = _split_plan(prefix_len, max_splits, tokens_per_split)
     split_start = split * split_len
@@ -371,6 +377,8 @@ def _verify_prefix_stage(
         q_pe = q_pe.to(DOT_DTYPE)
         # Absorbed MLA: V is the latent (nope) columns of the K tile, so it shares offs_d.
         offs_dv = offs_d
+        # The KV scales apply to the prefix (the pool) only: FP8's descale, or a 16-bit pool's
+        # k_scale / v_scale (SGLang's), taken as floats.
         if SCALES_ON_DEVICE:
             k_descale = tl.load(k_scale)
             v_descale = tl.load(v_scale)
@@ -393,11 +401,12 @@ def _verify_prefix_stage(
             # from column 0: the request's own draft decides how many, never the batch's. Not
             # software-pipelined (num_stages=1): a few tiles once a request, where the kernel's
             # stages would only add buffers beside the prefix loop's.
-            for first_col in tl.range(0, _draft_columns(q_len, first_row, L_PAD, HAS_MASK), DRAFT_N, num_stages=1):
+            for first_col in tl.range(0, _draft_columns(q_len, first_row, L_PAD, draft_lookahead_len, HAS_MASK), DRAFT_N,
+                                      num_stages=1):
                 m_i, l_i, acc = _draft_tile(
                     m_i, l_i, acc, q, q_pe, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
-                    mask_rows, offs_d, offs_dpe, dpe_ok, offs_dv, qk_scale, v_descale, stride_ke_tok, stride_ke_head,
-                    stride_ve_tok, stride_ve_head,
+                    mask_rows, offs_d, offs_dpe, dpe_ok, offs_dv, qk_scale, draft_lookahead_len, v_descale,
+                    stride_ke_tok, stride_ke_head, stride_ve_tok, stride_ve_head,
                     DRAFT_N, DOT_DTYPE, HAS_MASK, RAW_V_FOLLOWS=True,
                 )
 
@@ -453,7 +462,7 @@ def _verify_prefix_stage(
                 acc = acc * alpha[:, None] + pv
             m_i = m_new
 
-        # The prefix's P.V is dequantized once, here, instead of per tile.
+        # The prefix's P.V is scaled (FP8: dequantized) once, here, instead of per tile.
         acc = acc * v_descale
         l_safe = tl.where(row_ok, l_i, 1.0)
         if HAS_MASK:
@@ -474,7 +483,7 @@ def _verify_prefix_stage(
 
 
 @triton.jit(do_not_specialize=["num_q_heads", "max_splits", "tokens_per_split", "slots_per_request", "row_blocks",
-                               "stride_pl_head"])
+                               "prefix_trim_len", "stride_pl_head"])
 def _verify_merge_stage(
     O,
     Qo_Indptr,
@@ -486,6 +495,7 @@ def _verify_merge_stage(
     tokens_per_split,
     slots_per_request,
     row_blocks,
+    prefix_trim_len,
     stride_table,
     stride_o_tok,
     stride_o_head,
@@ -515,7 +525,7 @@ def _verify_merge_stage(
     if USE_PDL:
         gdc_wait()  # launched early (programmatic dependent launch): the partials are complete after this
     q_start, q_len, table_start, prefix_len = _request_bounds(
-        Qo_Indptr, Kv_Bounds, batch, stride_table, BLOCK_TABLE
+        Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, BLOCK_TABLE
     )
     _, num_written = _split_plan(prefix_len, max_splits, tokens_per_split)
     if num_written > 1:
@@ -996,7 +1006,7 @@ def _mask_arguments(custom_mask, mask_indptr, paged):
 
 def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
                           kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
-                          k_strides, v_strides):
+                          k_strides, v_strides, prefix_trim_len, draft_lookahead_len):
     prefix_constexprs, prefix_options = plan["prefix"]
     _verify_prefix_stage[grid](
         q,
@@ -1014,6 +1024,8 @@ def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_po
         v_scale,
         *split_ints,
         plan["page_shift"],
+        prefix_trim_len,
+        draft_lookahead_len,
         stride_table,
         q.stride(0),
         q.stride(1),
@@ -1040,7 +1052,10 @@ def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_po
 
 def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table, max_len,
          k_scale, v_scale, sm_scale, config, page_size, stride_table, k_strides, v_strides,
-         custom_mask=None, mask_indptr=None):
+         custom_mask=None, mask_indptr=None, is_causal=True, prefix_trim_len=0):
+    """Launch both stages. is_causal=False without a mask: every draft token sees the whole draft
+    block (a runtime draft_lookahead_len, no other program); prefix_trim_len: the last slots of
+    each request's kv_indptr slice that are not its prefix (-kv_len_adjust, token slots only)."""
     num_tokens, num_q_heads, _ = q.shape
     num_kv_heads = k_extend.shape[1]
     group = num_q_heads // num_kv_heads
@@ -1067,11 +1082,13 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
     prefix_constexprs, prefix_options = plan["prefix"]
     k_scale, v_scale, scales_on_device = _scales(k_scale, v_scale, q.device)
+    # Columns past its own a draft row sees: none in a chain, every one of a non-causal block.
+    draft_lookahead_len = MAX_DRAFT_TOKENS if custom_mask is None and not is_causal else 0
 
     mask_arguments = _mask_arguments(custom_mask, mask_indptr, page_size is not None)
     _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
                           kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
-                          k_strides, v_strides)
+                          k_strides, v_strides, prefix_trim_len, draft_lookahead_len)
     if grid_splits == 1:
         return  # no prefix the index table holds needs a second split: each request wrote o itself
     merge_constexprs, merge_options = plan["merge"]
@@ -1085,6 +1102,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         partial_lse,
         num_q_heads,
         *split_ints,
+        prefix_trim_len,
         stride_table,
         o.stride(0),
         o.stride(1),
@@ -1101,19 +1119,20 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
 
 def launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
            kv_indices, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, config=None,
-           custom_mask=None, mask_indptr=None):
+           custom_mask=None, mask_indptr=None, is_causal=True, kv_len_adjust=0):
     """Run the kernels on SGLang's token-slot pool with no checks (callers: tuner, bench).
 
     ``config`` is a block-config dict (fields of kgen.blockconfig.BlockConfig); None uses
     this module's table for the device's arch. ``custom_mask``/``mask_indptr``: SGLang's
-    tree mask (the draft block of each request's [L, P + L] rows), as in verify_shared_kv_fwd.
+    tree mask (the draft block of each request's [L, P + L] rows), as in verify_shared_kv_fwd;
+    ``is_causal`` and ``kv_len_adjust`` (<= 0) as there.
     """
     _run(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
          kv_indices, int(max_len_extend), k_scale, v_scale, sm_scale, config,
          page_size=None, stride_table=0,
          k_strides=(k_buffer.stride(0), 0, k_buffer.stride(1)),
          v_strides=(v_buffer.stride(0), 0, v_buffer.stride(1)),
-         custom_mask=custom_mask, mask_indptr=mask_indptr)
+         custom_mask=custom_mask, mask_indptr=mask_indptr, is_causal=is_causal, prefix_trim_len=-int(kv_len_adjust))
 
 
 def _why_not_common(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, max_len_extend, k_scale, v_scale, pool_ndim=3):
@@ -1157,7 +1176,10 @@ def _why_not_common(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, max_len
             return f"{name} must be a float or a 1-element tensor on q's device"
     # The kernel takes V from the K tile it already loaded: v must be K's latent columns.
     if v_pool.data_ptr() != k_pool.data_ptr() or v_pool.stride()[:-1] != k_pool.stride()[:-1]:
-        return "v_buffer must be a view of k_buffer's first V_HEAD_DIM columns (absorbed MLA)"
+        return (f"v_buffer is not a view of k_buffer's first {V_HEAD_DIM.value} columns: this absorbed-MLA module "
+                "takes V from the K tile it already loaded and has no V pointer, V load or shared memory for a "
+                "V tile; a separate v_buffer needs other programs. Pass v_buffer = k_buffer[..., :"
+                f"{V_HEAD_DIM.value}] when it holds the same values, else the general path serves it")
     return _why_not_target(q, num_q_heads // num_kv_heads, qo_indptr.shape[0] - 1, max_len_extend)
 
 
@@ -1205,7 +1227,7 @@ _CHECK_INDICES = os.environ.get("KGEN_CHECK_INDICES", "").strip().lower() in ("1
 
 def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indices=None, pool_slots=0,
                         block_table=None, prefix_lens=None, page_size=1, num_blocks=0, custom_mask=None,
-                        mask_indptr=None):
+                        mask_indptr=None, prefix_trim_len=0):
     """Raise ValueError naming the tensor, the request and the value when an index would read
     outside the KV pool or the custom mask, or a length is negative (the kernels do not check:
     such input reads out of bounds). Flat pools pass kv_indptr/kv_indices/pool_slots, paged
@@ -1243,6 +1265,11 @@ def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indic
                     f"outside the pool's slots 0..{pool_slots - 1} (k_buffer.shape[0] = {pool_slots})")
 
         checks.append((~used | in_pool, slot_message))
+        if prefix_trim_len:
+            slice_lens = kv[1:] - kv[:-1]
+            checks.append((slice_lens >= prefix_trim_len, lambda b: (
+                f"request {b}'s kv_indptr slice holds {int(slice_lens[b])} slots, fewer than kv_len_adjust = "
+                f"{-prefix_trim_len} trims: its prefix would be negative")))
     else:
         width = block_table.shape[1]
         capacity = width * page_size
@@ -1277,7 +1304,7 @@ def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indic
 def why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
             custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale=None, logit_cap=0.0,
             skip_prefix_custom_mask=True, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
-            xai_temperature_len=-1, max_bs=None):
+            xai_temperature_len=-1, max_bs=None, *, kv_len_adjust=0):
     """Why this module cannot run these arguments ('' when it can)."""
     if sinks is not None:
         return "attention sinks are not supported"
@@ -1289,10 +1316,14 @@ def why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indpt
         return "logit soft-capping is not supported"
     if xai_temperature_len is not None and xai_temperature_len > 0:
         return "xai temperature scaling is not supported"
-    # A given custom_mask governs, is_causal True or False (SGLang's extend_attention_fwd).
-    if custom_mask is None and not is_causal:
-        return ("is_causal=False without a custom_mask asks every draft token to see every other (full draft "
-                "attention), which target verification never sends; the general path takes it")
+    # A given custom_mask governs, is_causal True or False (SGLang's extend_attention_fwd); without
+    # one, is_causal=False is a whole draft block (block drafters): every draft token sees every other.
+    reason = _why_not_kv_len_adjust(kv_len_adjust)
+    if reason:
+        return reason
+    if kv_len_adjust and custom_mask is not None:
+        return ("kv_len_adjust with a custom_mask: decode through the verify entry is a chain, and which prefix "
+                "the mask's [L, P + L] rows would count is not defined; the general path takes it")
     if custom_mask is not None and not skip_prefix_custom_mask:
         return ("skip_prefix_custom_mask=False: the kernels read only the mask's draft block (every draft token "
                 "sees the whole prefix); honouring its prefix columns would need a host read of them")
@@ -1312,6 +1343,20 @@ def why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indpt
     return ""
 
 
+def _why_not_kv_len_adjust(kv_len_adjust):
+    """SGLang's kv_len_adjust: added to each request's kv_indptr length to give its prefix (-1:
+    decode through the verify entry, the token being generated already the last slot)."""
+    if isinstance(kv_len_adjust, bool) or not isinstance(kv_len_adjust, int):
+        return f"kv_len_adjust must be a Python int (SGLang's), got {type(kv_len_adjust).__name__}"
+    if kv_len_adjust > 0:
+        return (f"kv_len_adjust={kv_len_adjust} > 0 would read kv_indices past kv_indptr[b + 1], another "
+                "request's slots; only values <= 0 (trimming each request's last slots) are meaningful")
+    if kv_len_adjust < -MAX_DRAFT_TOKENS:
+        return (f"kv_len_adjust={kv_len_adjust}: trimming more than MAX_DRAFT_TOKENS = {MAX_DRAFT_TOKENS} slots "
+                "a request is no verify or decode call this module serves")
+    return ""
+
+
 def can_handle(*args, **kwargs):
     """True when verify_shared_kv_fwd would run these arguments (same signature)."""
     return why_not(*args, **kwargs) == ""
@@ -1321,7 +1366,7 @@ def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
                          kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
                          sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True, sliding_window_size=-1,
                          sinks=None, window_kv_offsets=None, xai_temperature_len=-1, max_bs=None,
-                         *, check_indices=False):
+                         *, kv_len_adjust=0, check_indices=False):
     """SGLang's target-verify call. Writes o_extend and returns True, or returns False
     (o_extend untouched, nothing raised) when this module does not handle the input.
 
@@ -1335,23 +1380,30 @@ def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     custom_mask (a tree, EAGLE topk > 1): SGLang's layout, a flat bool/uint8 tensor holding
     request b's row-major [L, P + L] block from mask_indptr[b]; the kernels read its draft
     columns on the device and it governs whatever is_causal says. Without it the draft is the
-    causal chain."""
+    causal chain (is_causal=True) or a block whose tokens all see each other (is_causal=False).
+
+    k_scale / v_scale multiply the prefix's (the pool's) scores and P.V, never the draft's.
+    kv_len_adjust (SGLang's, an int <= 0): request b's prefix is its kv_indptr slice less its
+    last -kv_len_adjust slots (-1: decode through this entry, the new token already in the
+    pool). A slice shorter than that is not checked unless check_indices is on."""
     if why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
                custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale, logit_cap,
                skip_prefix_custom_mask, sliding_window_size, sinks, window_kv_offsets, xai_temperature_len,
-               max_bs):
+               max_bs, kv_len_adjust=kv_len_adjust):
         return False
     if check_indices or _CHECK_INDICES:
         _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, kv_indptr=kv_indptr,
                             kv_indices=kv_indices, pool_slots=k_buffer.shape[0], custom_mask=custom_mask,
-                            mask_indptr=mask_indptr)
+                            mask_indptr=mask_indptr, prefix_trim_len=-kv_len_adjust)
     launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
-           kv_indices, max_len_extend, k_scale, v_scale, sm_scale, custom_mask=custom_mask, mask_indptr=mask_indptr)
+           kv_indices, max_len_extend, k_scale, v_scale, sm_scale, custom_mask=custom_mask, mask_indptr=mask_indptr,
+           is_causal=is_causal, kv_len_adjust=kv_len_adjust)
     return True
 
 
 def why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens, qo_indptr,
-                  max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, custom_mask=None, mask_indptr=None):
+                  max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, custom_mask=None, mask_indptr=None,
+                  is_causal=True):
     """Why verify_paged_fwd cannot run these arguments ('' when it can)."""
     reason = _why_not_common(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, qo_indptr,
                              max_len_extend, k_scale, v_scale, pool_ndim=4)
@@ -1371,6 +1423,8 @@ def why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, bloc
         return f"prefix_lens is on {prefix_lens.device}, q_extend on {q_extend.device}"
     if prefix_lens.shape[0] != block_table.shape[0] or qo_indptr.shape[0] != block_table.shape[0] + 1:
         return "block_table, prefix_lens and qo_indptr disagree on the batch size"
+    if not isinstance(is_causal, bool):
+        return f"is_causal must be a bool, got {type(is_causal).__name__}"
     if custom_mask is not None:
         return _why_not_mask(custom_mask, mask_indptr, q_extend, block_table.shape[0], max_len_extend, True)
     return ""
@@ -1378,7 +1432,7 @@ def why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, bloc
 
 def verify_paged_fwd(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens,
                      qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, custom_mask=None,
-                     mask_indptr=None, config=None,
+                     mask_indptr=None, is_causal=True, config=None,
                      *, check_indices=False):
     """vLLM-style paged cache ([blocks, page, H_kv, D] + block table): the kernel walks the
     pages itself. Returns False (o untouched) when this module does not handle the input.
@@ -1386,7 +1440,8 @@ def verify_paged_fwd(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, b
     custom_mask (a tree): a 2-D bool/uint8 [rows, W] mask; draft token i of request b sees
     draft token j when custom_mask[mask_indptr[b] + i, j] is set (every draft token sees the
     whole prefix). Requests may share rows: vLLM's one tree for the batch is its
-    tree_attn_bias == 0 with mask_indptr all zeros. Without it the draft is the causal chain.
+    tree_attn_bias == 0 with mask_indptr all zeros. Without it the draft is the causal chain,
+    or with is_causal=False a block whose tokens all see each other.
 
     check_indices=True (or KGEN_CHECK_INDICES=1 when the module was imported) checks index
     values first, as in verify_shared_kv_fwd: prefix_lens in 0..block_table width x page
@@ -1394,7 +1449,7 @@ def verify_paged_fwd(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, b
     there. It raises ValueError on bad values and syncs the host (debugging only, not under
     graph capture)."""
     if why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens,
-                     qo_indptr, max_len_extend, k_scale, v_scale, sm_scale, custom_mask, mask_indptr):
+                     qo_indptr, max_len_extend, k_scale, v_scale, sm_scale, custom_mask, mask_indptr, is_causal):
         return False
     if check_indices or _CHECK_INDICES:
         _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, block_table=block_table,
@@ -1405,5 +1460,5 @@ def verify_paged_fwd(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, b
          page_size=k_cache.shape[1], stride_table=block_table.stride(0),
          k_strides=(k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
          v_strides=(v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)),
-         custom_mask=custom_mask, mask_indptr=mask_indptr)
+         custom_mask=custom_mask, mask_indptr=mask_indptr, is_causal=is_causal)
     return True

@@ -182,15 +182,18 @@ def _code(source: str) -> str:
     return "\n".join(line.split("#", 1)[0] for line in source.splitlines())
 
 
-def test_pe_free_and_descale_free_text(ctx):
+def test_pe_free_text_and_float_scales(ctx):
     plan = run_pipeline(new_plan(SPECS["qwen3_5_gqa256"], "bfloat16", "bfloat16"), ctx)
     code = _code(plan.output.source)
     # No PE pointer, load, dot or argument: no identifier of the PE part at all.
     assert not re.search(r"(?i)_pe\b|\bpe_dim\b|dpe", code)
     # q.k and p.v in the prefix stage and in the draft tile's helper (called before the loop
-    # and after it; the launcher's DRAFT_FIRST picks one by the program's rows).
-    assert code.count("tl.dot(") == 4
-    assert "k_scale *" not in code and "v_scale /" not in code and "SCALES_ON_DEVICE" not in code
+    # and after it; the launcher's DRAFT_FIRST picks one by the program's rows), whose p.v has
+    # a second form that divides by v_scale (the pool's P.V after it is scaled once).
+    assert code.count("tl.dot(") == 5
+    # A 16-bit pool's k_scale / v_scale are float arguments: no device read, no SCALES_ON_DEVICE.
+    assert "score_scale = qk_scale * k_descale" in code and "acc = acc * v_descale" in code
+    assert "tl.load(k_scale)" not in code and "SCALES_ON_DEVICE" not in code
     assert "V_Buffer" in code  # GQA reads V from its own buffer
 
     mla = run_pipeline(new_plan(SPECS["mla_absorbed_512_64"], "float8_e4m3fn", "bfloat16"), ctx)
@@ -260,12 +263,13 @@ def test_draft_tile_position_is_a_generation_time_decision(ctx):
 
 
 def test_entry_points_and_their_why_not_share_one_signature(tmp_path: Path):
-    """SGLang's 23 arguments (and the paged call's) are written once in the templates."""
+    """SGLang's 23 arguments and its newer kv_len_adjust (and the paged call's) are written once
+    in the templates."""
     from kernel_cases import build_module
 
     _, module = build_module(tmp_path, "gqa64", "bfloat16")
     sglang = inspect.signature(module.verify_shared_kv_fwd).parameters
-    assert list(sglang)[-1] == "check_indices" and len(sglang) == 24
+    assert list(sglang)[-2:] == ["kv_len_adjust", "check_indices"] and len(sglang) == 25
     assert list(inspect.signature(module.why_not).parameters.values()) == list(sglang.values())[:-1]
     paged = inspect.signature(module.verify_paged_fwd).parameters
     assert list(inspect.signature(module.why_not_paged).parameters.values()) == list(paged.values())[:-2]

@@ -247,7 +247,8 @@ def test_real_fp8_module_with_scales():
 
 
 @needs_real
-@pytest.mark.parametrize("name", sorted(REFUSALS) + ["wrong_q_dtype", "long_draft", "prefix_mask"])
+@pytest.mark.parametrize("name", sorted(set(REFUSALS) - {"non_causal"})  # served: a block drafter's draft
+                         + ["wrong_q_dtype", "long_draft", "prefix_mask"])
 def test_real_refusals_fall_through_to_general(name):
     chain = VerifyChain("gqa64", "bf16", "bf16")
     case = real_case(seed=1, prefix=(20, 37), draft=(2, 3))
@@ -264,6 +265,17 @@ def test_real_refusals_fall_through_to_general(name):
     path, o = call(chain, case, **feats)
     assert path == "general", chain.describe()
     want = brute_force(case, **feats)
+    torch.testing.assert_close(o.double().cpu(), want, atol=2e-2, rtol=2e-2)
+
+
+@needs_real
+def test_real_non_causal_block_runs_grouped():
+    """is_causal=False without a mask (a block drafter's draft): the real modules serve it."""
+    chain = VerifyChain("gqa64", "bf16", "bf16")
+    case = real_case(seed=1, prefix=(20, 37), draft=(2, 3))
+    path, o = call(chain, case, is_causal=False)
+    assert path == "grouped", chain.describe()
+    want = brute_force(case, is_causal=False)
     torch.testing.assert_close(o.double().cpu(), want, atol=2e-2, rtol=2e-2)
 
 

@@ -18,7 +18,9 @@ ALLOWED_IMPORTS = frozenset({"functools", "math", "os", "torch", "triton", "trit
 GLUON_IMPORTS = frozenset({"triton.experimental", "triton.experimental.gluon",
                            "triton.experimental.gluon.language.nvidia.hopper"})
 PE_TEXT = re.compile(r"(?i)\b\w*_pe\b|\bPE_DIM\b|\bBLOCK_DPE\b|\bdpe\b")
-DESCALE_TEXT = re.compile(r"\bk_scale\b.*\*|\bv_scale\b.*\*|SCALES_ON_DEVICE")
+# A 16-bit pool's k_scale / v_scale are float kernel arguments: only FP8 modules read scales on
+# the device (SCALES_ON_DEVICE, a second compiled program per launch).
+DEVICE_SCALE_TEXT = re.compile(r"SCALES_ON_DEVICE|tl\.load\((k|v)_scale\)")
 
 
 def _imports(tree: ast.Module) -> set[str]:
@@ -48,8 +50,8 @@ def check(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     if not specialization.has_pe and PE_TEXT.search(code):
         raise BuildError(f"{plan.uri}: PE_DIM is 0 but the source mentions a PE part: "
                          f"{PE_TEXT.search(code).group(0)!r}")
-    if not specialization.fp8_kv and DESCALE_TEXT.search(code):
-        raise BuildError(f"{plan.uri}: KV is {plan.kv_dtype} but the source has a descale")
+    if not specialization.fp8_kv and DEVICE_SCALE_TEXT.search(code):
+        raise BuildError(f"{plan.uri}: KV is {plan.kv_dtype} but the source reads KV scales on the device")
     return plan.with_([Decision(NAME, "source", "ok",
                                 "parses, compiles, imports only torch/triton/stdlib, "
                                 "specialization promises hold")],
