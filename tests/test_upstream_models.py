@@ -135,12 +135,6 @@ def test_kimi_k3_dspark_shape_causal_form():
 
 
 @needs_real
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="is_causal=False without a mask (the whole draft block visible) is issue 20 item 3's kernel "
-    "change; until it lands the module refuses. Strict: remove this mark when it is served",
-)
 def test_kimi_k3_dspark_non_causal_draft_block():
     """Upstream's DSpark case proper: every draft token sees every other (``is_causal=False``)."""
     case = dspark_case([51, 204], seed=3)
