@@ -10,9 +10,10 @@ are imported. A call then only checks tensor metadata and launches.
   running its own ``extend_attention_fwd``; otherwise kgen's general path runs.
 - ``VLLMVerify`` takes vLLM's names (``seq_lens`` counts the new tokens too,
   ``query_start_loc`` is ``qo_indptr``, ``tree_attn_bias`` the tree backend's one tree for
-  the batch) and converts them on the device, without syncs. It returns None, ``output``
-  untouched, for a call no kgen path serves (an FP8 query with its ``q_descale``): vLLM's own
-  kernel then runs it.
+  the batch) and converts them on the device, without syncs. Its descale tensors mean what
+  they mean to vLLM's Triton backend (``vllm_cache_scale``: unread on a 16-bit cache). It
+  returns None, ``output`` untouched, for a call no kgen path serves (an FP8 query with its
+  ``q_descale``, a ``[batch, H_kv]`` descale of separate values): vLLM's own kernel then runs it.
 """
 
 from __future__ import annotations

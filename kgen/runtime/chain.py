@@ -11,9 +11,10 @@ kernel levels no host sync (only tensor metadata is checked). Index values are c
 only when asked (``check_indices=True`` or ``KGEN_CHECK_INDICES=1``), because that syncs.
 
 A valid call that no level computes correctly (``kgen.runtime.validate.unserved_reason``:
-an FP8 query) is refused before any level runs, ``o_extend`` untouched: ``try_call`` /
-``try_paged`` return None (the engine runs its own kernel), ``run`` / ``run_paged`` raise
-ValueError with the reason; ``last_refusal`` keeps it.
+an FP8 query, a scale tensor of separate values, ``kv_len_adjust`` with a custom mask) is
+refused before any level runs, ``o_extend`` untouched: ``try_call`` / ``try_paged`` return
+None (the engine runs its own kernel), ``run`` / ``run_paged`` raise ValueError with the
+reason; ``last_refusal`` keeps it.
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@
 devices): no host sync, safe in the hot path and under CUDA-graph capture; the chain runs
 them on every call. ``check_flat_indices`` / ``check_paged_indices`` check index *values*
 (custom-mask sizes included), which syncs the host: they run only with
-``check_indices=True`` or ``KGEN_CHECK_INDICES=1``. ``unserved_reason`` names valid calls that no kgen path computes
-correctly (an FP8 query): the chain and the adapters refuse those, leaving ``o_extend``
-untouched, so the engine runs its own kernel.
+``check_indices=True`` or ``KGEN_CHECK_INDICES=1``. ``unserved_reason`` names valid calls that no
+kgen path computes correctly (an FP8 query, a scale tensor of separate values, ``kv_len_adjust``
+with a custom mask): the chain and the adapters refuse those, leaving ``o_extend`` untouched, so
+the engine runs its own kernel.
 """
 
 from __future__ import annotations
