@@ -49,9 +49,13 @@ def sglang_args(case, o, **kw):
 
 
 def test_sglang_signature_is_the_module_contract():
-    assert [f.name for f in dataclasses.fields(VerifyCall)] == SGLANG_PARAMS
-    assert list(inspect.signature(SGLangVerify.__call__).parameters)[1:] == SGLANG_PARAMS
-    assert list(inspect.signature(VerifyChain.__call__).parameters)[1:] == SGLANG_PARAMS
+    """SGLang's 23 positional arguments, then its keyword-only kv_len_adjust, as the modules take them."""
+    assert [f.name for f in dataclasses.fields(VerifyCall) if not f.kw_only] == SGLANG_PARAMS
+    assert [f.name for f in dataclasses.fields(VerifyCall) if f.kw_only] == ["kv_len_adjust"]
+    for fn in (SGLangVerify.__call__, VerifyChain.__call__, VerifyChain.try_kernels):
+        params = list(inspect.signature(fn).parameters.values())[1:]
+        assert [p.name for p in params if p.kind != p.KEYWORD_ONLY] == SGLANG_PARAMS
+        assert [p.name for p in params if p.kind == p.KEYWORD_ONLY] == ["kv_len_adjust"]
     if not REAL:
         import kgen
 
@@ -143,5 +147,5 @@ def test_verify_call_names_sglang_arguments_when_misused():
     assert call.features.plain
     with pytest.raises(TypeError, match="SGLang's verify arguments are \\(q_extend, k_extend"):
         VerifyCall.from_sglang(*case.flat_args(case.out()), bogus=1)
-    with pytest.raises(TypeError, match="at most 23 arguments, got 24"):
+    with pytest.raises(TypeError, match="at most 23 positional arguments, got 24"):
         VerifyCall.from_sglang(*range(24))

@@ -236,7 +236,8 @@ def test_invalid_inputs_say_what_is_wrong():
     _bad(case, "kv_indptr\\[-1\\] = 15 exceeds", kv_indices=case.kv_indices[:10])
     _bad(case, "non-decreasing", kv_indptr=torch.tensor([0, 12, 10], dtype=torch.int32))
     _bad(case, "max_len_extend = 2 but a request has 3", max_len_extend=2)
-    _bad(case, "k_scale must be a float or a 1-element tensor", k_scale=torch.ones(2))
+    _bad(case, r"k_scale is a \[2\] tensor of separate values", k_scale=torch.ones(2))
+    _bad(case, "v_scale must be a finite float", v_scale=float("nan"))
     _bad(case, "one logit per query head", sinks=torch.zeros(3))
     _bad(case, "mask_indptr must be a torch.Tensor", custom_mask=torch.ones(100, dtype=torch.bool))
     _bad(case, "custom_mask has 10 entries", custom_mask=torch.ones(10, dtype=torch.bool),

@@ -245,8 +245,9 @@ class FakeModule:
 
     It accepts causal chains and custom masks (which govern, as in a generated module; not
     their prefix columns) with ``dtype`` tensors and ``group`` in ``groups``, computes with
-    ``kgen.reference`` (the general path for pages), and counts calls. ``compute=False`` makes it accept
-    without touching any tensor value (for the no-host-sync test).
+    ``kgen.reference`` (the general path for pages), and counts calls. It refuses a non-zero
+    ``kv_len_adjust``; its paged entry takes ``is_causal`` (and records the latest).
+    ``compute=False`` makes it accept without touching any tensor value (for the no-host-sync test).
     """
 
     def __init__(
@@ -255,11 +256,14 @@ class FakeModule:
         self.URI, self.groups, self.dtype, self.compute = uri, groups, dtype, compute
         self.calls = 0
         self.accepted = 0
+        self.last_paged_is_causal: bool | None = None
 
     def why_not(self, q, k, v, o, kb, vb, qo, kvp, kvi, custom_mask, is_causal, mask_indptr, max_len,
                 k_scale, v_scale, sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True,
                 sliding_window_size=-1, sinks=None, window_kv_offsets=None, xai_temperature_len=-1,
-                max_bs=None) -> str:  # fmt: skip
+                max_bs=None, *, kv_len_adjust=0) -> str:  # fmt: skip
+        if kv_len_adjust:
+            return "kv_len_adjust"
         if sinks is not None:
             return "sinks"
         if sliding_window_size > 0:
@@ -298,8 +302,9 @@ class FakeModule:
 
     def verify_paged_fwd(self, q, k, v, o, k_cache, v_cache, block_table, prefix_lens, qo, max_len,
                          k_scale=1.0, v_scale=1.0, sm_scale=None, custom_mask=None, mask_indptr=None,
-                         config=None) -> bool:  # fmt: skip
+                         is_causal=True, config=None) -> bool:  # fmt: skip
         self.calls += 1
+        self.last_paged_is_causal = is_causal
         if q.dtype != self.dtype or q.shape[1] // k.shape[1] not in self.groups:
             return False
         self.accepted += 1
@@ -310,7 +315,7 @@ class FakeModule:
             GeneralPath().run(
                 PagedCall(
                     q, k, v, o, k_cache, v_cache, block_table, prefix_lens, qo, max_len, k_scale, v_scale, sm_scale,
-                    features=Features(custom_mask=custom_mask, mask_indptr=mask_indptr),
+                    features=Features(custom_mask=custom_mask, mask_indptr=mask_indptr, is_causal=is_causal),
                 )
             )
         return True

@@ -10,9 +10,10 @@ are imported. A call then only checks tensor metadata and launches.
   running its own ``extend_attention_fwd``; otherwise kgen's general path runs.
 - ``VLLMVerify`` takes vLLM's names (``seq_lens`` counts the new tokens too,
   ``query_start_loc`` is ``qo_indptr``, ``tree_attn_bias`` the tree backend's one tree for
-  the batch) and converts them on the device, without syncs. It returns None, ``output``
-  untouched, for a call no kgen path serves (an FP8 query with its ``q_descale``): vLLM's own
-  kernel then runs it.
+  the batch) and converts them on the device, without syncs. Its descale tensors mean what
+  they mean to vLLM's Triton backend (``vllm_cache_scale``: unread on a 16-bit cache). It
+  returns None, ``output`` untouched, for a call no kgen path serves (an FP8 query with its
+  ``q_descale``, a ``[batch, H_kv]`` descale of separate values): vLLM's own kernel then runs it.
 """
 
 from __future__ import annotations
@@ -93,6 +94,23 @@ def vllm_tree_mask(tree_attn_bias: torch.Tensor, batch: int) -> tuple[torch.Tens
     return mask, torch.zeros(batch + 1, dtype=torch.int32, device=tree_attn_bias.device)
 
 
+def vllm_cache_scale(scale: Scale, cache: torch.Tensor) -> Scale:
+    """vLLM's descale for ``cache`` as vLLM's Triton attention applies it: a tensor on a 16-bit
+    cache is never read, so it is dropped (1.0); on an FP8 cache, and floats anywhere (kgen's
+    own meaning: the pool is scaled), it is kept.
+
+    vLLM passes ``layer._k_scale.expand(batch, H_kv)`` whatever the cache dtype
+    (vllm-project/vllm vllm/v1/attention/backends/triton_attn.py, ``TritonAttentionImpl.forward``),
+    and its kernel reads that descale only in FP8 modes: ``_cast_kv_tile`` in
+    vllm/v1/attention/ops/triton_unified_attention.py at 001394336840495fb529a33f71767ecbfdc88372
+    plainly casts the tile for ``KVQuantMode.NONE`` and does ``tl.load(tensor_scale)`` only for
+    FP8 per-tensor (and at 001ceb3e98e7a19ebe33f542a368fa73bf6c76ad, vllm/attention/ops/, only
+    when ``K_load.dtype.is_fp8()``)."""
+    if isinstance(scale, torch.Tensor) and cache.element_size() >= 2:
+        return 1.0
+    return scale
+
+
 class VLLMVerify:
     """vLLM's call shape (block tables) over a ``VerifyChain``.
 
@@ -135,9 +153,11 @@ class VLLMVerify:
     ) -> PathName | None:
         """Write ``output`` and return the path that ran, or return None with ``output``
         untouched when no kgen path serves the call (an FP8 query: kgen applies no
-        ``q_descale``), so vLLM runs its own kernel. ``seq_lens`` counts each request's
-        committed prefix plus its draft tokens (vLLM's meaning); ``tree_attn_bias`` is the
-        tree backend's [T, T] bias (``vllm_tree_mask``), None for a chain."""
+        ``q_descale``; an FP8 cache's ``[batch, H_kv]`` descale of separate values), so vLLM runs
+        its own kernel. ``k_scale``/``v_scale`` have vLLM's meaning (``vllm_cache_scale``):
+        tensors are dropped on a 16-bit cache, as vLLM's kernel never reads them there.
+        ``seq_lens`` counts each request's committed prefix plus its draft tokens (vLLM's
+        meaning); ``tree_attn_bias`` is the tree backend's [T, T] bias (``vllm_tree_mask``), None for a chain."""
         if not isinstance(query_start_loc, torch.Tensor) or query_start_loc.dim() != 1:
             raise ValueError("query_start_loc must be a 1-D tensor of batch_size + 1 offsets")
         bs = query_start_loc.numel() - 1
@@ -156,7 +176,8 @@ class VLLMVerify:
         return self.chain.try_paged(
             PagedCall(
                 query, key, value, output, key_cache, value_cache, block_table[:bs], prefix_lens,
-                query_start_loc, max_query_len, k_scale, v_scale, softmax_scale, features=features,
+                query_start_loc, max_query_len, vllm_cache_scale(k_scale, key_cache),
+                vllm_cache_scale(v_scale, value_cache), softmax_scale, features=features,
                 q_descale=q_descale,
             )
         )  # fmt: skip

@@ -63,14 +63,22 @@ class PrefixSource(Protocol):
 
 
 class FlatPrefix:
-    """SGLang: ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` are request b's pool slots."""
+    """SGLang: ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` are request b's pool slots, less the
+    last ``-kv_len_adjust`` of them (SGLang's decode through the verify entry: -1)."""
 
     def __init__(
-        self, k_buffer: torch.Tensor, v_buffer: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor
+        self,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        kv_indices: torch.Tensor,
+        kv_len_adjust: int = 0,
     ):
         self.k, self.v = k_buffer, v_buffer
         self.start = kv_indptr[:-1].to(torch.int64)
-        self.lens = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64)
+        # A slice shorter than the trim (caught by check_flat_indices) reads nothing, never a
+        # negative count of slots.
+        self.lens = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64).add(kv_len_adjust).clamp(min=0)
         self.indices = kv_indices
 
     def lengths(self) -> torch.Tensor:
@@ -313,7 +321,7 @@ class GeneralPath:
                 call.k_cache, call.v_cache, call.block_table, call.prefix_lens, call.qo_indptr.numel() - 1
             )
         else:
-            prefix = FlatPrefix(call.k_buffer, call.v_buffer, call.kv_indptr, call.kv_indices)
+            prefix = FlatPrefix(call.k_buffer, call.v_buffer, call.kv_indptr, call.kv_indices, call.kv_len_adjust)
         attend(
             call,
             prefix,

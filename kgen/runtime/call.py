@@ -50,15 +50,16 @@ class Features:
             and self.xai_temperature_len <= 0
         )
 
-    def paged_kernel_mask(self) -> dict[str, torch.Tensor] | None:
-        """The mask keywords of a module's ``verify_paged_fwd`` for these features (empty for a
-        causal chain), or None when it has no argument for one of them (window, cap, sinks,
-        temperature, full draft attention without a mask)."""
+    def paged_kernel_mask(self) -> dict[str, Any] | None:
+        """The draft-visibility keywords of a module's ``verify_paged_fwd`` for these features
+        (``is_causal``, and the tree's mask when there is one: a mask governs whatever
+        ``is_causal`` says, so ``is_causal=False`` without one is a whole draft block), or None
+        when it has no argument for one of them (window, cap, sinks, temperature)."""
         if self.sliding_window_size > 0 or self.sinks is not None or self.logit_cap or self.xai_temperature_len > 0:
             return None
         if self.custom_mask is None:
-            return {} if self.is_causal else None
-        return {"custom_mask": self.custom_mask, "mask_indptr": self.mask_indptr}
+            return {"is_causal": self.is_causal}
+        return {"custom_mask": self.custom_mask, "mask_indptr": self.mask_indptr, "is_causal": self.is_causal}
 
     def describe(self) -> str:
         """The extras in words (``"plain causal"`` when there are none)."""
@@ -95,7 +96,11 @@ class VerifyCall:
     ``q_extend``/``o_extend`` are ``[T, H_q, D]``; ``k_buffer``/``v_buffer`` the token pool
     ``[slots, H_kv, D]``, request b's prefix slots being ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``.
     ``max_len_extend`` (the longest draft) lets kernels size their grid without a host sync;
-    None sends the call to the general path. ``k_scale``/``v_scale`` are fp8 descales (None or 1.0: none).
+    None sends the call to the general path. ``k_scale``/``v_scale`` scale the pool's scores and
+    values (FP8's descales, or a 16-bit pool's scales; None or 1.0: none). ``kv_len_adjust``
+    (keyword-only, as SGLang passes it) is an int <= 0 added to each request's kv_indptr length:
+    request b's prefix is its slice less the last ``-kv_len_adjust`` slots (SGLang decodes
+    through the verify entry with -1, the new token already the slice's last slot).
     """
 
     q_extend: torch.Tensor
@@ -121,12 +126,17 @@ class VerifyCall:
     window_kv_offsets: torch.Tensor | None = None
     xai_temperature_len: int = -1
     max_bs: int | None = None
+    kv_len_adjust: int = field(default=0, kw_only=True)
 
     @classmethod
     def from_sglang(cls, *args: Any, **kwargs: Any) -> VerifyCall:
         """The call from SGLang's positional and keyword arguments (the same names)."""
-        if len(args) > len(fields(cls)):
-            raise TypeError(f"SGLang's verify call takes at most {len(fields(cls))} arguments, got {len(args)}")
+        positional = _positional_fields(cls)
+        if len(args) > len(positional):
+            raise TypeError(
+                f"SGLang's verify call takes at most {len(positional)} positional arguments, got {len(args)} "
+                "(kv_len_adjust is keyword-only)"
+            )
         try:
             return cls(*args, **kwargs)
         except TypeError as exc:
@@ -134,8 +144,9 @@ class VerifyCall:
             raise TypeError(f"{exc}; SGLang's verify arguments are ({names})") from None
 
     def as_sglang_args(self) -> tuple[Any, ...]:
-        """All 23 arguments, positionally, for a module's ``verify_shared_kv_fwd`` / ``why_not``."""
-        return _values(self)
+        """The 23 positional arguments for a module's ``verify_shared_kv_fwd`` / ``why_not``
+        (``kv_len_adjust`` goes by name)."""
+        return tuple(getattr(self, f.name) for f in _positional_fields(type(self)))
 
     @property
     def tensors(self) -> tuple[torch.Tensor, ...]:
@@ -149,8 +160,9 @@ class VerifyCall:
         return Features(**{f.name: getattr(self, f.name) for f in fields(Features)})
 
     def prefix_lens(self) -> torch.Tensor:
-        """Each request's prefix length, on the device (no sync)."""
-        return self.kv_indptr[1:] - self.kv_indptr[:-1]
+        """Each request's prefix length (its kv_indptr slice plus ``kv_len_adjust``), on the
+        device (no sync)."""
+        return self.kv_indptr[1:] - self.kv_indptr[:-1] + self.kv_len_adjust
 
 
 @dataclass(frozen=True)
@@ -185,6 +197,10 @@ class PagedCall:
         return _values(self)[:9]
 
 
+def _positional_fields(cls: type) -> tuple[Any, ...]:
+    return tuple(f for f in fields(cls) if not f.kw_only)
+
+
 def _values(call: VerifyCall | PagedCall) -> tuple[Any, ...]:
     """The fields in order, not copied (``dataclasses.astuple`` would deep-copy the tensors)."""
     return tuple(getattr(call, f.name) for f in fields(call))
@@ -192,8 +208,9 @@ def _values(call: VerifyCall | PagedCall) -> tuple[Any, ...]:
 
 def sglang_signature(fn: _F) -> _F:
     """Show ``VerifyCall``'s parameters in place of ``fn``'s ``*args, **kwargs`` (for
-    ``help()``, ``inspect`` and engines that check the call shape); ``self`` and keyword-only
-    parameters of ``fn`` stay. Calls still go through ``VerifyCall.from_sglang``."""
+    ``help()``, ``inspect`` and engines that check the call shape): SGLang's 23, then its
+    keyword-only ``kv_len_adjust``; ``self`` and keyword-only parameters of ``fn`` stay. Calls
+    still go through ``VerifyCall.from_sglang``."""
     own = inspect.signature(fn)
     call_params = list(inspect.signature(VerifyCall).parameters.values())
     params: list[inspect.Parameter] = []

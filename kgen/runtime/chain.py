@@ -11,17 +11,18 @@ kernel levels no host sync (only tensor metadata is checked). Index values are c
 only when asked (``check_indices=True`` or ``KGEN_CHECK_INDICES=1``), because that syncs.
 
 A valid call that no level computes correctly (``kgen.runtime.validate.unserved_reason``:
-an FP8 query) is refused before any level runs, ``o_extend`` untouched: ``try_call`` /
-``try_paged`` return None (the engine runs its own kernel), ``run`` / ``run_paged`` raise
-ValueError with the reason; ``last_refusal`` keeps it.
+an FP8 query, a scale tensor of separate values, ``kv_len_adjust`` with a custom mask) is
+refused before any level runs, ``o_extend`` untouched: ``try_call`` / ``try_paged`` return
+None (the engine runs its own kernel), ``run`` / ``run_paged`` raise ValueError with the
+reason; ``last_refusal`` keeps it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from kgen.env import env_flag
 from kgen.runtime.attend import GeneralPath
@@ -30,6 +31,7 @@ from kgen.runtime.gate import PATHS, PathName
 from kgen.runtime.validate import (
     check_flat_indices,
     check_paged_indices,
+    single_scale,
     unserved_reason,
     validate_flat,
     validate_paged,
@@ -38,6 +40,7 @@ from kgen.runtime.validate import (
 CHECK_INDICES_ENV = "KGEN_CHECK_INDICES"
 KERNEL_PATHS: tuple[PathName, ...] = ("grouped", "per_head")
 Loader = Callable[[str, str, str, str], Any]
+_Call = TypeVar("_Call", VerifyCall, PagedCall)
 
 
 def kgen_loader(layout: str, kv_dtype: str, q_dtype: str, variant: str) -> Any:
@@ -139,12 +142,21 @@ class VerifyChain:
             self.last_refusal = reason
         return reason
 
+    @staticmethod
+    def _single_scales(call: _Call) -> _Call:
+        """The call with a broadcast scale tensor (vLLM's ``[batch, H_kv]`` expand of one value)
+        as the 1-element view every level takes; ``unserved_reason`` refused any other."""
+        k_scale, v_scale = single_scale(call.k_scale), single_scale(call.v_scale)
+        if k_scale is call.k_scale and v_scale is call.v_scale:
+            return call
+        return replace(call, k_scale=k_scale, v_scale=v_scale)
+
     def _kernels_flat(self, call: VerifyCall) -> PathName | None:
         if call.max_len_extend is None:
             return None
         args = call.as_sglang_args()
         for lv in self._kernels:
-            if lv.module.verify_shared_kv_fwd(*args):
+            if lv.module.verify_shared_kv_fwd(*args, kv_len_adjust=call.kv_len_adjust):
                 return self._ran(lv.name)
         return None
 
@@ -157,7 +169,7 @@ class VerifyChain:
         """
         if self._validate_flat(call):
             return None
-        return self._kernels_flat(call)
+        return self._kernels_flat(self._single_scales(call))
 
     def run(self, call: VerifyCall) -> PathName:
         """Write ``call.o_extend`` through the first level that accepts; return its name.
@@ -169,6 +181,7 @@ class VerifyChain:
         reason = self._validate_flat(call)
         if reason:
             raise ValueError(reason)
+        call = self._single_scales(call)
         ran = self._kernels_flat(call)
         if ran is not None:
             return ran
@@ -186,9 +199,10 @@ class VerifyChain:
         return self.run(VerifyCall.from_sglang(*args, **kwargs))
 
     def run_paged(self, call: PagedCall) -> PathName:
-        """vLLM-style pages. Kernels take causal chains and trees (a custom mask in the paged
-        entry's rows); their ``verify_paged_fwd`` has no cap/window/sink arguments, so calls
-        with those go straight to the general path, which gathers pages chunk by chunk. A
+        """vLLM-style pages. Kernels take causal chains, whole draft blocks (``is_causal=False``
+        without a mask) and trees (a custom mask in the paged entry's rows); their
+        ``verify_paged_fwd`` has no cap/window/sink arguments, so calls with those go straight
+        to the general path, which gathers pages chunk by chunk. A
         call no level serves raises ValueError with the reason, ``o_extend`` untouched."""
         reason = self._validate_paged(call)
         if reason:
@@ -203,6 +217,7 @@ class VerifyChain:
         return self._run_paged_levels(call)
 
     def _run_paged_levels(self, call: PagedCall) -> PathName:
+        call = self._single_scales(call)
         mask = call.features.paged_kernel_mask()
         if mask is not None and call.max_len_extend is not None:
             for lv in self._kernels:

@@ -4,9 +4,10 @@
 devices): no host sync, safe in the hot path and under CUDA-graph capture; the chain runs
 them on every call. ``check_flat_indices`` / ``check_paged_indices`` check index *values*
 (custom-mask sizes included), which syncs the host: they run only with
-``check_indices=True`` or ``KGEN_CHECK_INDICES=1``. ``unserved_reason`` names valid calls that no kgen path computes
-correctly (an FP8 query): the chain and the adapters refuse those, leaving ``o_extend``
-untouched, so the engine runs its own kernel.
+``check_indices=True`` or ``KGEN_CHECK_INDICES=1``. ``unserved_reason`` names valid calls that no
+kgen path computes correctly (an FP8 query, a scale tensor of separate values, ``kv_len_adjust``
+with a custom mask): the chain and the adapters refuse those, leaving ``o_extend`` untouched, so
+the engine runs its own kernel.
 """
 
 from __future__ import annotations
@@ -54,11 +55,35 @@ def _need_float(name: str, t: torch.Tensor) -> None:
 
 
 def _check_scale(name: str, s: Scale) -> None:
+    """A float, None or a non-empty float tensor. A tensor of several values is valid input (vLLM
+    passes ``[batch, H_kv]`` descales); ``unserved_reason`` refuses it unless it is one value
+    broadcast (``single_scale``)."""
     if isinstance(s, torch.Tensor):
-        if s.numel() != 1:
-            _fail(f"{name} must be a float or a 1-element tensor, got shape {tuple(s.shape)}")
-    elif s is not None and not isinstance(s, int | float):
-        _fail(f"{name} must be a float, a 1-element tensor or None, got {type(s).__name__}")
+        if s.numel() == 0 or not s.dtype.is_floating_point:
+            _fail(f"{name} must be a float or a non-empty float tensor, got {s.dtype} of shape {tuple(s.shape)}")
+    elif s is not None and (isinstance(s, bool) or not isinstance(s, int | float) or not math.isfinite(s)):
+        _fail(f"{name} must be a finite float, a float tensor or None, got {s!r}")
+
+
+def single_scale(s: Scale) -> Scale:
+    """``s`` as one value without a host sync: a tensor whose elements all alias one memory
+    location (every dimension of size > 1 has stride 0: vLLM's ``layer._k_scale.expand(batch,
+    H_kv)``) becomes a 1-element view of it; anything else is returned as it is."""
+    if not isinstance(s, torch.Tensor) or s.numel() <= 1:
+        return s
+    if all(stride == 0 for size, stride in zip(s.shape, s.stride(), strict=True) if size > 1):
+        return s[(0,) * s.dim()].reshape(1)
+    return s
+
+
+def _check_kv_len_adjust(adjust: object) -> None:
+    if isinstance(adjust, bool) or not isinstance(adjust, int):
+        _fail(f"kv_len_adjust must be a Python int <= 0 (SGLang's), got {type(adjust).__name__}")
+    if adjust > 0:
+        _fail(
+            f"kv_len_adjust = {adjust} > 0 would read kv_indices past kv_indptr[b + 1] (another request's "
+            "slots); pass 0, or a negative int to trim each request's last slots"
+        )
 
 
 def _check_draft(
@@ -131,7 +156,9 @@ def unserved_reason(call: VerifyCall | PagedCall) -> str:
     attention path, ``q`` in e4m3 with a ``q_descale``) would need its descale in the dot
     product, which no path applies, and an FP8 ``o_extend`` a quantization scale nobody
     passes. A tensor ``q_descale`` with a 16-bit query is refused too: its value is not
-    known without a host sync."""
+    known without a host sync. So are scale tensors of separate values (a ``[batch, H_kv]``
+    descale that is not one value broadcast: kgen applies one scale per cache) and
+    ``kv_len_adjust`` with a custom mask (no defined meaning)."""
     for name in ("q_extend", "k_extend", "v_extend", "o_extend"):
         t = getattr(call, name)
         if t.element_size() == 1:
@@ -145,6 +172,20 @@ def unserved_reason(call: VerifyCall | PagedCall) -> str:
         return (
             f"q_descale is given with a {call.q_extend.dtype} query: kgen applies no query descale; pass "
             "q_descale=None for a 16-bit query, or run the engine's own kernel"
+        )
+    for name in ("k_scale", "v_scale"):
+        s = single_scale(getattr(call, name))
+        if isinstance(s, torch.Tensor) and s.numel() > 1:
+            return (
+                f"{name} is a {list(s.shape)} tensor of separate values (a descale per request and KV head?): "
+                "kgen applies one scale to the whole cache; pass the layer's single scale (vLLM's "
+                "layer._k_scale / _v_scale, or its expand), or run the engine's own kernel"
+            )
+    if isinstance(call, VerifyCall) and call.kv_len_adjust and call.custom_mask is not None:
+        return (
+            f"kv_len_adjust = {call.kv_len_adjust} with a custom_mask: decoding through the verify entry is "
+            "a chain, and which prefix a mask's [L, P + L] rows would count is not defined, so kgen refuses; "
+            "run the engine's own kernel"
         )
     return ""
 
@@ -178,6 +219,7 @@ def validate_flat(call: VerifyCall) -> None:
         )
     _check_scale("k_scale", call.k_scale)
     _check_scale("v_scale", call.v_scale)
+    _check_kv_len_adjust(call.kv_len_adjust)
     _check_features(call.features, call.qo_indptr.numel() - 1, h_q)
     _check_devices({name: getattr(call, name) for name in _FLAT_SAME_DEVICE})
 
@@ -260,6 +302,15 @@ def check_flat_indices(call: VerifyCall) -> None:
     """
     kv_indptr, kv_indices, pool_slots = call.kv_indptr, call.kv_indices, call.k_buffer.shape[0]
     _check_indptr("kv_indptr", kv_indptr, kv_indices.numel(), "len(kv_indices)")
+    if call.kv_len_adjust:
+        slices = (kv_indptr[1:] - kv_indptr[:-1]).to(torch.int64).cpu()
+        short = (slices < -call.kv_len_adjust).nonzero()
+        if short.numel():
+            b = int(short[0, 0])
+            _fail(
+                f"request {b}'s kv_indptr slice holds {int(slices[b])} slots, fewer than kv_len_adjust = "
+                f"{call.kv_len_adjust} trims: its prefix would be negative"
+            )
     used = kv_indices[: int(kv_indptr[-1])]
     if used.numel():
         lo, hi = int(used.min()), int(used.max())
