@@ -94,7 +94,7 @@ _DEFAULT_CONFIG = {'block_h': 16, 'block_n': 32, 'num_warps': 8, 'num_stages': 3
 
 
 @triton.jit
-def _request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, block_table):
+def _request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, BLOCK_TABLE: tl.constexpr):
     """Draft rows [q_start, q_start + q_len) and where the request's prefix lives.
 
     SGLang's token-slot layout: Kv_Bounds is kv_indptr and the table is kv_indices (one
@@ -102,34 +102,37 @@ def _request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, 
     prefix_trim_len (SGLang's kv_len_adjust = -prefix_trim_len: decode through the verify
     entry, whose token is already the last slot). vLLM's block tables: Kv_Bounds holds the
     prefix lengths and row `batch` of the block table lists the request's pages.
-
-    block_table (1: vLLM's block tables, 0: token slots) is a runtime int, not a constexpr:
-    the two layouts differ only here and in where a tree's mask rows start, so one compiled
-    program serves both entries.
     """
     q_start = tl.load(Qo_Indptr + batch).to(tl.int64)
     q_len = (tl.load(Qo_Indptr + batch + 1) - tl.load(Qo_Indptr + batch)).to(tl.int32)
-    bound = tl.load(Kv_Bounds + batch)
-    if block_table != 0:
+    if BLOCK_TABLE:
         table_start = batch.to(tl.int64) * stride_table
-        prefix_len = bound.to(tl.int32)
+        prefix_len = tl.load(Kv_Bounds + batch).to(tl.int32)
     else:
-        table_start = bound.to(tl.int64)
-        prefix_len = (tl.load(Kv_Bounds + batch + 1) - bound).to(tl.int32) - prefix_trim_len
+        table_start = tl.load(Kv_Bounds + batch).to(tl.int64)
+        prefix_len = (tl.load(Kv_Bounds + batch + 1) - tl.load(Kv_Bounds + batch)).to(tl.int32) - prefix_trim_len
     return q_start, q_len, table_start, prefix_len
 
 
 @triton.jit
-def _table_entry(tok, page_shift):
+def _table_entry(tok, page_shift, BLOCK_TABLE: tl.constexpr):
     """Where in the request's table prefix token `tok` is listed: its page in a vLLM block
-    table (page sizes are powers of two), its own slot in SGLang's kv_indices (page_shift 0)."""
-    return tok >> page_shift
+    table (page sizes are powers of two), its own slot in SGLang's kv_indices."""
+    if BLOCK_TABLE:
+        entry = tok >> page_shift
+    else:
+        entry = tok
+    return entry
 
 
 @triton.jit
-def _page_slot(tok, page_shift):
-    """Position of prefix token `tok` inside its page (0 for token slots: page_shift 0)."""
-    return tok & ((1 << page_shift) - 1)
+def _page_slot(tok, page_shift, BLOCK_TABLE: tl.constexpr):
+    """Position of prefix token `tok` inside its page (always 0 for token slots)."""
+    if BLOCK_TABLE:
+        slot = tok & ((1 << page_shift) - 1)
+    else:
+        slot = 0
+    return slot
 
 
 @triton.jit
@@ -159,7 +162,8 @@ def _first_slot(table_start, batch, tokens_per_split, slots_per_request):
 
 
 @triton.jit
-def _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len, stride_mask_row, block_table):
+def _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len, stride_mask_row,
+               BLOCK_TABLE: tl.constexpr):
     """Where each row's bits for draft columns 0.. start in the custom mask (one byte a bit).
 
     SGLang (token slots): request b's mask is a row-major [L, P + L] block at mask_indptr[b];
@@ -168,7 +172,7 @@ def _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len, st
     (requests may share rows: vLLM's one tree for the batch).
     """
     start = tl.load(Mask_Indptr + batch).to(tl.int64)
-    if block_table != 0:
+    if BLOCK_TABLE:
         rows = Custom_Mask + (start + draft_pos) * stride_mask_row
     else:
         rows = Custom_Mask + start + draft_pos.to(tl.int64) * (prefix_len + q_len) + prefix_len
@@ -269,8 +273,7 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
 # every batch size, split count and page size (the JIT would otherwise compile a variant per
 # value class, and `kgen check` would have to prove each).
 @triton.jit(do_not_specialize=["max_splits", "tokens_per_split", "slots_per_request", "row_blocks", "page_shift",
-                               "block_table", "prefix_trim_len",
-                               "draft_lookahead_len", "stride_mask_row", "stride_pl_head"])
+                               "prefix_trim_len", "draft_lookahead_len", "stride_mask_row", "stride_pl_head"])
 def _verify_prefix_stage(
     Q,
     K_Buffer,
@@ -290,7 +293,6 @@ def _verify_prefix_stage(
     slots_per_request,
     row_blocks,
     page_shift,
-    block_table,
     prefix_trim_len,
     draft_lookahead_len,
     stride_table,
@@ -321,6 +323,7 @@ def _verify_prefix_stage(
     DRAFT_N: tl.constexpr,
     HAS_MASK: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_TABLE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -349,7 +352,7 @@ def _verify_prefix_stage(
         gdc_wait()
 
     q_start, q_len, table_start, prefix_len = _request_bounds(
-        Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, block_table
+        Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, BLOCK_TABLE
     )
     split_len, num_written = _split_plan(prefix_len, max_splits, tokens_per_split)
     split_start = split * split_len
@@ -389,7 +392,7 @@ def _verify_prefix_stage(
             # The mask's row pointers live only here, not through the prefix loop.
             if HAS_MASK:
                 mask_rows = _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len,
-                                       stride_mask_row, block_table)
+                                       stride_mask_row, BLOCK_TABLE)
             else:
                 mask_rows = Custom_Mask  # None: the chain reads no mask
             # Every program walks the DRAFT_N-wide tiles of the draft columns its rows may see,
@@ -419,7 +422,7 @@ def _verify_prefix_stage(
         INDEX_WORDS: tl.constexpr = Kv_Table.dtype.element_ty.primitive_bitwidth // 32
         table_words = Kv_Table.to(tl.pointer_type(tl.int32)) + table_start * INDEX_WORDS
         offs_first = tl.minimum(split_start + tl.arange(0, BLOCK_N), split_end - 1)
-        page_next = tl.load(table_words + INDEX_WORDS * _table_entry(offs_first, page_shift),
+        page_next = tl.load(table_words + INDEX_WORDS * _table_entry(offs_first, page_shift, BLOCK_TABLE),
                             mask=offs_first >= 0, other=0)
         # Whole tiles first, without the -inf score select, then the split's last, partial
         # tile, if any, with it.
@@ -429,8 +432,8 @@ def _verify_prefix_stage(
             tok = offs_n
             page = page_next.to(tl.int64)
             page_next = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(offs_n + BLOCK_N, split_end - 1),
-                                                                         page_shift))
-            slot = _page_slot(tok, page_shift)
+                                                                         page_shift, BLOCK_TABLE))
+            slot = _page_slot(tok, page_shift, BLOCK_TABLE)
             # int64 addresses: a pool can hold more than 2**31 elements.
             k_row_ptr = K_Buffer + page * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
             k = tl.load(k_row_ptr[:, None] + offs_d[None, :])
@@ -464,8 +467,8 @@ def _verify_prefix_stage(
             tok = tl.minimum(offs_n, split_end - 1)
             page = page_next.to(tl.int64)
             page_next = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(offs_n + BLOCK_N, split_end - 1),
-                                                                         page_shift))
-            slot = _page_slot(tok, page_shift)
+                                                                         page_shift, BLOCK_TABLE))
+            slot = _page_slot(tok, page_shift, BLOCK_TABLE)
             # int64 addresses: a pool can hold more than 2**31 elements.
             k_row_ptr = K_Buffer + page * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
             k = tl.load(k_row_ptr[:, None] + offs_d[None, :])
@@ -514,7 +517,7 @@ def _verify_prefix_stage(
 
 
 @triton.jit(do_not_specialize=["num_q_heads", "max_splits", "tokens_per_split", "slots_per_request", "row_blocks",
-                               "prefix_trim_len", "block_table", "stride_pl_head"])
+                               "prefix_trim_len", "stride_pl_head"])
 def _verify_merge_stage(
     O,
     Qo_Indptr,
@@ -527,7 +530,6 @@ def _verify_merge_stage(
     slots_per_request,
     row_blocks,
     prefix_trim_len,
-    block_table,
     stride_table,
     stride_o_tok,
     stride_o_head,
@@ -539,6 +541,7 @@ def _verify_merge_stage(
     MERGE_HEADS: tl.constexpr,
     L_PAD: tl.constexpr,
     SPLIT_CHUNK: tl.constexpr,
+    BLOCK_TABLE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """o = the splits' partials weighted by their sum-exp (the draft is already in one).
@@ -556,7 +559,7 @@ def _verify_merge_stage(
     if USE_PDL:
         gdc_wait()  # launched early (programmatic dependent launch): the partials are complete after this
     q_start, q_len, table_start, prefix_len = _request_bounds(
-        Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, block_table
+        Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, BLOCK_TABLE
     )
     _, num_written = _split_plan(prefix_len, max_splits, tokens_per_split)
     if num_written > 1:
@@ -878,6 +881,7 @@ def _triton_prefix(arch, config, group, max_len, page_size, has_mask):
         "DRAFT_N": draft_tile_columns(block_h * l_pad, l_pad, block_n),
         "HAS_MASK": has_mask,
         "BLOCK_N": block_n,
+        "BLOCK_TABLE": page_size is not None,
         "LAZY_RESCALE": bool(config.get("lazy_rescale")),
         "USE_PDL": _use_pdl(arch, is_rocm),
     }
@@ -921,6 +925,7 @@ def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv
         "MERGE_HEADS": _merge_heads(merge_l_pad),
         "L_PAD": merge_l_pad,
         "SPLIT_CHUNK": MERGE_SPLIT_CHUNK,
+        "BLOCK_TABLE": page_size is not None,
         "USE_PDL": use_pdl,
     }
     return {
@@ -930,8 +935,6 @@ def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv
         "tokens_per_split": TOKENS_PER_SPLIT,
         "block_n": block_n,
         "page_shift": (page_size or 1).bit_length() - 1,
-        # A runtime int of both stages (not a constexpr): one program serves both entries.
-        "block_table": int(page_size is not None),
         "prefix_kernel": prefix_kernel,
         "prefix": (prefix, prefix_options),
         "prefix_pdl": {"launch_pdl": True} if prefix_pdl else {},
@@ -1001,7 +1004,7 @@ def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, n
     return 4 * rows * num_q_heads * slots * (V_HEAD_DIM.value + 1)
 
 
-def _scales(k_scale, v_scale):
+def _scales(k_scale, v_scale, device):
     """(k, v): the 16-bit pool's scales as float kernel arguments (why_not refused tensors)."""
     return (1.0 if k_scale is None else float(k_scale)), (1.0 if v_scale is None else float(v_scale))
 
@@ -1039,7 +1042,6 @@ def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_po
         v_scale,
         *split_ints,
         plan["page_shift"],
-        plan["block_table"],
         prefix_trim_len,
         draft_lookahead_len,
         stride_table,
@@ -1096,7 +1098,7 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     grid = (num_kv_heads * plan["head_blocks"] * row_blocks, grid_splits, batch)
     sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
     prefix_constexprs, prefix_options = plan["prefix"]
-    k_scale, v_scale = _scales(k_scale, v_scale)
+    k_scale, v_scale = _scales(k_scale, v_scale, q.device)
     # Columns past its own a draft row sees: none in a chain, every one of a non-causal block.
     draft_lookahead_len = MAX_DRAFT_TOKENS if custom_mask is None and not is_causal else 0
 
@@ -1118,7 +1120,6 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         num_q_heads,
         *split_ints,
         prefix_trim_len,
-        plan["block_table"],
         stride_table,
         o.stride(0),
         o.stride(1),

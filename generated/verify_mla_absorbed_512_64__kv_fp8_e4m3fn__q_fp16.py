@@ -84,7 +84,7 @@ _DEFAULT_CONFIG = {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2
 
 
 @triton.jit
-def _request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, block_table):
+def _request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, BLOCK_TABLE: tl.constexpr):
     """Draft rows [q_start, q_start + q_len) and where the request's prefix lives.
 
     SGLang's token-slot layout: Kv_Bounds is kv_indptr and the table is kv_indices (one
@@ -92,34 +92,37 @@ def _request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, 
     prefix_trim_len (SGLang's kv_len_adjust = -prefix_trim_len: decode through the verify
     entry, whose token is already the last slot). vLLM's block tables: Kv_Bounds holds the
     prefix lengths and row `batch` of the block table lists the request's pages.
-
-    block_table (1: vLLM's block tables, 0: token slots) is a runtime int, not a constexpr:
-    the two layouts differ only here and in where a tree's mask rows start, so one compiled
-    program serves both entries.
     """
     q_start = tl.load(Qo_Indptr + batch).to(tl.int64)
     q_len = (tl.load(Qo_Indptr + batch + 1) - tl.load(Qo_Indptr + batch)).to(tl.int32)
-    bound = tl.load(Kv_Bounds + batch)
-    if block_table != 0:
+    if BLOCK_TABLE:
         table_start = batch.to(tl.int64) * stride_table
-        prefix_len = bound.to(tl.int32)
+        prefix_len = tl.load(Kv_Bounds + batch).to(tl.int32)
     else:
-        table_start = bound.to(tl.int64)
-        prefix_len = (tl.load(Kv_Bounds + batch + 1) - bound).to(tl.int32) - prefix_trim_len
+        table_start = tl.load(Kv_Bounds + batch).to(tl.int64)
+        prefix_len = (tl.load(Kv_Bounds + batch + 1) - tl.load(Kv_Bounds + batch)).to(tl.int32) - prefix_trim_len
     return q_start, q_len, table_start, prefix_len
 
 
 @triton.jit
-def _table_entry(tok, page_shift):
+def _table_entry(tok, page_shift, BLOCK_TABLE: tl.constexpr):
     """Where in the request's table prefix token `tok` is listed: its page in a vLLM block
-    table (page sizes are powers of two), its own slot in SGLang's kv_indices (page_shift 0)."""
-    return tok >> page_shift
+    table (page sizes are powers of two), its own slot in SGLang's kv_indices."""
+    if BLOCK_TABLE:
+        entry = tok >> page_shift
+    else:
+        entry = tok
+    return entry
 
 
 @triton.jit
-def _page_slot(tok, page_shift):
-    """Position of prefix token `tok` inside its page (0 for token slots: page_shift 0)."""
-    return tok & ((1 << page_shift) - 1)
+def _page_slot(tok, page_shift, BLOCK_TABLE: tl.constexpr):
+    """Position of prefix token `tok` inside its page (always 0 for token slots)."""
+    if BLOCK_TABLE:
+        slot = tok & ((1 << page_shift) - 1)
+    else:
+        slot = 0
+    return slot
 
 
 @triton.jit
@@ -135,7 +138,8 @@ def _split_plan(prefix_len, max_splits, min_tokens_per_split, block_n):
 
 
 @triton.jit
-def _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len, stride_mask_row, block_table):
+def _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len, stride_mask_row,
+               BLOCK_TABLE: tl.constexpr):
     """Where each row's bits for draft columns 0.. start in the custom mask (one byte a bit).
 
     SGLang (token slots): request b's mask is a row-major [L, P + L] block at mask_indptr[b];
@@ -144,7 +148,7 @@ def _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len, st
     (requests may share rows: vLLM's one tree for the batch).
     """
     start = tl.load(Mask_Indptr + batch).to(tl.int64)
-    if block_table != 0:
+    if BLOCK_TABLE:
         rows = Custom_Mask + (start + draft_pos) * stride_mask_row
     else:
         rows = Custom_Mask + start + draft_pos.to(tl.int64) * (prefix_len + q_len) + prefix_len
@@ -244,8 +248,7 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
 # Ints the launcher computes from shapes are not value-specialized: one compiled kernel serves
 # every batch size, split count and page size (the JIT would otherwise compile a variant per
 # value class, and `kgen check` would have to prove each).
-@triton.jit(do_not_specialize=["max_splits", "min_tokens_per_split", "page_shift", "block_table",
-                               "scales_on_device", "prefix_trim_len",
+@triton.jit(do_not_specialize=["max_splits", "min_tokens_per_split", "page_shift", "prefix_trim_len",
                                "draft_lookahead_len", "stride_mask_row", "stride_pl_head"])
 def _verify_prefix_stage(
     Q,
@@ -261,13 +264,9 @@ def _verify_prefix_stage(
     qk_scale,
     k_scale,
     v_scale,
-    K_Descale,
-    V_Descale,
-    scales_on_device,
     max_splits,
     min_tokens_per_split,
     page_shift,
-    block_table,
     prefix_trim_len,
     draft_lookahead_len,
     stride_table,
@@ -299,6 +298,8 @@ def _verify_prefix_stage(
     ROW_BLOCKS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_TABLE: tl.constexpr,
+    SCALES_ON_DEVICE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -330,7 +331,7 @@ def _verify_prefix_stage(
         gdc_wait()
 
     q_start, q_len, table_start, prefix_len = _request_bounds(
-        Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, block_table
+        Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, BLOCK_TABLE
     )
     split_len, num_written = _split_plan(prefix_len, max_splits, min_tokens_per_split, BLOCK_N)
     split_start = split * split_len
@@ -363,14 +364,12 @@ def _verify_prefix_stage(
         offs_dv = offs_d
         # The KV scales apply to the prefix (the pool) only: FP8's descale, or a 16-bit pool's
         # k_scale / v_scale (SGLang's), taken as floats.
-        # A scale given as a device tensor is read here (bit 0 of scales_on_device: k, bit 1:
-        # v), a runtime int: float and tensor scales are one compiled program.
-        k_descale = k_scale
-        v_descale = v_scale
-        if scales_on_device & 1:
-            k_descale = tl.load(K_Descale)
-        if scales_on_device & 2:
-            v_descale = tl.load(V_Descale)
+        if SCALES_ON_DEVICE:
+            k_descale = tl.load(k_scale)
+            v_descale = tl.load(v_scale)
+        else:
+            k_descale = k_scale
+            v_descale = v_scale
         score_scale = qk_scale * k_descale
 
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
@@ -380,7 +379,7 @@ def _verify_prefix_stage(
             # The mask's row pointers live only here, not through the prefix loop.
             if HAS_MASK:
                 mask_rows = _mask_rows(Custom_Mask, Mask_Indptr, batch, draft_pos, prefix_len, q_len,
-                                       stride_mask_row, block_table)
+                                       stride_mask_row, BLOCK_TABLE)
             else:
                 mask_rows = Custom_Mask  # None: the chain reads no mask
             if ROW_BLOCKS > 1 or DRAFT_N < L_PAD:
@@ -419,7 +418,7 @@ def _verify_prefix_stage(
         INDEX_WORDS: tl.constexpr = Kv_Table.dtype.element_ty.primitive_bitwidth // 32
         table_words = Kv_Table.to(tl.pointer_type(tl.int32)) + table_start * INDEX_WORDS
         offs_first = tl.minimum(split_start + tl.arange(0, BLOCK_N), split_end - 1)
-        page_next = tl.load(table_words + INDEX_WORDS * _table_entry(offs_first, page_shift),
+        page_next = tl.load(table_words + INDEX_WORDS * _table_entry(offs_first, page_shift, BLOCK_TABLE),
                             mask=offs_first >= 0, other=0)
         for start_n in range(split_start, split_end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -428,8 +427,8 @@ def _verify_prefix_stage(
             tok = tl.minimum(offs_n, split_end - 1)
             page = page_next.to(tl.int64)
             page_next = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(offs_n + BLOCK_N, split_end - 1),
-                                                                         page_shift))
-            slot = _page_slot(tok, page_shift)
+                                                                         page_shift, BLOCK_TABLE))
+            slot = _page_slot(tok, page_shift, BLOCK_TABLE)
             # int64 addresses: a pool can hold more than 2**31 elements.
             k_row_ptr = K_Buffer + page * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
             k = tl.load(k_row_ptr[:, None] + offs_d[None, :])
@@ -476,7 +475,7 @@ def _verify_prefix_stage(
 
 
 @triton.jit(do_not_specialize=["num_q_heads", "max_splits", "min_tokens_per_split", "block_n", "prefix_trim_len",
-                               "block_table", "stride_pl_head"])
+                               "stride_pl_head"])
 def _verify_merge_stage(
     O,
     Qo_Indptr,
@@ -488,7 +487,6 @@ def _verify_merge_stage(
     min_tokens_per_split,
     block_n,
     prefix_trim_len,
-    block_table,
     stride_table,
     stride_o_tok,
     stride_o_head,
@@ -500,6 +498,7 @@ def _verify_merge_stage(
     MERGE_HEADS: tl.constexpr,
     L_PAD: tl.constexpr,
     SPLIT_CHUNK: tl.constexpr,
+    BLOCK_TABLE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """o = the splits' partials weighted by their sum-exp (the draft is already in one).
@@ -515,7 +514,7 @@ def _verify_merge_stage(
     if USE_PDL:
         gdc_wait()  # launched early (programmatic dependent launch): the partials are complete after this
     q_start, q_len, table_start, prefix_len = _request_bounds(
-        Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, block_table
+        Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, BLOCK_TABLE
     )
     _, num_written = _split_plan(prefix_len, max_splits, min_tokens_per_split, block_n)
     if num_written > 1:
@@ -550,6 +549,7 @@ _MASK_DTYPES = (torch.bool, torch.uint8, torch.int8)
 _NO_MASK = {"Custom_Mask": None, "Mask_Indptr": None, "stride_mask_row": None}
 _SPLIT_DEFAULTS = {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256}
 _SCRATCH = {}
+_DEVICE_SCALES = {}
 
 # Targets this module was compiled and checked for (`kgen check`, kgen/tables/targets.json):
 # shared memory per block, threads per warp, the matrix instruction, FP8 formats. Other
@@ -822,6 +822,7 @@ def _triton_prefix(arch, config, group, max_len, page_size, has_mask):
         "ROW_BLOCKS": draft_row_blocks(l_pad, max_len),
         "HAS_MASK": has_mask,
         "BLOCK_N": block_n,
+        "BLOCK_TABLE": page_size is not None,
         "LAZY_RESCALE": bool(config.get("lazy_rescale")),
         "USE_PDL": _use_pdl(arch, is_rocm),
     }
@@ -860,6 +861,7 @@ def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv
         "MERGE_HEADS": _merge_heads(merge_l_pad),
         "L_PAD": merge_l_pad,
         "SPLIT_CHUNK": min(next_pow2(max_splits), MERGE_SPLIT_CHUNK),
+        "BLOCK_TABLE": page_size is not None,
         "USE_PDL": use_pdl,
     }
     return {
@@ -869,8 +871,6 @@ def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv
         "min_tokens": min_tokens,
         "block_n": block_n,
         "page_shift": (page_size or 1).bit_length() - 1,
-        # A runtime int of both stages (not a constexpr): one program serves both entries.
-        "block_table": int(page_size is not None),
         "prefix_kernel": prefix_kernel,
         "prefix": (prefix, prefix_options),
         "prefix_pdl": {"launch_pdl": True} if prefix_pdl else {},
@@ -929,16 +929,24 @@ def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, n
     return 4 * num_tokens * num_q_heads * plan["max_splits"] * (V_HEAD_DIM.value + 1)
 
 
-def _scales(k_scale, v_scale, unread):
-    """(k, v, k_tensor, v_tensor, on_device) for the prefix stage: a float scale is a kernel
-    argument, a device tensor is read in-kernel (bit 0 of on_device: k, bit 1: v), so engines
-    may pass either, or one of each, to one compiled program. `unread` (an fp32 tensor of the
-    call's, never read) stands in for a tensor not given."""
+def _device_scale(value, device):
+    key = (float(value), str(device))
+    tensor = _DEVICE_SCALES.get(key)
+    if tensor is None:
+        tensor = _DEVICE_SCALES[key] = torch.full((1,), float(value), dtype=torch.float32, device=device)
+    return tensor
+
+
+def _scales(k_scale, v_scale, device):
+    """(k, v, on_device): floats stay kernel arguments; device tensors are read in-kernel."""
     k_scale = 1.0 if k_scale is None else k_scale
     v_scale = 1.0 if v_scale is None else v_scale
     k_dev, v_dev = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
-    return (1.0 if k_dev else float(k_scale), 1.0 if v_dev else float(v_scale), k_scale if k_dev else unread,
-            v_scale if v_dev else unread, int(k_dev) | int(v_dev) << 1)
+    if not (k_dev or v_dev):
+        return float(k_scale), float(v_scale), False
+    k_scale = k_scale if k_dev else _device_scale(k_scale, device)
+    v_scale = v_scale if v_dev else _device_scale(v_scale, device)
+    return k_scale, v_scale, True
 
 
 def _mask_arguments(custom_mask, mask_indptr, paged):
@@ -955,7 +963,7 @@ def _mask_arguments(custom_mask, mask_indptr, paged):
 
 
 def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
-                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, k_descale, v_descale, scales_on_device, stride_table,
+                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
                           k_strides, v_strides, prefix_trim_len, draft_lookahead_len):
     prefix_constexprs, prefix_options = plan["prefix"]
     _verify_prefix_stage[grid](
@@ -972,12 +980,8 @@ def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_po
         sm_scale * _LOG2E,
         k_scale,
         v_scale,
-        k_descale,
-        v_descale,
-        scales_on_device,
         *split_ints,
         plan["page_shift"],
-        plan["block_table"],
         prefix_trim_len,
         draft_lookahead_len,
         stride_table,
@@ -997,6 +1001,7 @@ def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_po
         partial_lse.stride(1),
         **mask_arguments,
         DOT_DTYPE=tl.float32 if _INTERPRET else _TL_PREFIX_DOT_DTYPE,
+        SCALES_ON_DEVICE=scales_on_device,
         **prefix_constexprs,
         **prefix_options,
         **plan["prefix_pdl"],
@@ -1029,13 +1034,13 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     grid = (num_kv_heads * plan["head_blocks"] * plan["row_blocks"], max_splits, batch)
     sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
     prefix_constexprs, prefix_options = plan["prefix"]
-    k_scale, v_scale, k_descale, v_descale, scales_on_device = _scales(k_scale, v_scale, partial_lse)
+    k_scale, v_scale, scales_on_device = _scales(k_scale, v_scale, q.device)
     # Columns past its own a draft row sees: none in a chain, every one of a non-causal block.
     draft_lookahead_len = MAX_DRAFT_TOKENS if custom_mask is None and not is_causal else 0
 
     mask_arguments = _mask_arguments(custom_mask, mask_indptr, page_size is not None)
     _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
-                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, k_descale, v_descale, scales_on_device, stride_table,
+                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
                           k_strides, v_strides, prefix_trim_len, draft_lookahead_len)
     if plan["merge"] is None:
         return  # every request had one split and wrote o itself
@@ -1052,7 +1057,6 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
         *split_ints,
         plan["block_n"],
         prefix_trim_len,
-        plan["block_table"],
         stride_table,
         o.stride(0),
         o.stride(1),
@@ -1124,6 +1128,7 @@ def _why_not_common(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, max_len
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         if isinstance(scale, torch.Tensor) and (scale.numel() != 1 or scale.device != q.device
                                                 or scale.dtype != torch.float32):
+            # float32: the dtype of the device-scale programs kgen check compiles.
             return f"{name} must be a float or a 1-element float32 tensor on q's device"
     # The kernel takes V from the K tile it already loaded: v must be K's latent columns.
     if v_pool.data_ptr() != k_pool.data_ptr() or v_pool.stride()[:-1] != k_pool.stride()[:-1]:

@@ -86,7 +86,7 @@ _TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "floa
                  "float8_e4m3fnuz": "fp8e4b8", "int32": "i32", "int64": "i64"}
 INDEX_DTYPES = ("int32", "int64")
 # Axes the plan reports how much each multiplies the distinct variants by.
-AXES = ("all", "index_dtype", "q_dtype", "runtime int specialization")
+AXES = ("all", "index_dtype", "q_dtype", "runtime int specialization", "SCALES_ON_DEVICE")
 
 # Kernel parameter names and the Triton type they take. Query-side tensors are in the module's
 # query dtype, the KV pools in its KV dtype; index tensors take the domain's index dtype.
@@ -94,13 +94,12 @@ _Q_POINTERS = frozenset({"Q", "K_Extend", "V_Extend", "O"})
 _KV_POINTERS = frozenset({"K_Buffer", "V_Buffer"})
 _MASK_POINTERS = frozenset({"Custom_Mask"})  # read as bytes: the launcher views bool/int8 masks as uint8
 _INDEX_POINTER = re.compile(r"^[A-Z]\w*_(Indptr|Indices|Bounds|Table|Lens|Counters)$")
-_FP32_POINTER = re.compile(r"^(Partial_\w+|[KV]_Descale)$")
+_FP32_POINTER = re.compile(r"^Partial_\w+$")
 _FP32_SCALARS = frozenset({"qk_scale", "sm_scale"})
 _SCALE_ARGS = frozenset({"k_scale", "v_scale"})
 _I64_SCALAR = re.compile(r"(^|_)(offset|offsets|elem_offset|base)$")
 _I32_SCALAR = re.compile(r"^(stride_\w+|max_splits|min_tokens_per_split|tokens_per_split|slots_per_request"
-                         r"|row_blocks|num_\w+|group|head_blocks|page_shift|block_table|scales_on_device|block_n"
-                         r"|\w+_len|\w+_size)$")
+                         r"|row_blocks|num_\w+|group|head_blocks|page_shift|block_n|\w+_len|\w+_size)$")
 
 
 class CheckError(KgenError):
@@ -305,12 +304,13 @@ def runtime_scalars(module: ModuleType, arch: str, num_sms: int, point: Point) -
 
 def complete_launch(module: ModuleType, kernel_name: str, constexprs: dict[str, Any]) -> list[dict[str, Any]]:
     """The constexpr sets one launch_params entry compiles to: _run adds DOT_DTYPE (the GPU's
-    dot operand dtype). Any other constexpr launch_params leaves out is an error. An
+    dot operand dtype) and SCALES_ON_DEVICE (False for float KV scales, True for tensors; an
+    engine may pass either). Any other constexpr launch_params leaves out is an error. An
     argument the launch passes as None (the chain kernel's mask arguments) is a constexpr of
     the compile too: launch_params lists it with the value None."""
     kernel = getattr(module, kernel_name)
     wanted = [p.name for p in kernel.params if p.is_constexpr]
-    missing = [n for n in wanted if n not in constexprs and n != "DOT_DTYPE"]
+    missing = [n for n in wanted if n not in constexprs and n not in ("DOT_DTYPE", "SCALES_ON_DEVICE")]
     if missing:
         raise CheckError(f"{module.URI}.{kernel_name}: launch_params gives no value for constexpr(s) {missing}; "
                          "add them to launch_params (kgen check compiles what it returns)")
@@ -321,6 +321,8 @@ def complete_launch(module: ModuleType, kernel_name: str, constexprs: dict[str, 
     base = dict(constexprs)
     if "DOT_DTYPE" in wanted and "DOT_DTYPE" not in base:
         base["DOT_DTYPE"] = module._TL_PREFIX_DOT_DTYPE
+    if "SCALES_ON_DEVICE" in wanted and "SCALES_ON_DEVICE" not in base:
+        return [{**base, "SCALES_ON_DEVICE": False}, {**base, "SCALES_ON_DEVICE": True}]
     return [base]
 
 
@@ -338,6 +340,7 @@ def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str,
     scalars = scalars or {}
     q_type = "*" + _TRITON_TYPES[_torch_name(module.Q_DTYPE)]
     kv_type = "*" + _TRITON_TYPES[_torch_name(module.KV_DTYPE)]
+    scales_on_device = bool(constexprs.get("SCALES_ON_DEVICE"))
     signature: dict[str, str] = {}
     constants = dict(constexprs)
     divisible: list[str] = []
@@ -358,7 +361,7 @@ def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str,
         elif name in _FP32_SCALARS:
             signature[name] = "fp32"
         elif name in _SCALE_ARGS:
-            signature[name] = "fp32"
+            signature[name] = "*fp32" if scales_on_device else "fp32"
         elif _I64_SCALAR.search(name):
             signature[name] = "i64"
         elif _I32_SCALAR.match(name):
@@ -495,6 +498,10 @@ def _distinct_launch(info: ModuleInfo, module: ModuleType, arch_name: str, kerne
     proj["runtime int specialization"].add((*base, info.q_dtype,
                                             json.dumps({k: v for k, v in encoded.items() if k in constexprs},
                                                        sort_keys=True), json.dumps(unspecialized, sort_keys=True)))
+    proj["SCALES_ON_DEVICE"].add((*base, info.q_dtype,
+                                  json.dumps({k: v for k, v in encoded.items() if k != "SCALES_ON_DEVICE"},
+                                             sort_keys=True), sg.replace('"*fp32"', '"fp32"'),
+                                  tuple(d for d in dv if d not in _SCALE_ARGS)))
     # One runtime int at a time (max_splits with the stride that equals it), every module's ints
     # for every variant, so that an int only some modules pass does not skew the multipliers.
     for name in RUNTIME_INTS:

@@ -112,7 +112,7 @@ def test_a_gluon_row_launches_the_gluon_stage_with_its_own_choices(module: Modul
 def test_elsewhere_the_row_runs_its_triton_fields(module: ModuleType, where: str, call: dict) -> None:
     name, constexprs, _ = prefix(module, **call)
     assert name == TRITON, where
-    assert "BLOCK_TABLE" not in constexprs  # the entry is a runtime int: one program for both
+    assert constexprs["BLOCK_TABLE"] == ("page_size" in call)
 
 
 def test_without_gluon_the_row_runs_its_triton_fields(module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:

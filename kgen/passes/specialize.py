@@ -58,8 +58,7 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                      else "no PE pointer, load, dot or argument is emitted")),
             Decision(NAME, "fp8_kv", fp8_kv,
                      f"KV is {plan.kv_dtype}: " + ("k_scale/v_scale as floats or device tensors "
-                     "(read in-kernel under a runtime flag: one program for both) and the descale"
-                     if fp8_kv else "k_scale/v_scale as float arguments "
+                     "(SCALES_ON_DEVICE) and the descale" if fp8_kv else "k_scale/v_scale as float arguments "
                      "only (SGLang's 16-bit pool scales): no device read of them, no second program")),
             Decision(NAME, "v_from_k_tile", v_from_k_tile,
                      "absorbed MLA: V is the latent columns of the K tile already loaded, so no V "
