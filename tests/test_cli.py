@@ -182,7 +182,7 @@ def _blocks() -> list[tuple[str, str]]:
 def test_readme_first_two_bash_blocks_are_the_setup_and_the_tests():
     """CI and a fresh machine run these two; every other block must not look like them."""
     bash = [body.strip() for lang, body in _blocks() if lang == "bash"]
-    assert bash == ['pip install torch==2.13.0 -e ".[test,tune,bench]" && kgen build', "python -m pytest -q"]
+    assert bash == ['pip install torch==2.13.0 -e ".[test,tune,bench]" && kgen build', "python -m pytest -q -n auto"]
     assert {lang for lang, _ in _blocks()} <= {"bash", "sh", "console", "text", "python"}
 
 
