@@ -223,7 +223,7 @@ def _draft_tile(
     vd_ptr = V_Extend + (q_start + offs_j)[:, None] * stride_ve_tok + kv_head * stride_ve_head + offs_dv[None, :]
     vd = tl.load(vd_ptr, mask=j_ok[:, None], other=0.0)
     if RAW_V_FOLLOWS:
-        # The prefix tiles that follow accumulate raw e4m3 V (descaled once, at the end).
+        # The prefix tiles that follow accumulate raw pool V (scaled by v_descale once, at the end).
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE)) / v_descale
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vd.to(DOT_DTYPE))
