@@ -57,7 +57,7 @@ def test_dry_run_prints_space_and_workloads_without_torch(tmp_path: Path) -> Non
         (["--dry-run", "--arch", "sm_90", "--layout", "llama"], r"unknown layout.*gqa128"),
         (["--dry-run", "--arch", "sm_90", "--bucket", "huge"], r"unknown bucket 'huge'.*b1-8"),
         (["--dry-run", "--arch", "sm_90", "--kv-dtype", "int4"], "unknown KV dtype"),
-        (["--dry-run", "--arch", "sm_90", "--layout", "gqa64", "--group", "4"], r"group size\(s\) \[4\]"),
+        (["--dry-run", "--arch", "sm_90", "--layout", "gqa64", "--group", "2"], r"group size\(s\) \[2\]"),
         (["--dry-run", "--arch", "sm_90", "--trials", "0"], "--trials must be >= 1"),
     ],
 )
@@ -80,6 +80,8 @@ def test_synthetic_run_writes_and_merges_a_table(tmp_path: Path, capsys: pytest.
         "sm_90",
         "--layout",
         "gqa64",
+        "--group",
+        "8",
         "--kv-dtype",
         "bf16",
         "--storage",
