@@ -416,10 +416,14 @@ class Variant:
     signature: dict[str, str]
     divisible: list[str]
     points: list[Point] = dataclasses.field(default_factory=list)
-    modules: set[str] = dataclasses.field(default_factory=set)  # every module launching this exact compile
     program: str = ""  # program_hash of the kernel: the same for every module whose kernel text is the same
     family: str = ""  # "<kernel> <layout> <KV dtype>": how `kgen check` reports where its time goes
     module_variants: set[tuple] = dataclasses.field(default_factory=set)  # (module, arch, kernel, options, launch)
+
+    @property
+    def modules(self) -> set[str]:
+        """Every module launching this exact compile."""
+        return {module for module, *_ in self.module_variants}
 
     @property
     def from_table(self) -> bool:
@@ -515,7 +519,6 @@ def _distinct_launch(info: ModuleInfo, module: ModuleType, arch_name: str, kerne
         variant = by_key[key] = Variant(key, info.uri, str(info.path), kernel_name, arch_name, encoded,
                                         dict(options), signature, divisible, program=kernel_hashes[kernel_name],
                                         family=f"{kernel_name.strip('_')} {info.layout} {info.kv_dtype}")
-    variant.modules.add(info.uri)
     variant.module_variants.add((info.uri, arch_name, kernel_name, base[-1], cx, sg, dv))
     return variant
 
@@ -1095,7 +1098,6 @@ def largest_rows(enumeration: Enumeration) -> Enumeration:
 def _stand_for(kept: Variant, dropped: Variant) -> None:
     """The kept variant answers for the dropped one: its domain points and its modules."""
     kept.points.extend(dropped.points)
-    kept.modules |= dropped.modules
     kept.module_variants |= dropped.module_variants
 
 

@@ -343,7 +343,7 @@ def test_json_and_markdown_reports_carry_every_variant_and_the_failures(monkeypa
         results = {v.key: {"shared": 300000 if v.kernel == "_verify_prefix_stage" else 64, "registers": 100,
                            "spill_stores": 8, "spill_loads": 8, "stack_bytes": 0, "mma": {}, "error": None,
                            "compile_s": 0.0, "cached": False} for v in variants}
-        return results, {a: {"variants": len(variants), "compiled": len(variants), "cached": 0, "wall_s": 0.0}
+        return results, {a: {"programs": len(variants), "compiled": len(variants), "cached": 0, "compile_s": 0.0}
                          for a in archs}
 
     monkeypatch.setattr(check, "compile_all", fake_compile_all)
