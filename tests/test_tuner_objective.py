@@ -3,13 +3,21 @@ configs without crashing the study, and replaces the default only beyond the noi
 
 from __future__ import annotations
 
+import time
+
 import optuna
 import pytest
 from triton.runtime.errors import OutOfResources
 
 from kgen.blockconfig import BlockConfig
 from kgen.spec import load_layouts
-from kgen.tuner.objective import FatalDeviceError, SyntheticBowl, make_objective, synthetic_optimum
+from kgen.tuner.objective import (
+    FatalDeviceError,
+    SyntheticBowl,
+    make_objective,
+    outcome_after_twins,
+    synthetic_optimum,
+)
 from kgen.tuner.results import decide, finalize, spread_pct
 from kgen.tuner.space import default_config, load_spaces
 from kgen.tuner.study import TuneJob, build_space, run_inprocess
@@ -109,6 +117,42 @@ def test_repeated_configs_are_not_measured_again() -> None:
     assert bowl.calls == 1
     assert len({t.value for t in study.trials}) == 1
     assert study.trials[2].user_attrs["repeat_of_earlier_trial"] is True
+
+
+class SlowBowl(SyntheticBowl):
+    """The bowl, with a measurement long enough that two threads overlap in it."""
+
+    def measure(self, config: BlockConfig) -> float:
+        time.sleep(0.3)
+        return super().measure(config)
+
+
+def test_concurrent_trials_of_one_config_measure_it_once() -> None:
+    """Two workers that draw the same config at once: the lower-numbered trial measures, the
+    other waits for it and takes its value (the race a shared PostgreSQL study hit)."""
+    job = job_for("sm_90", "gqa64", 8)
+    space = build_space(job, SPACES)
+    bowl = SlowBowl(synthetic_optimum(space))
+    study = optuna.create_study(storage=memory())
+    params = space.params_of(default_config(job.layout, 8))[0]
+    for _ in range(4):
+        study.enqueue_trial(params)
+    study.optimize(make_objective(space, bowl), n_trials=4, n_jobs=2)
+    assert bowl.calls == 1
+    assert [t.user_attrs.get("repeat_of_earlier_trial", False) for t in study.trials] == [False, True, True, True]
+
+
+def test_a_twin_that_never_finishes_is_waited_for_only_so_long() -> None:
+    """A lower-numbered trial left RUNNING (its worker died before publishing its config):
+    the next trial waits ``wait_s``, then measures itself."""
+    study = optuna.create_study(storage=memory())
+    dist = optuna.distributions.CategoricalDistribution([1, 2])
+    study.ask({"a": dist})  # stays RUNNING with no config: a dead worker's trial
+    trial = study.ask({"a": dist})
+    trial.set_user_attr("config", {"a": trial.params["a"]})
+    t0 = time.monotonic()
+    assert outcome_after_twins(trial, wait_s=0.3, poll_s=0.05) is None
+    assert 0.3 <= time.monotonic() - t0 < 5
 
 
 def test_nonpositive_times_are_pruned() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy.exc
 
 from kgen.spec import load_layouts
 from kgen.tuner.report import format_report, record_table_write, study_report
@@ -96,9 +97,15 @@ def tune_cmd(storage: str, trials: int, delay: float, bucket: str = "b1-8") -> l
 
 
 def finished(storage: str, name: str) -> list[optuna.trial.FrozenTrial]:
+    """The study's finished trials; none while the tuner has not created it. Opening an
+    SQLite file the tuner is creating races its schema setup (both stamp the schema's
+    version), so the file is opened only once it exists, and that race reads as not yet."""
+    path = storage.removeprefix("sqlite:///")
+    if path != storage and not Path(path).exists():
+        return []
     try:
         study = optuna.load_study(study_name=name, storage=storage)
-    except KeyError:
+    except (KeyError, sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
         return []
     return study.get_trials(deepcopy=False, states=DONE)
 

@@ -88,6 +88,45 @@ def earlier_outcome(trial: optuna.Trial) -> tuple[str, object] | None:
     return None
 
 
+# How long a trial waits for a lower-numbered twin (same config, still running) before it
+# measures anyway: a twin whose worker died stays RUNNING until the storage's heartbeat fails
+# it, and measuring twice only wastes time.
+TWIN_WAIT_S = 900.0
+TWIN_POLL_S = 0.1
+
+
+def _lower_twin(trial: optuna.Trial) -> int | None:
+    """A lower-numbered RUNNING trial this one must wait for: one still choosing its config,
+    or one that chose the same config. None when no such trial runs.
+
+    Trial numbers are handed out atomically by the storage, so they order the workers as a
+    bakery's tickets do: of concurrent trials with one config only the lowest-numbered
+    measures, and a trial that has not published its config yet (``config`` is set after
+    ``suggest``) is waited for, because it may be about to choose the same one.
+    """
+    import optuna
+
+    for other in trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if other.number >= trial.number:
+            continue
+        if "config" not in other.user_attrs or other.params == trial.params:
+            return other.number
+    return None
+
+
+def outcome_after_twins(
+    trial: optuna.Trial, wait_s: float = TWIN_WAIT_S, poll_s: float = TWIN_POLL_S
+) -> tuple[str, object] | None:
+    """``earlier_outcome`` once no lower-numbered twin is still running (or ``wait_s`` has
+    passed): two workers that propose one config at once measure it once."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        seen = earlier_outcome(trial)
+        if seen is not None or _lower_twin(trial) is None or time.monotonic() >= deadline:
+            return seen
+        time.sleep(poll_s)
+
+
 def make_objective(
     space: SearchSpace, backend: Backend, tags: dict[str, object] | None = None
 ) -> Callable[[optuna.Trial], float]:
@@ -102,7 +141,7 @@ def make_objective(
             trial.set_user_attr(key, value)
         config = space.suggest(trial)  # TrialPruned when it cannot fit: nothing compiled
         trial.set_user_attr("config", config.model_dump(exclude_none=True))
-        seen = earlier_outcome(trial)
+        seen = outcome_after_twins(trial)
         if seen is not None:
             kind, what = seen
             if kind == "pruned":
