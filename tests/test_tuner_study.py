@@ -388,3 +388,17 @@ def test_two_gpu_workers_share_one_study_on_two_devices(tmp_path: Path) -> None:
     assert len({t.user_attrs["gpu_uuid"] for t in done}) == 2, "both GPUs ran trials"
     report = study_report(study, expect_workers=2)
     assert report.problems == [] and len(report.table_writes) == 1, format_report(report)
+
+
+def test_processes_opening_one_new_database_at_once_all_get_the_storage(tmp_path: Path) -> None:
+    """Several processes open one new SQLite file at the same moment (workers, a second
+    tuner, a script reading the study): each creates Optuna's schema, the losers' version
+    stamps collide, and every one of them must still get the storage."""
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    code = ("import sys; from kgen.tuner.study import make_storage; "
+            "make_storage(sys.argv[1]).get_all_studies(); print('opened')")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, url], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(4)]  # fmt: skip
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 and "opened" in out for p, out in zip(procs, outs, strict=True)), outs

@@ -174,13 +174,13 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         try:
-            return RDBStorage(
+            return _open_rdb(lambda: RDBStorage(
                 url,
                 engine_kwargs=engine_kwargs,
                 heartbeat_interval=HEARTBEAT_S,
                 grace_period=GRACE_S,
                 **_retry_stale_trials(),
-            )
+            ))  # fmt: skip
         except ImportError as exc:
             raise TuneError(
                 f"storage {redact_url(url)!r} needs a database driver that is not installed "
@@ -191,6 +191,28 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
                 f"cannot open the study storage {redact_url(url)!r}: {type(exc).__name__}: "
                 f"{scrub_secret(str(exc), url)}"
             ) from None
+
+
+# Opening a new database: attempts while another process creates its schema at the same time.
+SCHEMA_RACE_ATTEMPTS = 5
+SCHEMA_RACE_PAUSE_S = 0.2
+
+
+def _open_rdb(open_storage: Callable[[], optuna.storages.RDBStorage]) -> optuna.storages.RDBStorage:
+    """``open_storage()``, again when it lost the race to create a new database's schema.
+
+    Two processes opening one new database (the workers of ``kgen tune --workers``, tuners
+    started on several machines, a script reading the study) each create Optuna's tables
+    and stamp their version; the loser's stamp breaks the version table's unique key. The
+    schema is whole by then, so opening again succeeds."""
+    import sqlalchemy.exc
+
+    for attempt in range(1, SCHEMA_RACE_ATTEMPTS):
+        try:
+            return open_storage()
+        except sqlalchemy.exc.IntegrityError:
+            time.sleep(SCHEMA_RACE_PAUSE_S * attempt)
+    return open_storage()
 
 
 def _retry_stale_trials() -> dict[str, Any]:
