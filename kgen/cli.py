@@ -99,7 +99,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
     print(explain(args.layout, args.kv_dtype, args.q_dtype, args.variant, arch=args.arch,
                   model=args.model, topk=args.topk, group=args.group, show_source=args.source,
-                  batch_invariant=args.batch_invariant))
+                  batch_invariant=args.batch_invariant, verbose=args.verbose, only_pass=args.only_pass))
     return 0
 
 
@@ -181,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topk", type=int, default=1, help="EAGLE topk for the gate: 1 a chain, > 1 a tree (default 1)")
     p.add_argument("--group", type=int, default=None, help="query heads per KV head (default: the largest)")
     p.add_argument("--source", action="store_true", help="also print the generated source")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="every decision with its whole reason, and the fields no decision shows")
+    p.add_argument("--pass", dest="only_pass", metavar="NAME", default=None,
+                   help="only this pass, with its whole reasons (validate, specialize, legalize, ...)")
     p.set_defaults(func=_cmd_explain)
 
     p = sub.add_parser("check", help="compile every kernel variant for real GPUs (no GPU needed), check resources",

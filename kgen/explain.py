@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import textwrap
+from pathlib import Path
 
 from kgen.errors import SpecError, UsageError
 from kgen.loader import check_variant
 from kgen.passes.context import load_context
-from kgen.passes.pipeline import run_pipeline
-from kgen.plan import SECTION_OF_PASS, Plan, module_uri, new_plan
+from kgen.passes.pipeline import PASSES, run_pipeline
+from kgen.plan import SECTION_OF_PASS, Decision, Plan, module_uri, new_plan
 from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, layouts_for_architecture, load_layouts
 from kgen.targets import read_targets
 
@@ -26,25 +29,91 @@ def _show(value: object) -> str:
     return str(value)
 
 
-def _format_pass(name: str, before: Plan | None, plan: Plan) -> list[str]:
-    """The decisions a pass made, then each field of its section that it filled or changed."""
-    lines = [f"── after {name} " + "─" * max(0, 60 - len(name))]
-    for d in plan.decisions_of(name):
-        lines.append(f"  {d.what:18s} = {d.value}" + ("   [warning]" if d.warning else ""))
-        lines.append(f"  {'':18s}   why: {d.why}")
+WIDTH = 100  # characters a line of `kgen explain` may take
+PASS_WIDTH = max(len(fn.__name__) for fn in PASSES)
+WHAT_WIDTH = 17
+_CHANGE = re.compile(r"(\w+) (\d+) -> (\d+)")
+_ROOT = str(Path(__file__).resolve().parents[1]) + "/"
+
+
+def _clip(text: str, width: int = WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _short_why(why: str) -> str:
+    """A reason's first clause, paths relative to the checkout: ``--verbose`` prints the rest."""
+    return why.split("; ")[0].rstrip(".:").replace(_ROOT, "")
+
+
+def _row(what: str, value: object, why: str) -> tuple[str, str]:
+    """One decision as (what, "value — short why")."""
+    return what, f"{str(value).replace(_ROOT, '')} — {_short_why(why)}"
+
+
+def _fit_rows(decisions: list[Decision]) -> list[tuple[str, str]]:
+    """The fit pass in one row per target: how many (group, draft lengths) cells the fit
+    changed and which changes (``--verbose`` lists every cell with its reason)."""
+    cells: dict[str, list[tuple[int, Decision]]] = {}
+    rows: list[tuple[str, str] | str] = []
+    for d in decisions:
+        arch, sep, group = d.what.partition(" group ")
+        if not sep:
+            rows.append(_row(d.what, d.value, d.why))
+            continue
+        if arch not in cells:
+            cells[arch] = []
+            rows.append(arch)  # where this target's row goes, once its cells are counted
+        cells[arch].append((int(group), d))
+    return [_target_row(row, cells[row]) if isinstance(row, str) else row for row in rows]
+
+
+def _target_row(arch: str, cells: list[tuple[int, Decision]]) -> tuple[str, str]:
+    groups = ", ".join(str(g) for g in sorted({g for g, _ in cells}))
+    lowest: dict[str, int] = {}
+    for _, d in cells:
+        for knob, _, to in _CHANGE.findall(d.why):
+            lowest[knob] = min(int(to), lowest.get(knob, int(to)))
+    changes = ", ".join(f"{knob} down to {to}" for knob, to in sorted(lowest.items())) or "rows cut"
+    return arch, f"{len(cells)} cells refit at group {groups} — {changes}"
+
+
+def _table(name: str, rows: list[tuple[str, str]]) -> list[str]:
+    """Rows under a name shown once, in the first column: ``pass  what = value — why``."""
+    return [_clip(f"{name if i == 0 else '':<{PASS_WIDTH}}  {what:<{WHAT_WIDTH}} = {text}")
+            for i, (what, text) in enumerate(rows)]  # fmt: skip
+
+
+def _shown_by_decisions(name: str, value: object, decisions: list[Decision]) -> bool:
+    """A section field a decision already prints: named by its ``what`` or equal to its value."""
+    key, shown = name.lower().replace("_", " "), _show(value)
+    return any(d.what.lower().replace("_", " ") == key or shown in (str(d.value), d.why) for d in decisions)
+
+
+def _format_pass(name: str, before: Plan | None, plan: Plan, verbose: bool) -> list[str]:
+    """A pass's decisions: one line each, or (``verbose``) each with its whole reason and then
+    the section fields the pass filled that no decision shows."""
+    decisions = plan.decisions_of(name)
+    if not verbose:
+        rows = _fit_rows(decisions) if name == "fit" else [_row(d.what, d.value, d.why) for d in decisions]
+        return _table(name, rows or [("(nothing)", "this pass decided nothing here")])
+    lines = [f"── {name} " + "─" * max(0, WIDTH - 4 - len(name))]
+    for d in decisions:
+        lines.append(f"  {d.what} = {d.value}" + ("   [warning]" if d.warning else ""))
+        lines += textwrap.wrap(d.why, WIDTH, initial_indent="      why: ", subsequent_indent="      ")
     section_name = SECTION_OF_PASS.get(name)
     section = getattr(plan, section_name) if section_name else None
     if section is not None:
         old = getattr(before, section_name) if before is not None else None
         for field in dataclasses.fields(section):
             value = getattr(section, field.name)
-            if old is None or getattr(old, field.name) != value:
-                lines.append(f"  plan.{section_name}.{field.name} = {_show(value)}")
+            changed = old is None or getattr(old, field.name) != value
+            if changed and not _shown_by_decisions(field.name, value, decisions):
+                lines.append(_clip(f"  plan.{section_name}.{field.name} = {_show(value)}"))
     return lines
 
 
-def _table_lines(plan: Plan, arch: str | None, group: int) -> list[str]:
-    lines = ["── block config at run time " + "─" * 34]
+def _table_lines(plan: Plan, arch: str | None, group: int, verbose: bool) -> list[str]:
+    lines = ["block config at run time:"] if verbose else []
     configs = plan.config
     arches = [arch] if arch else sorted(configs.by_arch) or ["<any arch without a table>"]
     for a in arches:
@@ -56,16 +125,19 @@ def _table_lines(plan: Plan, arch: str | None, group: int) -> list[str]:
             lines.append(f"  {'':6s}from {source}")
         else:
             lines.append(f"  {a} group {group}: default {configs.default.short()} ({source})")
+    if not verbose:  # the run-time rows as one more table
+        return _table("run time", [(line.strip().partition(": ")[0], line.strip().partition(": ")[2])
+                                   for line in lines if ": " in line])  # fmt: skip
     return lines
 
 
 def _gate_lines(spec: LayoutSpec, arch: str | None, model: str | None, topk: int, group: int,
-                kv: str, q: str) -> list[str]:
+                kv: str, q: str, verbose: bool) -> list[str]:
     from kgen.runtime.gate import DETECT, explain_gate
 
     model = model or (spec.architectures[0] if spec.architectures else None)
     if model is None:
-        return ["── gate: the layout lists no model architecture, so no model is routed to it"]
+        return ["gate: the layout lists no model architecture, so no model is routed to it"]
     a = spec.attention
     try:
         # The explained layout's widths: a model no layout lists is then refused with the fix.
@@ -73,7 +145,18 @@ def _gate_lines(spec: LayoutSpec, arch: str | None, model: str | None, topk: int
                             qk_dim=a.qk_dim, pe_dim=a.pe_dim, v_dim=a.v_head_dim, kv_dtype=kv, q_dtype=q)
     except ValueError as exc:
         raise UsageError(f"the runtime gate cannot evaluate this: {exc}") from None
-    return ["── runtime gate " + "─" * 46, *("  " + line for line in str(text).splitlines())]
+    lines = str(text).splitlines()
+    if not verbose:  # the question, the reasons it turned on, the answer
+        keep = ("kgen gate for", "- =>", "decision:", "chain:")
+        kept = [line.strip() for line in lines if line.strip().startswith(keep)]
+        indent = " " * (PASS_WIDTH + 2)
+        out = []
+        for i, line in enumerate(kept):  # a reason wraps (it says how to fix); the rest is clipped
+            first = f"{'gate' if i == 0 else '':<{PASS_WIDTH}}  "
+            out += (textwrap.wrap(line, WIDTH, initial_indent=first, subsequent_indent=indent + "  ")
+                    if line.startswith("- =>") else [_clip(first + line)])  # fmt: skip
+        return out
+    return ["── runtime gate " + "─" * (WIDTH - 16), *("  " + line for line in lines)]
 
 
 def _check_arch(arch: str | None) -> None:
@@ -108,9 +191,15 @@ def _check_topk(topk: int) -> None:
 
 def explain(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16", variant: str = "grouped",
             arch: str | None = None, model: str | None = None, topk: int = 1, group: int | None = None,
-            show_source: bool = False, batch_invariant: bool = False) -> str:
-    """The text of ``kgen explain``. Raises UsageError (exit 2) for an unknown layout, dtype or
-    arch, a model another layout serves, or a topk or group below 1."""
+            show_source: bool = False, batch_invariant: bool = False, verbose: bool = False,
+            only_pass: str | None = None) -> str:
+    """The text of ``kgen explain``: one line per decision, or (``verbose``, or ``only_pass``
+    for one pass alone) every decision with its whole reason. Raises UsageError (exit 2) for an
+    unknown layout, dtype, arch or pass, a model another layout serves, or a topk or group
+    below 1."""
+    names = [fn.__name__ for fn in PASSES]
+    if only_pass is not None and only_pass not in names:
+        raise UsageError(f"unknown --pass {only_pass!r}: the passes are {', '.join(names)}")
     specs = load_layouts()
     if layout not in specs:
         raise SpecError(f"unknown layout {layout!r}; known layouts: {', '.join(sorted(specs))}")
@@ -127,29 +216,32 @@ def explain(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16", 
         group = max(listed)
     elif isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise UsageError(f"--group must be a positive number of query heads per KV head, got {group!r}")
-    lines = [f"kgen explain {layout} --kv-dtype {kv} --q-dtype {q} --variant {variant}"
+    lines = [f"kgen explain {layout} --kv-dtype {kv} --q-dtype {q}"
+             + (f" --variant {variant}" if variant != "grouped" else "")
              + (" --batch-invariant" if batch_invariant else "")]
     if group not in listed:
         # Explained, not refused: a module runs any group; only the table rows and the gate differ.
-        lines.append(
+        lines += textwrap.wrap(
             f"warning: group {group} is not one of {layout}'s listed groups {list(listed)}: no table row "
             f"is tuned for it, so a module called directly runs it with the default block config, and "
-            f"the runtime gate sends it to the per-head kernel"
-        )
+            f"the runtime gate sends it to the per-head kernel", WIDTH, subsequent_indent="  ")
     collected: list[str] = []
     previous: list[Plan] = [new_plan(spec, kv, q, variant, batch_invariant)]
 
     def show_pass(name: str, after: Plan) -> None:
-        collected.extend(_format_pass(name, previous[-1], after))
+        if only_pass in (None, name):
+            collected.extend(_format_pass(name, previous[-1], after, verbose or only_pass is not None))
         previous.append(after)
 
     # Explaining writes nothing: emit runs in check mode against the real output directory.
     ctx = load_context(check_only=True)
     plan = run_pipeline(previous[0], ctx, on_pass=show_pass)
-    lines.append(f"uri: {plan.uri}")
+    if verbose or only_pass is not None:  # by default the emit row names the file
+        lines.append(f"uri: {plan.uri}")
     lines.extend(collected)
-    lines.extend(_table_lines(plan, arch, group))
-    lines.extend(_gate_lines(spec, arch, model, topk, group, kv, q))
+    if only_pass is None:
+        lines.extend(_table_lines(plan, arch, group, verbose))
+        lines.extend(_gate_lines(spec, arch, model, topk, group, kv, q, verbose))
     if show_source:
         lines.extend(["── source " + "─" * 52, plan.output.source])
     return "\n".join(lines)

@@ -44,7 +44,10 @@ def test_explain_refuses_an_arch_outside_the_targets_naming_them(capsys, arch):
 def test_explain_takes_every_target(capsys, arch):
     assert main(["explain", "gqa128", "--arch", arch]) == 0
     out = capsys.readouterr().out
-    assert "── runtime gate" in out and f"device: {arch}" in out
+    assert main(["explain", "gqa128", "--arch", arch, "--verbose"]) == 0
+    verbose = capsys.readouterr().out
+    assert "── runtime gate" in verbose and f"device: {arch}" in verbose
+    assert re.search(r"^gate +kgen gate for ", out, re.M)
 
 
 # ----------------------------------------------------------------- --topk and --group: exit 2 everywhere

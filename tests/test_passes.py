@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from kgen.blockconfig import BlockConfig, TableFile, TableSource, read_defaults
 from kgen.build import build_all, specializations
-from kgen.errors import BuildError, SpecError, TableError
+from kgen.errors import BuildError, SpecError, TableError, UsageError
 from kgen.passes.check import check
 from kgen.passes.context import load_context
 from kgen.passes.fit import fit
@@ -28,6 +28,7 @@ from kgen.spec import SHIPPED_LAYOUT_DIR as SHIPPED_LAYOUTS
 from kgen.spec import load_layouts, parse_layout
 
 SPECS = load_layouts()
+ROOT = Path(__file__).resolve().parents[1]
 ODD = parse_layout(
     """
 name = "odd"
@@ -408,14 +409,15 @@ def test_fp8_layout_bakes_the_fp8_default(ctx):
 
 
 def test_explain_shows_every_field_each_pass_fills(ctx):
-    """A section field a pass fills and `kgen explain` does not print is a decision nobody sees."""
-    from kgen.explain import explain
+    """A section field a pass fills and `kgen explain --verbose` does not show is a decision
+    nobody sees: it is a field line, or a decision of that pass shows its value."""
+    from kgen.explain import _show, explain
 
     cases = (("qwen3_5_gqa256", "float8_e4m3fn", False), ("mla_absorbed_512_64", "bfloat16", False),
              ("qwen3_5_gqa256", "bfloat16", True))
     for layout, kv, invariant in cases:
-        text = explain(layout, kv, batch_invariant=invariant)
-        blocks = dict(re.findall(r"── after (\w+) ─+\n(.*?)(?=\n── |\Z)", text, re.S))
+        text = explain(layout, kv, batch_invariant=invariant, verbose=True)
+        blocks = dict(re.findall(r"── (\w+) ─+\n(.*?)(?=\n── |\Z)", text, re.S))
         plan = new_plan(SPECS[layout], kv, "bfloat16", batch_invariant=invariant)
         for fn in PASSES:
             after = fn(plan, ctx)
@@ -424,10 +426,54 @@ def test_explain_shows_every_field_each_pass_fills(ctx):
                 f.name for f in dataclasses.fields(getattr(after, section))
                 if getattr(plan, section) is None or getattr(getattr(plan, section), f.name) != getattr(
                     getattr(after, section), f.name)]
-            missing = [f for f in filled if f"plan.{section}.{f} = " not in blocks[fn.__name__]]
+            block = blocks[fn.__name__]
+            values = {f: getattr(getattr(after, section), f) for f in filled}
+            named = {d.what.lower().replace(" ", "_") for d in after.decisions_of(fn.__name__)}
+            missing = [f for f, v in values.items() if f"plan.{section}.{f} = " not in block
+                       and _show(v) not in block and f not in named]  # fmt: skip
             assert not missing, f"{layout}: explain does not show {missing} after {fn.__name__}"
+            for d in after.decisions_of(fn.__name__):  # a decision's value is not printed again as a field
+                assert not re.search(rf"^  plan\.{section}\.\w+ = {re.escape(str(d.value))}$", block, re.M), d
             plan = after
         assert blocks.keys() == {fn.__name__ for fn in PASSES}
+
+
+def _explained_cases():
+    for name, spec in SPECS.items():
+        for kv in spec.dtypes.kv:
+            yield name, kv, "grouped", False
+        yield name, "bfloat16", "per_head", False
+        yield name, "bfloat16", "grouped", True
+
+
+@pytest.mark.parametrize(("layout", "kv", "variant", "invariant"), list(_explained_cases()))
+def test_explain_reads_in_a_minute(layout, kv, variant, invariant):
+    """By default one line per decision (the fit pass one per target), every pass present, at
+    most 100 characters a line and 60 lines for any shipped layout."""
+    from kgen.explain import explain
+
+    text = explain(layout, kv, variant=variant, batch_invariant=invariant)
+    lines = text.splitlines()
+    assert len(lines) <= 60, f"{len(lines)} lines"
+    assert max(len(line) for line in lines) <= 100
+    plan = run_pipeline(new_plan(SPECS[layout], kv, "bfloat16", variant, invariant), load_context(check_only=True))
+    starts = [line.split()[0] for line in lines if line[:1].isalpha()]
+    assert [fn.__name__ for fn in PASSES] == [name for name in starts if name in {fn.__name__ for fn in PASSES}]
+    for fn in PASSES:
+        if fn.__name__ != "fit":
+            for d in plan.decisions_of(fn.__name__):
+                value = str(d.value).replace(str(ROOT) + "/", "")[:20]
+                assert any(f" {d.what} " in line and f"= {value}" in line for line in lines), d
+
+
+def test_explain_one_pass_gives_its_whole_reasons():
+    from kgen.explain import explain
+
+    text = explain("gqa128", only_pass="fit")
+    assert "── fit " in text and "── legalize" not in text and "gate" not in text
+    assert "B of tile buffers exceed" in text  # the whole reason, not its first clause
+    with pytest.raises(UsageError, match="unknown --pass 'fitt': the passes are validate, specialize"):
+        explain("gqa128", only_pass="fitt")
 
 
 @pytest.mark.parametrize(("kv", "q", "offered"), [("bfloat16", "bfloat16", True), ("float8_e4m3fn", "bfloat16", False),
@@ -494,6 +540,6 @@ def test_explain_batch_invariant_from_the_cli(capsys):
 
     assert main(["explain", "gqa64", "--batch-invariant"]) == 0
     text = capsys.readouterr().out
-    assert "uri: verify_batch_invariant_gqa64__kv_bf16__q_bf16" in text
-    assert f"tokens per split   = {TOKENS_PER_SPLIT}" in text and "── after fix_invariance" in text
+    assert re.search(r"^emit +file += generated/verify_batch_invariant_gqa64__kv_bf16__q_bf16\.py — ", text, re.M)
+    assert re.search(rf"^fix_invariance .* tokens per split +\= {TOKENS_PER_SPLIT} — ", text, re.M | re.S)
     assert main(["explain", "gqa64", "--variant", "per_head", "--batch-invariant"]) == 2
