@@ -657,3 +657,20 @@ def test_route_reads_the_backend_as_sglang_built_it(sg):
     facts = integ.model_facts(own, runner)
     assert facts == replace(model("Qwen3ForCausalLM", 16, 2), sglang_version=integ.SUPPORTED_VERSION), facts
     assert routed.kgen_route.use_kgen and routed.kgen_route.layout == "gqa128"
+
+
+def test_a_model_kgen_cannot_read_keeps_sglangs_path(sg, caplog):
+    """The hook takes SGLang's keyword call too, and a config kgen cannot read (an MLA config
+    without ``kv_lora_rank``) leaves the backend as SGLang built it, with a warning."""
+    with published(sg, KIMI):
+        runner = _Runner(sg, KIMI)
+        integ.enable()
+        try:
+            assert hasattr(sg.tb.TritonAttnBackend(model_runner=runner), "kgen_route")
+            del runner.model_config.kv_lora_rank
+            with caplog.at_level("WARNING", logger=integ.__name__):
+                backend = sg.tb.TritonAttnBackend(model_runner=runner)
+        finally:
+            integ.disable()
+    assert not hasattr(backend, "kgen_route") and not backend.use_verify_shared_kv
+    assert "kv_lora_rank" in caplog.text

@@ -180,7 +180,8 @@ def decide(
     if model.num_kv_heads < 1 or model.num_q_heads < 1 or model.num_q_heads % model.num_kv_heads:
         return _off(f"{model.num_q_heads} query heads are not a multiple of {model.num_kv_heads} KV heads")
     inv, note = with_sglang_families(inventory, model)
-    # SGLang's topk is 0 for drafters without branches (DFlash, DSpark): one chain, as topk 1.
+    # The backend's topk is 0 when speculative_eagle_topk is unset (drafters without EAGLE's tree):
+    # the gate counts it as a chain, and the modules read whatever mask the call brings.
     query = GateQuery(
         model_arch=model.model_arch, topk=max(model.topk, 1), qk_dim=model.qk_dim, pe_dim=model.pe_dim,
         v_dim=model.v_dim, group_size=model.num_q_heads // model.num_kv_heads,
@@ -297,15 +298,17 @@ def route(
 _state = {"registered": False, "routing": False}
 
 
-def _after_init(result: Any, backend: Any, model_runner: Any, *args: Any, **kwargs: Any) -> None:
-    """SGLang's AFTER hook on ``TritonAttnBackend.__init__``: route the backend just built.
-    A model kgen's gate cannot describe (a ValueError) keeps SGLang's path, with the reason logged."""
+def _after_init(result: Any, backend: Any, *args: Any, **kwargs: Any) -> None:
+    """SGLang's AFTER hook on ``TritonAttnBackend.__init__(model_runner, ...)``: route the
+    backend just built. A model whose fields kgen cannot read or describe keeps SGLang's path,
+    with the reason logged: the switch never stops SGLang from starting."""
     if not _state["routing"]:
         return None
+    model_runner = args[0] if args else kwargs.get("model_runner")
     try:
         route(backend, model_runner)
-    except ValueError as exc:
-        logger.warning("kgen leaves target verification to SGLang: %s", exc)
+    except (ValueError, AttributeError, TypeError) as exc:
+        logger.warning("kgen leaves target verification to SGLang (%s: %s)", type(exc).__name__, exc)
     return None
 
 
