@@ -674,3 +674,30 @@ def test_a_model_kgen_cannot_read_keeps_sglangs_path(sg, caplog):
             integ.disable()
     assert not hasattr(backend, "kgen_route") and not backend.use_verify_shared_kv
     assert "kv_lora_rank" in caplog.text
+
+
+def _literal_names(fn) -> set[str]:
+    """The architecture names an ``is_*`` predicate of sglang's model_config compares against."""
+    return {c for const in fn.__code__.co_consts if isinstance(const, tuple) for c in const if isinstance(c, str)}
+
+
+def test_families_are_sglangs_own_gate(sg, monkeypatch):
+    """``SGLANG_VERIFY_FAMILIES`` is the set SGLang 0.5.23's gate sends to its grouped-head verify
+    kernel: the names its predicates hold, each accepted by the real ``_should_use_verify_shared_kv``
+    (on gfx950, topk 1, split-KV verify on, one KV head) and nothing else that kgen routes."""
+    from sglang.srt.configs import model_config as mc
+
+    names = _literal_names(mc.is_kimi_k3) | _literal_names(mc.is_dspark_draft) | _literal_names(mc.is_qwen3_5)
+    assert names == set(integ.SGLANG_VERIFY_FAMILIES)
+    monkeypatch.setattr(sg.tb, "is_gfx95_supported", lambda: True)
+
+    def sglang_gate(arch: str, use_mla: bool) -> bool:
+        config = SimpleNamespace(hf_config=sg.PretrainedConfig(architectures=[arch]), get_num_kv_heads=lambda *a: 1)
+        return sg.tb._should_use_verify_shared_kv(config, 1, use_mla, True)
+
+    with published(sg, Setup()):
+        for arch, family in integ.SGLANG_VERIFY_FAMILIES.items():
+            assert sglang_gate(arch, use_mla="MLA" in family), arch
+        for arch, use_mla in (("Qwen3ForCausalLM", False), ("LlamaForCausalLMEagle3", False),
+                              ("DeepseekV3ForCausalLM", True)):  # fmt: skip
+            assert not sglang_gate(arch, use_mla), arch  # kgen's layouts route these; SGLang's gate does not
