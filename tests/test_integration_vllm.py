@@ -43,11 +43,11 @@ from types import ModuleType
 
 import pytest
 import torch
+from engines import import_engine
 
 from kgen.integrations import vllm as kv
 from kgen.runtime.gate import GateDecision
 from kgen.testing import relative_error
-from tests.engines import import_engine
 
 GROUPED = GateDecision("grouped", "gqa128", "layout 'gqa128' ...")
 GENERAL = GateDecision("general", None, "no layout lists model architecture 'X'")
@@ -121,6 +121,28 @@ def test_vllm_cache_dtypes_map_to_kgens_or_to_none():
     assert kv.kv_dtype_for("fp8_e4m3", "bfloat16") == "float8_e4m3fn"
     for other in ("fp8_e5m2", "fp8_per_token_head", "int8_per_token_head", "nvfp4_ds_mla", "turboquant_k8v4"):
         assert kv.kv_dtype_for(other, "bfloat16") is None
+
+
+def test_the_adapter_built_for_vllm_runs_kernels_only():
+    """``VLLMVerify(defer_general=True)``: a call no kernel takes (a window; a group the grouped
+    kernel lacks) returns None with the output unwritten, where the plain adapter would run kgen's
+    general path (which syncs the host: no place under vLLM's CUDA graphs)."""
+    from test_runtime_support import FakeModule, fake_loader, runtime_case, to_pages
+
+    from kgen.runtime.adapters import VLLMVerify
+    from kgen.runtime.chain import VerifyChain
+
+    chain = VerifyChain("fake", "float32", "float32", loader=fake_loader({"grouped": FakeModule("g", groups=(4,))}))
+    for group, kw, kernel in ((4, {}, "grouped"), (4, {"sliding_window": 8}, None), (2, {}, None)):
+        case = runtime_case([40, 3], [2, 3], group=group)
+        pages = to_pages(case, 16)
+        seq_lens = pages["prefix_lens"] + (case.qo_indptr[1:] - case.qo_indptr[:-1])
+        args = (case.q, case.k, case.v, None, pages["k_cache"], pages["v_cache"], pages["block_table"], seq_lens,
+                case.qo_indptr, case.max_len)  # fmt: skip
+        deferred, plain = case.out(), case.out()
+        assert VLLMVerify(chain, defer_general=True)(*args[:3], deferred, *args[4:], **kw) == kernel
+        assert deferred.isnan().all() != (kernel is not None)
+        assert VLLMVerify(chain)(*args[:3], plain, *args[4:], **kw) == (kernel or "general")
 
 
 # --------------------------------------------------------------------------- vLLM set-up

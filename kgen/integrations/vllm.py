@@ -57,7 +57,8 @@ ENABLE_ENV = "KGEN_VLLM"
 VLLM_VERSION = "0.33.0"
 # vLLM's ``AttentionType.DECODER``; the others (encoder, cross-attention) never verify drafts.
 DECODER = "decoder"
-_logger = logging.getLogger(__name__)
+# A child of vLLM's "vllm" logger, so the messages land in vLLM's log with its level and handlers.
+_logger = logging.getLogger("vllm.kgen")
 _logged: set[str] = set()
 
 
@@ -305,9 +306,9 @@ def triton_attn_forward(
     if not kgen.step(step):
         return False
     key_cache, value_cache = kv_cache.transpose(1, 2).split(impl.head_size, dim=-1)
-    fp8 = _torch_dtype(kgen.facts.kv_dtype)
-    if fp8.itemsize == 1 and key_cache.dtype != fp8:
-        key_cache, value_cache = key_cache.view(fp8), value_cache.view(fp8)
+    kv_dtype = _torch_dtype(kgen.facts.kv_dtype)
+    if kv_dtype.itemsize == 1 and key_cache.dtype != kv_dtype:  # an FP8 cache allocated as bytes
+        key_cache, value_cache = key_cache.view(kv_dtype), value_cache.view(kv_dtype)
     n = md.num_actual_tokens
     q_descale = layer._q_scale if query.element_size() == 1 else None
     return kgen.run(
@@ -329,24 +330,6 @@ def triton_mla_layer(impl: Any) -> KgenLayer:
     rank, rope = impl.kv_lora_rank, impl.qk_rope_head_dim
     widths = (impl.num_heads, 1, rank + rope, rope, rank)
     return KgenLayer.from_impl(impl, "TRITON_MLA", widths)
-
-
-class _QueryStarts:
-    """``query_start_loc`` of uniform decode rows, one device tensor per (rows, length, device):
-    kept, so a CUDA graph replays the address it captured."""
-
-    def __init__(self) -> None:
-        self._cache: dict[tuple[int, int, torch.device], torch.Tensor] = {}
-
-    def __call__(self, rows: int, length: int, device: torch.device) -> torch.Tensor:
-        key = (rows, length, device)
-        starts = self._cache.get(key)
-        if starts is None:
-            starts = self._cache[key] = torch.arange(0, rows + 1, length, dtype=torch.int32, device=device)
-        return starts
-
-
-QUERY_STARTS = _QueryStarts()
 
 
 def mla_draft_latents(
@@ -387,7 +370,10 @@ def triton_mla_forward_mqa(kgen: KgenLayer, impl: Any, q: Any, kv_cache: torch.T
     rank = impl.kv_lora_rank
     ran = kgen.run(
         q, draft, draft[..., :rank], o, pages, pages[..., :rank], decode.block_table, decode.seq_lens,
-        QUERY_STARTS(rows, length, q.device), length, layer._k_scale, layer._k_scale, impl.scale,
+        # Each request's rows are consecutive, ``length`` of them (vLLM's forward_mqa makes the same
+        # assumption); made per call, so a captured graph replays the op that fills it.
+        torch.arange(0, rows + 1, length, dtype=torch.int32, device=q.device), length, layer._k_scale,
+        layer._k_scale, impl.scale,
     )  # fmt: skip
     return (o, None) if ran else None
 
