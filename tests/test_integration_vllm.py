@@ -13,8 +13,8 @@ No import is stubbed: vLLM's modules import on CPU with the packages of
 ``.ci/engines/vllm.txt`` (vLLM logs that ``vllm._C`` is missing and goes on). What a CPU machine
 lacks is set up instead, and only that:
 
-- ``CUDA_VISIBLE_DEVICES=""`` before vLLM is imported (when no GPU is there):
-  ``vllm.triton_utils`` turns Triton off when it finds no active GPU driver, except with
+- ``CUDA_VISIBLE_DEVICES=""`` while vLLM is imported (when no GPU is there, and unset again
+  after): ``vllm.triton_utils`` turns Triton off when it finds no active GPU driver, except with
   empty visible devices (its Ray case); the interpreter needs no driver.
 - ``current_platform.num_compute_units`` (the GPU's SM count; vLLM's ``UnspecifiedPlatform`` has
   none and raises) returns 4 while the test builds ``TritonMLAImpl``, whose constructor reads it.
@@ -152,12 +152,20 @@ def test_the_adapter_built_for_vllm_runs_kernels_only():
 def vllm() -> ModuleType:
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("these run vLLM's and kgen's kernels on CPU tensors in Triton's interpreter")
-    if not torch.cuda.is_available():
-        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    module = import_engine("vllm", "vllm")
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if saved is None and not torch.cuda.is_available():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # read once, when vllm.triton_utils is imported
+    try:
+        module = import_engine("vllm", "vllm")
+        import_engine("vllm", "vllm.v1.attention.backends.triton_attn")
+        import_engine("vllm", "vllm.v1.attention.backends.mla.triton_mla")
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     assert module.__version__ == kv.VLLM_VERSION, f"the pinned vLLM is {kv.VLLM_VERSION}, got {module.__version__}"
-    import_engine("vllm", "vllm.v1.attention.backends.triton_attn")
-    import_engine("vllm", "vllm.v1.attention.backends.mla.triton_mla")
+    from vllm.triton_utils import HAS_TRITON
+
+    assert HAS_TRITON, "vLLM turned Triton off: its kernels would not run"
     return module
 
 
