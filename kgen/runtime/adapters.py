@@ -119,11 +119,17 @@ class VLLMVerify:
     not be written into the cache before the call. ``tree_attn_bias`` (vLLM's tree attention
     backend, ``TreeAttentionMetadata.tree_attn_bias``) turns tree verification on. A call no
     kgen path serves returns None with ``output`` untouched, and ``last_refusal`` says why.
+    With ``defer_general=True`` only the kernel levels run: a call no kernel accepts returns None
+    too, ``output`` untouched, so vLLM's own kernel runs it (kgen's general path syncs the host,
+    which CUDA-graph capture forbids).
     """
 
-    def __init__(self, chain: VerifyChain, *, decision: GateDecision | None = None) -> None:
+    def __init__(
+        self, chain: VerifyChain, *, decision: GateDecision | None = None, defer_general: bool = False
+    ) -> None:
         self.chain = chain
         self.decision = decision
+        self.defer_general = defer_general
 
     @property
     def last_refusal(self) -> str:
@@ -164,7 +170,9 @@ class VLLMVerify:
         if not isinstance(seq_lens, torch.Tensor) or seq_lens.numel() < bs:
             raise ValueError(f"seq_lens must be a tensor with one length per request ({bs})")
         draft = query_start_loc[1:] - query_start_loc[:-1]
-        prefix_lens = (seq_lens[:bs] - draft).to(torch.int32)
+        # Clamped at 0 on the device: vLLM's padding requests, and the metadata it captures CUDA
+        # graphs with (seq_lens filled with 1 whatever the query length), have seq_lens < draft.
+        prefix_lens = (seq_lens[:bs] - draft).clamp_min(0).to(torch.int32)
         custom_mask, mask_indptr = vllm_tree_mask(tree_attn_bias, bs) if tree_attn_bias is not None else (None, None)
         features = Features(
             custom_mask=custom_mask,
@@ -173,14 +181,12 @@ class VLLMVerify:
             sinks=sinks,
             logit_cap=float(logits_soft_cap or 0.0),
         )
-        return self.chain.try_paged(
-            PagedCall(
-                query, key, value, output, key_cache, value_cache, block_table[:bs], prefix_lens,
-                query_start_loc, max_query_len, vllm_cache_scale(k_scale, key_cache),
-                vllm_cache_scale(v_scale, value_cache), softmax_scale, features=features,
-                q_descale=q_descale,
-            )
+        call = PagedCall(
+            query, key, value, output, key_cache, value_cache, block_table[:bs], prefix_lens,
+            query_start_loc, max_query_len, vllm_cache_scale(k_scale, key_cache),
+            vllm_cache_scale(v_scale, value_cache), softmax_scale, features=features, q_descale=q_descale,
         )  # fmt: skip
+        return self.chain.try_paged_kernels(call) if self.defer_general else self.chain.try_paged(call)
 
 
 def _chain_for(decision: GateDecision, kv: str, q: str, loader: Loader | None) -> VerifyChain:
@@ -232,7 +238,8 @@ def sglang_verify_for(*, defer_general: bool = False, **model: Any) -> SGLangVer
     return SGLangVerify(chain, defer_general=defer_general, decision=decision)
 
 
-def vllm_verify_for(**model: Any) -> VLLMVerify:
-    """Gate + chain + vLLM adapter: ``verify_chain_for``'s keywords."""
+def vllm_verify_for(*, defer_general: bool = False, **model: Any) -> VLLMVerify:
+    """Gate + chain + vLLM adapter: ``verify_chain_for``'s keywords, plus ``defer_general``
+    (True: return None when no kernel accepts, so vLLM runs its own kernel)."""
     chain, decision = verify_chain_for(**model)
-    return VLLMVerify(chain, decision=decision)
+    return VLLMVerify(chain, decision=decision, defer_general=defer_general)

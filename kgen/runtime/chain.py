@@ -216,16 +216,32 @@ class VerifyChain:
             return None
         return self._run_paged_levels(call)
 
+    def try_paged_kernels(self, call: PagedCall) -> PathName | None:
+        """``try_paged`` without the general path: validate, then run the first kernel level that
+        accepts; None, ``o_extend`` untouched, when none does (or no level serves the call). For
+        engines that keep their own kernel as the fallback (vLLM's, under CUDA graphs: the
+        general path syncs the host). Raises ValueError for invalid input."""
+        if self._validate_paged(call):
+            return None
+        return self._paged_kernels(self._single_scales(call))
+
+    def _paged_kernels(self, call: PagedCall) -> PathName | None:
+        mask = call.features.paged_kernel_mask()
+        if mask is None or call.max_len_extend is None:
+            return None
+        for lv in self._kernels:
+            if lv.module.verify_paged_fwd(
+                *call.tensors, call.max_len_extend, k_scale=call.k_scale, v_scale=call.v_scale,
+                sm_scale=call.sm_scale, config=call.config, **mask,
+            ):  # fmt: skip
+                return self._ran(lv.name)
+        return None
+
     def _run_paged_levels(self, call: PagedCall) -> PathName:
         call = self._single_scales(call)
-        mask = call.features.paged_kernel_mask()
-        if mask is not None and call.max_len_extend is not None:
-            for lv in self._kernels:
-                if lv.module.verify_paged_fwd(
-                    *call.tensors, call.max_len_extend, k_scale=call.k_scale, v_scale=call.v_scale,
-                    sm_scale=call.sm_scale, config=call.config, **mask,
-                ):  # fmt: skip
-                    return self._ran(lv.name)
+        ran = self._paged_kernels(call)
+        if ran is not None:
+            return ran
         self.general.run(call)
         return self._ran("general")
 
