@@ -80,3 +80,19 @@ def test_installed_wheel_loads_every_shipped_module_without_the_generator(tmp_pa
     assert result["rc"] == 2 and "pass --out DIR" in out.stderr  # kgen build refuses site-packages
     after = sorted(p.relative_to(target) for p in target.rglob("*") if "__pycache__" not in p.parts)
     assert after == before
+
+
+def test_the_engines_pins_agree_on_every_package_they_share():
+    """CI installs every .ci/engines/*.txt into one venv, one after another: a package two
+    files pin differently would end at whichever file came last, and the other engine's test
+    would run against a version its pins do not name."""
+    pins: dict[str, dict[str, str]] = {}
+    for path in sorted((ROOT / ".ci" / "engines").glob("*.txt")):
+        for line in path.read_text().splitlines():
+            requirement = line.split("#")[0].strip()
+            if requirement:
+                name, sep, version = requirement.partition("==")
+                assert sep, f"{path.name}: {requirement!r} is not pinned exactly (name==version)"
+                pins.setdefault(name.lower().replace("_", "-"), {})[path.name] = version
+    differing = {name: files for name, files in pins.items() if len(set(files.values())) > 1}
+    assert not differing, f"pinned differently: {differing}"
