@@ -346,8 +346,8 @@ def _verify_prefix_stage(
         # Launched early (programmatic dependent launch): wait until the kernels before us
         # (which write q, the draft K/V and the page table) are done. No early
         # gdc_launch_dependents: the merge is released when this grid completes. Measured
-        # on the H200, an early trigger cost 9-10 us at batch 16 (group 8, prefix 4K:
-        # 36.1 -> 45.6 us) and gained nothing elsewhere.
+        # on the H200, an early trigger slowed batch 16 and gained nothing elsewhere
+        # (docs/perf-notes.md, "Programmatic dependent launch").
         gdc_wait()
 
     q_start, q_len, table_start, prefix_len = _request_bounds(
@@ -409,7 +409,8 @@ def _verify_prefix_stage(
 
         # The page indices of tile i+1 are loaded while tile i computes: the K/V loads of a
         # tile depend on its indices, and an index load on the critical path stalls the
-        # pipeline by a full memory latency per tile (measured: FP8 498 -> 348 us).
+        # pipeline by a full memory latency per tile (docs/perf-notes.md, "Page indices
+        # loaded a tile ahead").
         # Token indices are clamped to the split's last token instead of masking the K/V
         # loads: row predicates on the loads cost registers (ptxas, sm_90a, GQA 256 group
         # 16 at 64-token tiles: 156 B of spills a thread with masks, 16 B clamped). Only an
@@ -573,7 +574,7 @@ def _verify_merge_stage(
 # Dot operand dtypes on the GPU. Prefix stage: fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated.
 _TL_PREFIX_DOT_DTYPE = tl.float16
 # Unless the block config says (draft_tile), programs of these row counts run the draft tile
-# before the prefix loop, others after it: 32-row programs run mma.sync and hold q's fragments in registers through the loop; a draft tile after it keeps a second copy (ptxas sm_90a, 64-token tiles: 208 B of spills a thread after, none before). 16-row programs ran slower before it, and 64-row ones spill 20 B before it and none after.
+# before the prefix loop, others after it: 32-row programs run mma.sync and hold q's fragments in registers through the loop; a draft tile after it keeps a second copy (ptxas sm_90a, 64-token tiles: 208 B of spills a thread after, none before). 16-row programs ran slower before it, and 64-row ones spill 20 B before it and none after (docs/perf-notes.md, 'Draft tile placement').
 _DRAFT_FIRST_ROWS = (32,)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 # Custom masks the kernels read: one byte a bit (SGLang sends bool).
@@ -848,8 +849,8 @@ def _backend_knobs(config, is_rocm):
 
 def _use_pdl(arch, is_rocm):
     """Programmatic dependent launch on NVIDIA sm_90+: each kernel's launch overlaps the end of
-    the one before it, and its programs wait in gdc_wait for that kernel's results (H200,
-    batch 1, prefix 4K: 21.6 -> 20.1 us). Not under the interpreter, on ROCm, before Hopper,
+    the one before it, and its programs wait in gdc_wait for that kernel's results
+    (docs/perf-notes.md, "Programmatic dependent launch"). Not under the interpreter, on ROCm, before Hopper,
     or with KGEN_NO_PDL=1 in the environment when the module was imported (an engine's switch)."""
     return (_HAS_GRID_DEPENDENCY_CONTROL and not _INTERPRET and not is_rocm
             and arch.startswith("sm_") and int(arch[3:].rstrip("a")) >= 90 and not _NO_PDL)

@@ -82,6 +82,6 @@ def test_kernels_wait_before_their_first_read(layout, kernel):
     calls = _calls_in_order(getattr(kgen.load(layout, "bfloat16"), kernel))
     assert "gdc_wait" in calls, f"{kernel} never waits for the kernel before it"
     assert calls.index("gdc_wait") < calls.index("_request_bounds"), f"{kernel} reads before gdc_wait"
-    # No early trigger: it let the merge launch while the prefix stage still ran, 9-10 us
-    # slower at batch 16 on the H200.
+    # No early trigger: it let the merge launch while the prefix stage still ran, slower at
+    # batch 16 on the H200 (docs/perf-notes.md, "Programmatic dependent launch").
     assert "gdc_launch_dependents" not in calls
