@@ -22,7 +22,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -307,7 +307,6 @@ class StopRequest:
     workers too, after their running trial."""
 
     requested: bool = False
-    notices: list[str] = field(default_factory=list)
     shared: Any = None
 
     def request(self) -> None:
