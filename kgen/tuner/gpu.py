@@ -41,7 +41,7 @@ PREFIX_KERNELS = {"triton": "_verify_prefix_stage", "gluon": "_gluon_prefix_stag
 
 if TYPE_CHECKING:
     from kgen.spec import LayoutSpec
-    from kgen.tuner.study import TuneJob
+    from kgen.tuner.job import TuneJob
     from kgen.tuner.workloads import Check, Timing, Workload, WorkloadsFile
 
 
