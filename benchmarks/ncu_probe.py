@@ -15,8 +15,8 @@ import json
 import torch
 
 import kgen
+from kgen.problems import make_case
 from kgen.spec import load_layouts
-from kgen.testing import make_case
 
 
 def main() -> None:

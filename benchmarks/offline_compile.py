@@ -29,7 +29,6 @@ import kgen  # noqa: E402
 from kgen import check  # noqa: E402
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-TL = {"bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8e4nv"}
 
 
 def _module_from(path: str):

@@ -24,8 +24,9 @@ import triton
 import kgen
 from kgen.bench.cases import Case
 from kgen.bench.cases import min_bytes as bench_min_bytes
+from kgen.problems import make_case
+from kgen.reference import relative_error
 from kgen.spec import load_layouts
-from kgen.testing import make_case, relative_error
 
 SPECS = load_layouts()
 

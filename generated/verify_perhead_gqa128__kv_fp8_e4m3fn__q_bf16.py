@@ -26,10 +26,21 @@
 import functools
 import math
 import os
+from collections.abc import Mapping
 
 import torch
 import triton
 import triton.language as tl
+
+# ---- on/off switches: kgen/env.py below its imports, verbatim (kgen.env.env_flag is this text) ----
+TRUE_VALUES = ("1", "true", "yes", "on")
+
+
+def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """True when the switch ``name`` is on in ``env`` (``os.environ`` by default)."""
+    env = os.environ if env is None else env
+    return env.get(name, "").strip().lower() in TRUE_VALUES
+
 
 try:  # grid dependency control (Hopper and later; Triton 3.6 has it): see _use_pdl
     from triton.language.extra.cuda import gdc_wait
@@ -68,10 +79,11 @@ MAX_DRAFT_TOKENS = 64
 BATCH_INVARIANT = False
 _LOG2E = 1.4426950408889634
 # CPU runs (tests) go through Triton's interpreter, whose bf16 tl.dot is wrong: there the
-# dot operands are upcast to fp32. The GPU path keeps bfloat16 operands.
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# dot operands are upcast to fp32. The GPU path keeps bfloat16 operands. Triton is asked,
+# not TRITON_INTERPRET parsed: its knob is what @triton.jit decided with (kgen/env.py says why).
+_INTERPRET = bool(triton.knobs.runtime.interpret)
 # Engines can turn programmatic dependent launch off (see _use_pdl).
-_NO_PDL = os.environ.get("KGEN_NO_PDL", "0") == "1"
+_NO_PDL = env_flag("KGEN_NO_PDL")
 _INTERPRETER_NUM_SMS = 4
 
 # Block configs per arch (from kgen/tables/*.json at build time): (group, batch_min, batch_max, config).
@@ -322,8 +334,8 @@ def _verify_prefix_stage(
         # Launched early (programmatic dependent launch): wait until the kernels before us
         # (which write q, the draft K/V and the page table) are done. No early
         # gdc_launch_dependents: the merge is released when this grid completes. Measured
-        # on the H200, an early trigger cost 9-10 us at batch 16 (group 8, prefix 4K:
-        # 36.1 -> 45.6 us) and gained nothing elsewhere.
+        # on the H200, an early trigger slowed batch 16 and gained nothing elsewhere
+        # (docs/perf-notes.md, "Programmatic dependent launch").
         gdc_wait()
 
     q_start, q_len, table_start, prefix_len = _request_bounds(
@@ -368,7 +380,8 @@ def _verify_prefix_stage(
         acc = tl.zeros([ROWS, BLOCK_DV], dtype=tl.float32)
         # The page indices of tile i+1 are loaded while tile i computes: the K/V loads of a
         # tile depend on its indices, and an index load on the critical path stalls the
-        # pipeline by a full memory latency per tile (measured: FP8 498 -> 348 us).
+        # pipeline by a full memory latency per tile (docs/perf-notes.md, "Page indices
+        # loaded a tile ahead").
         # Token indices are clamped to the split's last token instead of masking the K/V
         # loads: row predicates on the loads cost registers (ptxas, sm_90a, GQA 256 group
         # 16 at 64-token tiles: 156 B of spills a thread with masks, 16 B clamped). Only an
@@ -786,9 +799,10 @@ def _backend_knobs(config, is_rocm):
 
 def _use_pdl(arch, is_rocm):
     """Programmatic dependent launch on NVIDIA sm_90+: each kernel's launch overlaps the end of
-    the one before it, and its programs wait in gdc_wait for that kernel's results (H200,
-    batch 1, prefix 4K: 21.6 -> 20.1 us). Not under the interpreter, on ROCm, before Hopper,
-    or with KGEN_NO_PDL=1 in the environment when the module was imported (an engine's switch)."""
+    the one before it, and its programs wait in gdc_wait for that kernel's results
+    (docs/perf-notes.md, "Programmatic dependent launch"). Not under the interpreter, on ROCm,
+    before Hopper, or with KGEN_NO_PDL on (env_flag: 1, true, yes, on) in the environment when
+    the module was imported (an engine's switch)."""
     return (_HAS_GRID_DEPENDENCY_CONTROL and not _INTERPRET and not is_rocm
             and arch.startswith("sm_") and int(arch[3:].rstrip("a")) >= 90 and not _NO_PDL)
 
@@ -1165,7 +1179,7 @@ def _why_not_mask(custom_mask, mask_indptr, q, batch, max_len, paged):
 
 # KGEN_CHECK_INDICES=1 when the module is imported checks index values on every call (the
 # switch kgen.runtime's chain reads too); check_indices=True checks one call.
-_CHECK_INDICES = os.environ.get("KGEN_CHECK_INDICES", "").strip().lower() in ("1", "true", "yes", "on")
+_CHECK_INDICES = env_flag("KGEN_CHECK_INDICES")
 
 
 def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indices=None, pool_slots=0,

@@ -29,7 +29,6 @@ TABLE_DIR = Path(__file__).parent / "tables"
 DEFAULTS_FILE = TABLE_DIR / "defaults.json"
 TARGETS_FILE = TABLE_DIR / "targets.json"  # per-target limits (kgen/targets.py), not a block-config table
 TABLE_SCHEMA = "kgen.block-config-table/1"
-DEFAULTS_SCHEMA = "kgen.block-config-defaults/1"
 ROCM_ARCH_PREFIX = "gfx"
 
 

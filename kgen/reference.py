@@ -2,7 +2,8 @@
 
 It is deliberately simple and slow: a loop over requests, gathered prefix, one softmax per
 request over [prefix ; draft] columns. It is the oracle for tests, the tuner's correctness
-check and the benchmark's check, never a serving path.
+check and the benchmark's check, never a serving path; ``relative_error`` is how they compare
+a kernel's output with it.
 
 Semantics (L draft tokens per request, a chain or a tree):
 - request b's prefix is ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]`` (token slots of the
@@ -22,6 +23,7 @@ Semantics (L draft tokens per request, a chain or a tree):
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 
@@ -96,3 +98,16 @@ def reference_verify(
         probs = torch.where(visible.any(dim=-1)[None, :, None], probs, 0.0)
         out[q0:q1] = torch.einsum("hln,nhd->lhd", probs, v_all)
     return out
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor, norm: Literal["l2", "max"] = "l2") -> float:
+    """||out - ref|| / ||ref|| in float64, in the L2 norm (the whole output) or the max norm
+    (the worst element against the largest |ref|, so one wrong row is not averaged away over
+    many right ones). NaN or inf anywhere in ``out`` gives inf: an unwritten output is
+    NaN-filled, so a kernel that skips rows cannot pass."""
+    out64, ref64 = out.double(), ref.double()
+    if not torch.isfinite(out64).all():
+        return float("inf")
+    if norm == "max":
+        return ((out64 - ref64).abs().max() / ref64.abs().max().clamp_min(1e-30)).item()
+    return ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30)).item()

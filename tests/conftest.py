@@ -2,8 +2,10 @@
 
 import os
 
+from kgen.env import env_flag  # standard library only: triton is not imported yet
+
 # Must be set before triton is imported anywhere: CPU tensors then run through the interpreter.
-if not os.environ.get("KGEN_TEST_ON_GPU"):
+if not env_flag("KGEN_TEST_ON_GPU"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402

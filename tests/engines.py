@@ -8,11 +8,12 @@ skipping it: the integration tests must run against the engines' real code.
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from kgen.env import env_flag
 
 PINS_DIR = Path(__file__).resolve().parents[1] / ".ci" / "engines"
 
@@ -25,6 +26,6 @@ def import_engine(engine: str, module: str) -> ModuleType:
     except ImportError as exc:
         how = f"pip install --no-deps -r {PINS_DIR / (engine + '.txt')}"
         why = f"{engine} is not importable ({exc}); install its pinned release: {how}"
-        if os.environ.get("KGEN_REQUIRE_ENGINES", "").strip().lower() in ("1", "true", "yes", "on"):
+        if env_flag("KGEN_REQUIRE_ENGINES"):
             pytest.fail(why, pytrace=False)
         pytest.skip(why)

@@ -11,8 +11,9 @@ import kgen
 from kgen.build import build_one
 from kgen.passes.context import load_context
 from kgen.plan import Plan
+from kgen.problems import VerifyCase, make_case
+from kgen.reference import relative_error
 from kgen.spec import load_layouts
-from kgen.testing import VerifyCase, make_case, relative_error
 
 SPECS = load_layouts()
 # Many short splits (16-token tiles, up to 8 per request) so that small CPU cases merge.

@@ -22,20 +22,13 @@ import inspect
 
 import pytest
 import torch
+from case_tools import batch_of, paged_mask, set_draft_masks, to_paged
 from kernel_cases import SPECS, tolerance
 
 import kgen
 from kgen.errors import UsageError
-from kgen.testing import (
-    VerifyCase,
-    batch_of,
-    eagle_tree,
-    make_case,
-    paged_mask,
-    relative_error,
-    set_draft_masks,
-    to_paged,
-)
+from kgen.problems import VerifyCase, eagle_tree, make_case
+from kgen.reference import relative_error
 
 GQA = "gqa64"
 SMALL_SPLIT = 64  # tokens per split in the interpreter: a few hundred tokens make several splits

@@ -40,9 +40,9 @@ from kgen.bench.peers import (
     sdpa_run,
 )
 from kgen.bench.timing import Timing
-from kgen.reference import reference_verify
+from kgen.problems import draft_affinity_for, make_case
+from kgen.reference import reference_verify, relative_error
 from kgen.spec import load_layouts
-from kgen.testing import draft_affinity_for, make_case, relative_error
 
 SPECS = load_layouts()
 
@@ -219,7 +219,7 @@ def test_relative_error_in_the_max_norm() -> None:
 
 
 def test_input_sets_are_slices_of_one_make_case_problem() -> None:
-    """The bench's inputs come from kgen.testing.make_case (one builder): set s is requests
+    """The bench's inputs come from kgen.problems.make_case (one builder): set s is requests
     s * batch onwards of one problem with the case's seed, dtypes, scales and draft affinity."""
     case = _case("gqa128", 8, "float8_e4m3fn", 3, batch=2, prefix=40)
     inp = build_inputs(case, "cpu", n_sets=2, seed=5)

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from case_tools import set_draft_masks
 from kernel_cases import tolerance
 
 import kgen.cli
 from kgen.cli import build_parser, main
+from kgen.problems import eagle_tree, make_case
+from kgen.reference import relative_error
 from kgen.spec import SHIPPED_LAYOUT_DIR, load_layouts
 from kgen.targets import read_targets
-from kgen.testing import eagle_tree, make_case, relative_error, set_draft_masks
 
 TARGETS = list(read_targets())
 

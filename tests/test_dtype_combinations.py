@@ -20,15 +20,16 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from case_tools import to_paged
 from test_runtime_support import real_module_reason
 
 import kgen
-from kgen.reference import reference_verify
+from kgen.problems import VerifyCase, make_case
+from kgen.reference import reference_verify, relative_error
 from kgen.runtime.adapters import SGLangVerify, VLLMVerify
 from kgen.runtime.call import PagedCall, VerifyCall
 from kgen.runtime.chain import VerifyChain
 from kgen.spec import load_layouts
-from kgen.testing import VerifyCase, make_case, relative_error, to_paged
 
 REAL = real_module_reason()
 needs_real = pytest.mark.skipif(bool(REAL), reason=REAL or "generated modules present")

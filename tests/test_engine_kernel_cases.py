@@ -10,11 +10,12 @@ import math
 
 import pytest
 import torch
+from case_tools import batch_of, set_draft_masks, to_paged
 from kernel_cases import SMALL_SPLITS, SPECS, build, tolerance
 
 import kgen
-from kgen.reference import reference_verify
-from kgen.testing import VerifyCase, batch_of, eagle_tree, make_case, relative_error, set_draft_masks, to_paged
+from kgen.problems import VerifyCase, eagle_tree, make_case
+from kgen.reference import reference_verify, relative_error
 
 GQA = "qwen3_5_gqa256"
 GQA128 = "gqa128"

@@ -9,7 +9,8 @@ import torch
 from kernel_cases import SPECS, check_parity, tolerance
 
 import kgen
-from kgen.testing import make_case, relative_error
+from kgen.problems import make_case
+from kgen.reference import relative_error
 
 pytestmark = pytest.mark.gpu
 

@@ -27,11 +27,13 @@ import zlib
 
 import pytest
 import torch
+from case_tools import poison_unnamed_slots
 from kernel_cases import LARGE_POOL_GROUP, SPECS, tolerance, wait_for_free_gpu_memory
 from test_gpu_sweep import NUM_SMS, request_lengths, unlisted_group
 
 import kgen
-from kgen.testing import chain_mask, eagle_tree, make_case, poison_unnamed_slots, relative_error, sglang_mask
+from kgen.problems import chain_mask, eagle_tree, make_case, sglang_mask
+from kgen.reference import relative_error
 
 LAYOUT = "mla_absorbed_512_64"
 Q_DTYPES = ("bfloat16",)  # the Gluon stage needs q in the KV dtype (select_lowering)

@@ -46,21 +46,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from case_tools import nan_tensor, poison_unnamed_slots, set_draft_masks, to_paged
 from kernel_cases import LARGE_POOL_GROUP, SPECS, tolerance, wait_for_free_gpu_memory
 
 import kgen
+from kgen.problems import VerifyCase, chain_mask, eagle_tree, make_case
+from kgen.reference import relative_error
 from kgen.spec import FP8_DTYPES
-from kgen.testing import (
-    VerifyCase,
-    chain_mask,
-    eagle_tree,
-    make_case,
-    nan_tensor,
-    poison_unnamed_slots,
-    relative_error,
-    set_draft_masks,
-    to_paged,
-)
 
 MUST_ACCEPT_ARCHS = ("sm_90",)
 FP8 = "float8_e4m3fnuz" if torch.version.hip else "float8_e4m3fn"  # e4m3fnuz is ROCm's format

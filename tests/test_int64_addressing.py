@@ -16,7 +16,8 @@ SCRIPT = textwrap.dedent(
     os.environ["TRITON_INTERPRET"] = "1"
     import torch, kgen
     from kgen.spec import load_layouts
-    from kgen.testing import make_case, relative_error
+    from kgen.problems import make_case
+    from kgen.reference import relative_error
 
     case = make_case(load_layouts()["gqa64"], [40, 25], [3, 2], 8, seed=3)
     slots = (1 << 31) // 64 + 4096  # 64 columns x slots > 2**31 elements per pool

@@ -197,7 +197,7 @@ def test_make_case_rejects_negative_prefix_and_empty_draft():
     # reports an illegal address far from the cause), so the case builder refuses it.
     from kernel_cases import SPECS
 
-    from kgen.testing import make_case
+    from kgen.problems import make_case
 
     spec = SPECS[GQA]
     with pytest.raises(ValueError, match="prefix lengths must be >= 0"):

@@ -10,6 +10,7 @@ import pytest
 from kernel_cases import build
 
 import kgen
+from kgen.env import env_flag
 
 MODULE = kgen.load("qwen3_5_gqa256", "bfloat16")
 
@@ -22,6 +23,14 @@ def test_pdl_on_hopper_and_later_only(monkeypatch, arch, rocm, pdl):
     assert MODULE._use_pdl(arch, rocm) == pdl
 
 
+def _fresh_copy(name: str):
+    """The module imported again: its switches are read from the environment at import."""
+    spec = importlib.util.spec_from_file_location(name, MODULE.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    return copy
+
+
 def test_engines_can_turn_pdl_off(monkeypatch):
     monkeypatch.setattr(MODULE, "_INTERPRET", False)
     monkeypatch.setattr(MODULE, "_NO_PDL", True)
@@ -30,10 +39,19 @@ def test_engines_can_turn_pdl_off(monkeypatch):
     assert MODULE._use_pdl("sm_90", False)
     # The switch is read from the environment when a module is imported.
     monkeypatch.setenv("KGEN_NO_PDL", "1")
-    spec = importlib.util.spec_from_file_location("no_pdl_copy", MODULE.__file__)
-    copy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(copy)
-    assert copy._NO_PDL is True
+    assert _fresh_copy("no_pdl_copy")._NO_PDL is True
+
+
+@pytest.mark.parametrize(("value", "pdl_off"), [("true", True), (" Yes ", True), ("ON", True), ("1", True),
+                                                ("0", False), ("false", False), ("off", False), ("", False)])
+def test_no_pdl_is_parsed_like_every_kgen_switch(monkeypatch, value, pdl_off):
+    # KGEN_NO_PDL=true once left PDL on: the module compared the value with "1" alone.
+    monkeypatch.setenv("KGEN_NO_PDL", value)
+    copy = _fresh_copy("no_pdl_parsed_copy")
+    monkeypatch.setattr(copy, "_INTERPRET", False)
+    monkeypatch.setattr(copy, "_HAS_GRID_DEPENDENCY_CONTROL", True)
+    assert copy._NO_PDL is pdl_off is env_flag("KGEN_NO_PDL")
+    assert copy._use_pdl("sm_90", False) is not pdl_off
 
 
 def test_no_pdl_under_the_interpreter_or_without_gdc(monkeypatch):
@@ -82,6 +100,6 @@ def test_kernels_wait_before_their_first_read(layout, kernel):
     calls = _calls_in_order(getattr(kgen.load(layout, "bfloat16"), kernel))
     assert "gdc_wait" in calls, f"{kernel} never waits for the kernel before it"
     assert calls.index("gdc_wait") < calls.index("_request_bounds"), f"{kernel} reads before gdc_wait"
-    # No early trigger: it let the merge launch while the prefix stage still ran, 9-10 us
-    # slower at batch 16 on the H200.
+    # No early trigger: it let the merge launch while the prefix stage still ran, slower at
+    # batch 16 on the H200 (docs/perf-notes.md, "Programmatic dependent launch").
     assert "gdc_launch_dependents" not in calls

@@ -5,7 +5,7 @@ import torch
 from kernel_cases import build
 
 import kgen
-from kgen.testing import chain_mask, sglang_mask
+from kgen.problems import chain_mask, sglang_mask
 
 GQA = "qwen3_5_gqa256"
 

@@ -52,7 +52,7 @@ def test_sglang_signature_is_the_module_contract():
     """SGLang's 23 positional arguments, then its keyword-only kv_len_adjust, as the modules take them."""
     assert [f.name for f in dataclasses.fields(VerifyCall) if not f.kw_only] == SGLANG_PARAMS
     assert [f.name for f in dataclasses.fields(VerifyCall) if f.kw_only] == ["kv_len_adjust"]
-    for fn in (SGLangVerify.__call__, VerifyChain.__call__, VerifyChain.try_kernels):
+    for fn in (SGLangVerify.__call__, VerifyChain.__call__):
         params = list(inspect.signature(fn).parameters.values())[1:]
         assert [p.name for p in params if p.kind != p.KEYWORD_ONLY] == SGLANG_PARAMS
         assert [p.name for p in params if p.kind == p.KEYWORD_ONLY] == ["kv_len_adjust"]

@@ -20,7 +20,7 @@ from test_runtime_support import (
 
 from kgen.reference import reference_verify
 from kgen.runtime.adapters import SGLangVerify, VLLMVerify, vllm_cache_scale
-from kgen.runtime.call import Features, PagedCall
+from kgen.runtime.call import Features, PagedCall, VerifyCall
 from kgen.runtime.chain import VerifyChain
 
 REAL = real_module_reason()
@@ -140,7 +140,7 @@ def test_kv_len_adjust_with_a_mask_is_refused():
     chain = VerifyChain(None, "float32", "float32")
     o = case.out()
     args, kw = sglang_args(case, o, custom_mask=mask, mask_indptr=indptr)
-    assert chain.try_kernels(*args, kv_len_adjust=-1, **kw) is None
+    assert chain.try_call(VerifyCall.from_sglang(*args, kv_len_adjust=-1, **kw)) is None
     assert "kv_len_adjust = -1 with a custom_mask" in chain.last_refusal
     assert SGLangVerify(chain, defer_general=True)(*args, kv_len_adjust=-1, **kw) is False
     with pytest.raises(ValueError, match="with a custom_mask"):

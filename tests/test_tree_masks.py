@@ -12,12 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from case_tools import paged_mask, set_draft_masks, to_paged
 from kernel_cases import SMALL_SPLITS, build, check_parity, tolerance
 
 import kgen
+from kgen.problems import chain_mask, eagle_tree
+from kgen.reference import relative_error
 from kgen.runtime.adapters import VLLMVerify, vllm_tree_mask
 from kgen.runtime.chain import VerifyChain
-from kgen.testing import chain_mask, eagle_tree, paged_mask, relative_error, set_draft_masks, to_paged
 
 GQA64, GQA256, MLA = "gqa64", "qwen3_5_gqa256", "mla_absorbed_512_64"
 

@@ -17,6 +17,7 @@ from kgen.spec import load_layouts
 from kgen.tuner import cli as tune_cli
 from kgen.tuner.errors import TuneError
 from kgen.tuner.gpu import PREFIX_KERNELS, GpuBackend
+from kgen.tuner.job import TuneJob
 from kgen.tuner.objective import SyntheticBowl, make_objective, synthetic_optimum
 from kgen.tuner.results import decide_lowerings, entry_for, finalize, format_results, write_results
 from kgen.tuner.space import (
@@ -29,7 +30,7 @@ from kgen.tuner.space import (
     default_config,
     load_spaces,
 )
-from kgen.tuner.study import TuneJob, run_inprocess
+from kgen.tuner.study import run_inprocess
 from kgen.tuner.workloads import Check, Timing, Workload, load_workloads
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -22,10 +22,11 @@ from kgen.blockconfig import BlockConfig
 from kgen.spec import load_layouts
 from kgen.tuner.errors import TuneError
 from kgen.tuner.gpu import GpuBackend, geomean, input_bytes, rotation_count
+from kgen.tuner.job import TuneJob
 from kgen.tuner.objective import make_objective
 from kgen.tuner.results import finalize
 from kgen.tuner.space import default_config, load_spaces
-from kgen.tuner.study import TuneJob, build_space, run_inprocess
+from kgen.tuner.study import build_space, run_inprocess
 from kgen.tuner.workloads import Bucket, Check, Timing, Workload
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

@@ -11,6 +11,7 @@ from triton.runtime.errors import OutOfResources
 
 from kgen.blockconfig import BlockConfig
 from kgen.spec import load_layouts
+from kgen.tuner.job import TuneJob
 from kgen.tuner.objective import (
     FatalDeviceError,
     SyntheticBowl,
@@ -20,7 +21,7 @@ from kgen.tuner.objective import (
 )
 from kgen.tuner.results import decide, finalize, spread_pct
 from kgen.tuner.space import default_config, load_spaces
-from kgen.tuner.study import TuneJob, build_space, run_inprocess
+from kgen.tuner.study import build_space, run_inprocess
 from kgen.tuner.workloads import Timing, load_workloads
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -16,11 +16,11 @@ import pytest
 import sqlalchemy.exc
 
 from kgen.spec import load_layouts
+from kgen.tuner.job import TuneJob
 from kgen.tuner.report import format_report, record_table_write, study_report
 from kgen.tuner.space import default_config, load_spaces
 from kgen.tuner.study import (
     BackendSpec,
-    TuneJob,
     WorkerSpec,
     build_space,
     cache_dir,

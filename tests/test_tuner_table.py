@@ -21,8 +21,8 @@ from kgen.blockconfig import (
 from kgen.errors import TableError
 from kgen.spec import load_layouts
 from kgen.tuner.errors import TuneError
+from kgen.tuner.job import TuneJob
 from kgen.tuner.results import JobResult, entry_for, format_results, merge_entries, write_results
-from kgen.tuner.study import TuneJob
 from kgen.tuner.workloads import load_workloads
 
 LAYOUTS = load_layouts()

@@ -26,8 +26,8 @@ from test_runtime_support import real_module_reason
 
 import kgen
 from kgen.explain import explain
+from kgen.problems import make_case
 from kgen.runtime.adapters import sglang_verify_for
-from kgen.testing import make_case
 
 REAL = real_module_reason()
 needs_real = pytest.mark.skipif(bool(REAL), reason=REAL or "generated modules present")

@@ -536,7 +536,7 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path,
     timer = CudaGraphTimer(replays=args.replays, min_graph_us=args.min_graph_us)
     copy_bytes = int(args.copy_gib * (1 << 30))
     # Eager events, not a graph: a captured copy becomes a copy-engine memcpy node, which
-    # measured 2.7 TB/s on the H200 against 4.27 TB/s for the same copy launched eagerly.
+    # measured far below the same copy launched eagerly (docs/perf-notes.md, "The copy ceiling's timer").
     copy_gbps = copy_ceiling_gbps(EagerTimer(iters=20, warmup=3), copy_bytes)
     meta = collect_meta(args, copy_gbps, copy_bytes)
     print(f"{meta.gpu_name} ({meta.arch}): copy ceiling {copy_gbps:.0f} GB/s; {len(cases)} cases", flush=True)

@@ -1,5 +1,5 @@
 """The tensors of one case: a paged KV pool, a shuffled page table and rotated input sets,
-all built by ``kgen.testing.make_case`` (the tests' and the tuner's builder too).
+all built by ``kgen.problems.make_case`` (the tests' and the tuner's builder too).
 
 The generated kernels read SGLang's token-slot pool: ``k_buffer [slots, H_kv, D_qk]``,
 ``v_buffer [slots, H_kv, D_v]`` (absorbed MLA: a view of K's first D_v columns),
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import torch
 
 from kgen.bench.cases import TREE_TOPK, Case
+from kgen.problems import chain_mask, draft_affinity_for, eagle_tree, make_case, sglang_mask
 from kgen.reference import reference_verify
 from kgen.spec import LayoutSpec, load_layouts
-from kgen.testing import chain_mask, draft_affinity_for, eagle_tree, make_case, sglang_mask
 
 FP8_K_SCALE = 0.75
 FP8_V_SCALE = 1.25

@@ -46,7 +46,7 @@ from kgen.bench.inputs import (
 )
 from kgen.bench.measure import VARIANT_SEP, KernelRun, _short
 from kgen.bench.timing import EagerTimer, Timer
-from kgen.testing import relative_error
+from kgen.reference import relative_error
 
 # (layout, kv_dtype, variant) -> module; the variant BATCH_INVARIANT is the grouped kernel's batch-invariant module.
 Loader = Callable[[str, str, str], ModuleType]

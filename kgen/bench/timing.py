@@ -92,14 +92,6 @@ class PairedTiming:
         )
 
 
-class PairTimer(Protocol):
-    """A timer that can also time two launches in alternation (``CudaGraphTimer``)."""
-
-    def __call__(self, fn: Launch, n_sets: int) -> Timing: ...
-
-    def pair(self, fn_a: Launch, fn_b: Launch, n_sets: int) -> PairedTiming: ...
-
-
 class Event(Protocol):
     def record(self) -> None: ...
 

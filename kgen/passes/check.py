@@ -12,7 +12,8 @@ from kgen.passes.context import BuildContext
 from kgen.plan import Decision, Plan
 
 NAME = "check"
-ALLOWED_IMPORTS = frozenset({"functools", "math", "os", "torch", "triton", "triton.language",
+ALLOWED_IMPORTS = frozenset({"collections.abc",  # Mapping, for kgen/env.py's switch parser
+                             "functools", "math", "os", "torch", "triton", "triton.language",
                              "triton.language.extra.cuda"})  # grid dependency control, import guarded
 # Triton's Gluon, import guarded: only modules with a Gluon prefix stage (select_lowering).
 GLUON_IMPORTS = frozenset({"triton.experimental", "triton.experimental.gluon",

@@ -55,14 +55,16 @@ def legalize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
         Decision(NAME, "MERGE_BLOCK_DV", merge_block_dv,
                  f"the merge stage is a log-sum-exp combine with no dot: V's {block_dv} columns go "
                  f"to programs of at most {MERGE_BLOCK_DV_CAP} so the grid is wide enough to stream "
-                 "the partials (one program per request took 25 of 39 us at batch 16, prefix 1K)"),
+                 "the partials (a merge of one program per request took most of the time at batch 16, prefix "
+                 "1K: docs/perf-notes.md, 'Draft tile placement')"),
         Decision(NAME, "MERGE_ROWS", MERGE_ROWS,
                  "rows (head x draft position) per merge program; no tensor-core minimum applies"),
         Decision(NAME, "MERGE_SPLIT_CHUNK", MERGE_SPLIT_CHUNK,
                  f"a merge program takes a request's splits {MERGE_SPLIT_CHUNK} at a time through an unrolled body "
                  "whose loads depend on nothing, so they are in flight together instead of one memory latency per "
-                 "split (H200: batch 1, prefix 4K, 64 splits 21.6 -> 19.0 us); the same chunk as one 3-D block "
-                 "load ran slower (ptxas 239 registers, the split-axis sums through shared memory)"),
+                 "split (measured faster on the H200 at batch 1, prefix 4K, 64 splits); the same chunk as one "
+                 "3-D block load ran slower (ptxas 239 registers, the split-axis sums through shared memory; "
+                 "docs/perf-notes.md, 'The merge stage')"),
         Decision(NAME, "page sizes", PAGE_SIZES,
                  "PAGE_SIZE is a constexpr of the kernel: page index and offset fold at compile time"),
     ]

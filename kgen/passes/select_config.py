@@ -56,8 +56,8 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
     sources: dict[str, str] = {}
     if plan.variant == "per_head":
         # The tables are tuned for the grouped kernel's BLOCK_H x L rows: a 64-row program's
-        # tiles slowed the 16-row per-head baseline by 23-25% on the H200 (2869 -> 3538 us at
-        # group 16, batch 64, prefix 16K), so the baseline keeps the built-in default.
+        # tiles slowed the 16-row per-head baseline on the H200 (docs/perf-notes.md, "The
+        # per-head baseline's config"), so the baseline keeps the built-in default.
         decisions.append(Decision(NAME, "tables", "not used",
                                   "per-head variant: the block-config tables are tuned for the grouped kernel"))
         decisions.append(Decision(NAME, "BLOCK_H", 1, "per-head variant: one query head per program"))

@@ -14,7 +14,7 @@ GQA_DRAFT_FIRST_WHY = (
     "32-row programs run mma.sync and hold q's fragments in registers through the loop; a draft "
     "tile after it keeps a second copy (ptxas sm_90a, 64-token tiles: 208 B of spills a thread "
     "after, none before). 16-row programs ran slower before it, and 64-row ones spill 20 B before "
-    "it and none after."
+    "it and none after (docs/perf-notes.md, 'Draft tile placement')."
 )
 
 
@@ -69,11 +69,7 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                      "sm_90a, FP8, 32-token tiles, 3 stages: 1576 -> 404 B of spills a thread (BF16 "
                      "unchanged at 52 B)" if draft_tile_first else
                      "both placements emitted; a block config's draft_tile picks one, else the launcher "
-                     "picks by rows. 32-row programs hold q's mma.sync "
-                     "fragments in registers through the loop and a draft tile after it keeps a second copy "
-                     "(ptxas sm_90a: 208 B of spills after, none before; H200 group 8, batch 64, prefix 16K "
-                     "282.2 -> 273.9 us); 16-row programs ran slower before (group 4: 256.0 -> 268.5 us), "
-                     "64-row ones spill 20 B before and none after" if either else
+                     "picks by rows. " + GQA_DRAFT_FIRST_WHY if either else
                      "after the loop: the per-head baseline keeps its measured placement"),
             Decision(NAME, "draft mask", "HAS_MASK constexpr",
                      "a tree's custom mask is read on the device by the draft tile alone (the prefix loop "
@@ -82,15 +78,16 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                      "ROW_BLOCKS programs (kgen/rules.py, draft_row_blocks)"),
             Decision(NAME, "full tiles", "whole-tile loop + partial-tile loop" if unmasked_full_tiles else "one loop",
                      "MLA BF16: whole tiles in a loop without the -inf score select, then the partial tile; "
-                     "H200, batch 64, prefix 16K, 64-token tiles: 684 against 719 us in one loop"
-                     if unmasked_full_tiles else
+                     "measured faster than one loop on the H200 (docs/perf-notes.md, 'Whole tiles without the "
+                     "-inf select')" if unmasked_full_tiles else
                      "one loop, the -inf select on every tile: with the K/V gather clamped (no load masks) a "
-                     "second loop measured slower on the H200 for MLA FP8 (1009 against 928 us) and, with "
-                     "masked loads, for GQA (group 8 297 -> 313 us, group 4 253 -> 269, FP8 278 -> 304)"),
+                     "second loop measured slower on the H200 for MLA FP8 and, with masked loads, for GQA "
+                     "(docs/perf-notes.md, 'Whole tiles without the -inf select')"),
             Decision(NAME, "merge", "second launch",
                      "a merge kernel after the prefix stage, fp32 partials; merging inside the prefix stage "
-                     "(the last split to finish merges) measured slower on the H200 at every size tried: batch "
-                     "16, prefix 1K 26.7 against 14.8 us, since one program merges a request's splits serially"),
+                     "(the last split to finish merges) measured slower on the H200 at every size tried, most "
+                     "at batch 16, prefix 1K, since one program merges a request's splits serially "
+                     "(docs/perf-notes.md, 'Fused merge')"),
             Decision(NAME, "prefix dot dtype", prefix_dot, prefix_dot_why),
         ],
         specialization=Specialization(

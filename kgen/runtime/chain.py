@@ -189,11 +189,6 @@ class VerifyChain:
         return self._ran("general")
 
     @sglang_signature
-    def try_kernels(self, *args: Any, **kwargs: Any) -> PathName | None:
-        """``try_call`` with SGLang's arguments (``VerifyCall``'s fields, positional or by name)."""
-        return self.try_call(VerifyCall.from_sglang(*args, **kwargs))
-
-    @sglang_signature
     def __call__(self, *args: Any, **kwargs: Any) -> PathName:
         """``run`` with SGLang's arguments (``VerifyCall``'s fields, positional or by name)."""
         return self.run(VerifyCall.from_sglang(*args, **kwargs))

@@ -10,6 +10,7 @@ Modules, from data to decisions:
   and ``SyntheticBowl``, a deterministic backend with a known optimum for tests;
 - ``gpu``: the real backend: the generated module's kernels, checked against the reference,
   timed by ``kgen.bench.timing.CudaGraphTimer`` over inputs rotated beyond L2;
+- ``job``: ``TuneJob``, what one study tunes (its table key and workloads);
 - ``study``: study names, storage (SQLite in the cache dir or any RDB URL), resuming,
   budgets and worker processes;
 - ``results``: re-measurement, the tuned-vs-default decision, and merging into the table;

@@ -17,13 +17,13 @@ from kgen.blockconfig import TABLE_DIR, BlockConfig, resolve_tables
 from kgen.errors import KgenError
 from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, load_layouts
 from kgen.tuner.errors import TuneError
+from kgen.tuner.job import TuneJob
 from kgen.tuner.space import SPACES_FILE, SearchSpace, SpacesFile, arch_profile, load_spaces
 from kgen.tuner.study import (
     STORAGE_ENV,
     BackendSpec,
     Interrupted,
     StopRequest,
-    TuneJob,
     WorkerSpec,
     build_space,
     make_backend,

@@ -18,7 +18,7 @@ back to the Triton kernel (another arch or Triton, a draft the Gluon program doe
 
 Correctness: before any timing, the config runs a small case (one request per prefix in
 ``[check].prefixes``) and its output is compared with ``kgen.reference.reference_verify``.
-Problems come from ``kgen.testing.make_case``, the builder the tests and the benchmark use.
+Problems come from ``kgen.problems.make_case``, the builder the tests and the benchmark use.
 
 Everything that touches torch is imported lazily: the rest of the tuner runs without it.
 """
@@ -41,7 +41,7 @@ PREFIX_KERNELS = {"triton": "_verify_prefix_stage", "gluon": "_gluon_prefix_stag
 
 if TYPE_CHECKING:
     from kgen.spec import LayoutSpec
-    from kgen.tuner.study import TuneJob
+    from kgen.tuner.job import TuneJob
     from kgen.tuner.workloads import Check, Timing, Workload, WorkloadsFile
 
 
@@ -183,8 +183,8 @@ class GpuBackend:
         return config.for_arch(self.arch).model_dump(exclude_none=True)
 
     def _case(self, prefixes: list[int], draft: int, seed: int, scales: tuple[float, float] = (1.0, 1.0)) -> Any:
-        """A random problem from kgen.testing (the tests' and the benchmark's generator)."""
-        from kgen.testing import make_case
+        """A random problem from kgen.problems (the tests' and the benchmark's generator)."""
+        from kgen.problems import make_case
 
         return make_case(
             self.layout,
@@ -262,7 +262,7 @@ class GpuBackend:
         TuneError first (the trial is pruned with the reason)."""
         import torch
 
-        from kgen.testing import relative_error
+        from kgen.reference import relative_error
 
         self._require_lowering(config)
         case, expected = self._reference_case()

@@ -40,8 +40,8 @@ from kgen.tuner.errors import TuneError
 if TYPE_CHECKING:
     import optuna
 
+    from kgen.tuner.job import TuneJob
     from kgen.tuner.objective import Backend
-    from kgen.tuner.study import TuneJob
     from kgen.tuner.workloads import Timing
 
 

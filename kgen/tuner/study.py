@@ -22,15 +22,15 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from kgen.blockconfig import BlockConfig
-from kgen.spec import LayoutSpec
 from kgen.tuner.errors import TuneError
+from kgen.tuner.job import TuneJob
 from kgen.tuner.space import ProblemShape, SearchSpace, SpacesFile, arch_profile
-from kgen.tuner.workloads import Bucket, Workload, WorkloadsFile
+from kgen.tuner.workloads import WorkloadsFile
 
 if TYPE_CHECKING:
     import optuna
@@ -41,22 +41,6 @@ STUDY_PREFIX = "kgen-tune"
 HEARTBEAT_S = 30
 GRACE_S = 120
 SQLITE_TIMEOUT_S = 120
-
-
-@dataclass(frozen=True)
-class TuneJob:
-    """One study: everything that selects a table entry, plus the bucket's workloads."""
-
-    arch: str
-    layout: LayoutSpec
-    kv_dtype: str
-    q_dtype: str
-    group_size: int
-    bucket: Bucket
-    workloads: tuple[Workload, ...]
-
-    def label(self) -> str:
-        return f"{self.layout.name} kv={self.kv_dtype} g={self.group_size} batch {self.bucket.label()}"
 
 
 def build_space(job: TuneJob, spaces: SpacesFile) -> SearchSpace:
@@ -307,7 +291,6 @@ class StopRequest:
     workers too, after their running trial."""
 
     requested: bool = False
-    notices: list[str] = field(default_factory=list)
     shared: Any = None
 
     def request(self) -> None:
