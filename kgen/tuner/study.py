@@ -187,14 +187,16 @@ def _open_rdb(open_storage: Callable[[], optuna.storages.RDBStorage]) -> optuna.
 
     Two processes opening one new database (the workers of ``kgen tune --workers``, tuners
     started on several machines, a script reading the study) each create Optuna's tables
-    and stamp their version; the loser's stamp breaks the version table's unique key. The
-    schema is whole by then, so opening again succeeds."""
+    and stamp their version; the loser's table creation or stamp fails (a table that already
+    exists, a broken unique key). The schema is whole by then, so opening again succeeds."""
     import sqlalchemy.exc
 
     for attempt in range(1, SCHEMA_RACE_ATTEMPTS):
         try:
             return open_storage()
-        except sqlalchemy.exc.IntegrityError:
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.ProgrammingError):
+            # a duplicate version stamp, or a table the other creator made first ("already
+            # exists"); any other database error comes back from the last attempt unchanged
             time.sleep(SCHEMA_RACE_PAUSE_S * attempt)
     return open_storage()
 
