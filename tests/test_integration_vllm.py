@@ -46,8 +46,8 @@ import torch
 from engines import import_engine
 
 from kgen.integrations import vllm as kv
+from kgen.reference import relative_error
 from kgen.runtime.gate import GateDecision
-from kgen.testing import relative_error
 
 GROUPED = GateDecision("grouped", "gqa128", "layout 'gqa128' ...")
 GENERAL = GateDecision("general", None, "no layout lists model architecture 'X'")
