@@ -146,15 +146,15 @@ def _gate_lines(spec: LayoutSpec, arch: str | None, model: str | None, topk: int
     except ValueError as exc:
         raise UsageError(f"the runtime gate cannot evaluate this: {exc}") from None
     lines = str(text).splitlines()
-    if not verbose:  # the question, the reasons it turned on, the answer
-        keep = ("kgen gate for", "- =>", "decision:", "chain:")
-        kept = [line.strip() for line in lines if line.strip().startswith(keep)]
+    if not verbose:  # the answer and the question on one line, then the reason it turned on
+        stripped = [line.strip() for line in lines]
+        answer = " — ".join([line for line in stripped if line.startswith("decision:")]
+                            + [line.removeprefix("kgen gate for ") for line in stripped
+                               if line.startswith("kgen gate for")])  # fmt: skip
         indent = " " * (PASS_WIDTH + 2)
-        out = []
-        for i, line in enumerate(kept):  # a reason wraps (it says how to fix); the rest is clipped
-            first = f"{'gate' if i == 0 else '':<{PASS_WIDTH}}  "
-            out += (textwrap.wrap(line, WIDTH, initial_indent=first, subsequent_indent=indent + "  ")
-                    if line.startswith("- =>") else [_clip(first + line)])  # fmt: skip
+        out = [_clip(f"{'gate':<{PASS_WIDTH}}  {answer}")]
+        for line in (line for line in stripped if line.startswith("- =>")):  # it says how to fix: wrapped
+            out += textwrap.wrap(line, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
         return out
     return ["── runtime gate " + "─" * (WIDTH - 16), *("  " + line for line in lines)]
 

@@ -49,7 +49,7 @@ def test_explain_takes_every_target(capsys, arch):
     assert main(["explain", "gqa128", "--arch", arch, "--verbose"]) == 0
     verbose = capsys.readouterr().out
     assert "── runtime gate" in verbose and f"device: {arch}" in verbose
-    assert re.search(r"^gate +kgen gate for ", out, re.M)
+    assert re.search(r"^gate +decision: \w+ \(layout \w+\) — LlamaForCausalLM \(topk=1", out, re.M)
 
 
 # ----------------------------------------------------------------- --topk and --group: exit 2 everywhere
@@ -106,11 +106,11 @@ def test_explain_refuses_a_model_another_layout_serves(capsys):
 def test_explain_a_model_of_its_own_layout(capsys):
     assert main(["explain", "qwen3_5_gqa256", "--model", "Qwen3_5MoeForCausalLM", "--arch", "sm_90"]) == 0
     out = capsys.readouterr().out
-    assert "kgen gate for Qwen3_5MoeForCausalLM" in out and "decision: grouped (layout qwen3_5_gqa256)" in out
+    assert "decision: grouped (layout qwen3_5_gqa256) — Qwen3_5MoeForCausalLM (topk=1" in out
 
 
 def test_explain_a_model_no_layout_lists_says_how_to_route_it(capsys):
-    assert main(["explain", "gqa128", "--model", "MistralForCausalLM", "--arch", "sm_90"]) == 0
+    assert main(["explain", "gqa128", "--model", "MistralForCausalLM", "--arch", "sm_90", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "qk 128, pe 0, v 128" in out  # evaluated with the explained layout's widths
     assert "no layout lists model architecture 'MistralForCausalLM'" in out and "`architectures`" in out

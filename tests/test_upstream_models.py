@@ -91,7 +91,7 @@ def test_an_eagle3_draft_of_other_widths_is_not_sent_to_gqa128():
 @needs_real
 @pytest.mark.parametrize("model_arch", [M3_ARCHS[1], EAGLE3])
 def test_kgen_explain_routes_them_to_the_grouped_path(model_arch):
-    text = explain("gqa128", "fp8", arch="gfx950", model=model_arch, group=16)
+    text = explain("gqa128", "fp8", arch="gfx950", model=model_arch, group=16, verbose=True)
     assert "decision: grouped (layout gqa128)" in text
     assert f"kgen gate for {model_arch}" in text
 
