@@ -935,10 +935,18 @@ def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, n
 
 
 def _device_scale(value, device):
+    """A float scale as the 1-element device tensor the kernel reads beside a tensor scale.
+
+    Cached only when made outside CUDA-graph capture: a tensor made during a capture is
+    filled by the graph's replay alone, so an eager call (or another graph) reading it from
+    the cache before that replay would read memory nobody wrote. During a capture an uncached
+    value gets a fresh tensor whose fill is captured in front of the kernel that reads it."""
     key = (float(value), str(device))
     tensor = _DEVICE_SCALES.get(key)
     if tensor is None:
-        tensor = _DEVICE_SCALES[key] = torch.full((1,), float(value), dtype=torch.float32, device=device)
+        tensor = torch.full((1,), float(value), dtype=torch.float32, device=device)
+        if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            _DEVICE_SCALES[key] = tensor
     return tensor
 
 

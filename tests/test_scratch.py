@@ -23,3 +23,22 @@ def test_scratch_matches_what_the_launcher_allocates():
     predicted = module.scratch_bytes(case.q.shape[0], 8, 1, 3, case.max_len_extend, "interpreter",
                                      module._INTERPRETER_NUM_SMS)
     assert allocated == predicted
+
+
+def test_a_float_scale_made_during_graph_capture_is_not_cached(monkeypatch):
+    """Beside a tensor scale, a float scale becomes a 1-element device tensor. One made while a
+    CUDA graph captures is filled only by that graph's replay, so it must never be handed to a
+    later call from the cache; one made outside a capture is cached (one address for graphs)."""
+    import torch
+
+    module = kgen.load("gqa64", "float8_e4m3fn")
+    module._DEVICE_SCALES.clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    during = module._device_scale(0.5, "cpu")
+    assert during.item() == 0.5 and not module._DEVICE_SCALES
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    eager = module._device_scale(0.5, "cpu")
+    assert eager is not during and module._device_scale(0.5, "cpu") is eager
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert module._device_scale(0.5, "cpu") is eager  # made eagerly, so filled: safe in a capture
