@@ -129,8 +129,9 @@ class SlowBowl(SyntheticBowl):
 
 
 def test_concurrent_trials_of_one_config_measure_it_once() -> None:
-    """Two workers that draw the same config at once: the lower-numbered trial measures, the
-    other waits for it and takes its value (the race a shared PostgreSQL study hit)."""
+    """Two workers that draw the same config at once: the lower-numbered trial measures; one
+    that starts while it measures is pruned naming it, one after it takes its value (the race a
+    shared PostgreSQL study hit)."""
     job = job_for("sm_90", "gqa64", 8)
     space = build_space(job, SPACES)
     bowl = SlowBowl(synthetic_optimum(space))
@@ -140,20 +141,32 @@ def test_concurrent_trials_of_one_config_measure_it_once() -> None:
         study.enqueue_trial(params)
     study.optimize(make_objective(space, bowl), n_trials=4, n_jobs=2)
     assert bowl.calls == 1
-    assert [t.user_attrs.get("repeat_of_earlier_trial", False) for t in study.trials] == [False, True, True, True]
+    first, *others = study.trials
+    assert first.state.name == "COMPLETE" and not first.user_attrs.get("repeat_of_earlier_trial")
+    for t in others:
+        assert (t.state.name == "PRUNED" and t.user_attrs["pruned_reason"].startswith("same config as trial 0")) or (
+            t.state.name == "COMPLETE" and t.user_attrs["repeat_of_earlier_trial"]), t
+    assert any(t.state.name == "PRUNED" for t in others), "no trial ran while the first measured"
 
 
-def test_a_twin_that_never_finishes_is_waited_for_only_so_long() -> None:
-    """A lower-numbered trial left RUNNING (its worker died before publishing its config):
-    the next trial waits ``wait_s``, then measures itself."""
+def test_a_trial_that_never_publishes_its_config_is_waited_for_only_so_long(monkeypatch) -> None:
+    """A lower-numbered trial left RUNNING without its config (its worker died while choosing):
+    the next trial waits ``wait_s`` at most, then measures itself; once the dead one started
+    longer ago than CHOOSING_S it is not waited for at all."""
+    from kgen.tuner import objective
+
     study = optuna.create_study(storage=memory())
     dist = optuna.distributions.CategoricalDistribution([1, 2])
-    study.ask({"a": dist})  # stays RUNNING with no config: a dead worker's trial
+    study.ask({"a": dist})  # stays RUNNING with no config
     trial = study.ask({"a": dist})
     trial.set_user_attr("config", {"a": trial.params["a"]})
     t0 = time.monotonic()
     assert outcome_after_twins(trial, wait_s=0.3, poll_s=0.05) is None
     assert 0.3 <= time.monotonic() - t0 < 5
+    monkeypatch.setattr(objective, "CHOOSING_S", 0.0)  # it started longer ago than that
+    t0 = time.monotonic()
+    assert outcome_after_twins(trial, wait_s=30, poll_s=0.05) is None
+    assert time.monotonic() - t0 < 1
 
 
 def test_nonpositive_times_are_pruned() -> None:

@@ -14,6 +14,7 @@ device itself is gone: later trials would all fail) and ``KeyboardInterrupt`` st
 
 from __future__ import annotations
 
+import datetime
 import math
 import random
 import time
@@ -83,47 +84,63 @@ def earlier_outcome(trial: optuna.Trial) -> tuple[str, object] | None:
         if old.state == optuna.trial.TrialState.COMPLETE:
             return "value", old.value
         reason = old.user_attrs.get("pruned_reason", "")
-        if not reason.startswith("does not fit"):
+        # a prune that says nothing of the config: it does not fit, or a twin was measuring it
+        if not reason.startswith("does not fit") and TWIN_ATTR not in old.user_attrs:
             return "pruned", f"same config as trial {old.number}: {reason}"
     return None
 
 
-# How long a trial waits for a lower-numbered twin (same config, still running) before it
-# measures anyway: a twin whose worker died stays RUNNING until the storage's heartbeat fails
-# it, and measuring twice only wastes time.
-TWIN_WAIT_S = 900.0
-TWIN_POLL_S = 0.1
+# How long a trial waits for a lower-numbered trial that has not published its config yet
+# (``config`` is set right after ``suggest``): one still RUNNING without it this long after it
+# started is not choosing any more (its worker died, or hangs), so it is not waited for.
+CHOOSING_S = 5.0
+TWIN_POLL_S = 0.05
+TWIN_ATTR = "twin_of"  # on a trial pruned because a lower-numbered one was measuring its config
 
 
-def _lower_twin(trial: optuna.Trial) -> int | None:
-    """A lower-numbered RUNNING trial this one must wait for: one still choosing its config,
-    or one that chose the same config. None when no such trial runs.
+def _lower_twin(trial: optuna.Trial) -> tuple[str, int] | None:
+    """A lower-numbered RUNNING trial that decides this one: ("choosing", n) when it started
+    moments ago and has not published its config (it may be about to choose this one), or
+    ("measuring", n) when it is measuring this config. None when there is none.
 
-    Trial numbers are handed out atomically by the storage, so they order the workers as a
-    bakery's tickets do: of concurrent trials with one config only the lowest-numbered
-    measures, and a trial that has not published its config yet (``config`` is set after
-    ``suggest``) is waited for, because it may be about to choose the same one.
+    Trial numbers are handed out atomically by the storage, so they order concurrent trials
+    as a bakery's tickets do: of trials with one config, only the lowest-numbered measures.
     """
     import optuna
 
+    now = datetime.datetime.now()  # Optuna stamps datetime_start with the local naive time
     for other in trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         if other.number >= trial.number:
             continue
-        if "config" not in other.user_attrs or other.params == trial.params:
-            return other.number
+        if "config" not in other.user_attrs:
+            started = other.datetime_start
+            if started is not None and (now - started).total_seconds() < CHOOSING_S:
+                return "choosing", other.number
+        elif other.params == trial.params:
+            return "measuring", other.number
     return None
 
 
 def outcome_after_twins(
-    trial: optuna.Trial, wait_s: float = TWIN_WAIT_S, poll_s: float = TWIN_POLL_S
+    trial: optuna.Trial, wait_s: float = CHOOSING_S, poll_s: float = TWIN_POLL_S
 ) -> tuple[str, object] | None:
-    """``earlier_outcome`` once no lower-numbered twin is still running (or ``wait_s`` has
-    passed): two workers that propose one config at once measure it once."""
+    """``earlier_outcome``, or ("twin", n) while a lower-numbered trial n measures the same
+    config: two workers that draw one config at once measure it once, and neither waits for
+    the other's measurement (a twin whose worker died would hold it until the heartbeat's
+    grace period). A trial still choosing its config is waited for, ``wait_s`` at most."""
     deadline = time.monotonic() + wait_s
     while True:
         seen = earlier_outcome(trial)
-        if seen is not None or _lower_twin(trial) is None or time.monotonic() >= deadline:
+        if seen is not None:
             return seen
+        twin = _lower_twin(trial)
+        if twin is None:
+            return None
+        kind, number = twin
+        if kind == "measuring":
+            return "twin", number
+        if time.monotonic() >= deadline:
+            return None
         time.sleep(poll_s)
 
 
@@ -144,6 +161,9 @@ def make_objective(
         seen = outcome_after_twins(trial)
         if seen is not None:
             kind, what = seen
+            if kind == "twin":
+                trial.set_user_attr(TWIN_ATTR, what)
+                raise _prune(trial, f"same config as trial {what}, which is measuring it")
             if kind == "pruned":
                 raise _prune(trial, str(what))
             trial.set_user_attr("repeat_of_earlier_trial", True)
