@@ -69,6 +69,14 @@ def guarded(trial: optuna.Trial, stage: str, fn: Callable[[], object]) -> object
         raise _prune(trial, f"{stage} failed: {type(exc).__name__}: {exc}") from None
 
 
+# How long a trial waits for a lower-numbered trial that has not published its config yet
+# (``config`` is set right after ``suggest``): one still RUNNING without it this long after it
+# started is not choosing any more (its worker died, or hangs), so it is not waited for.
+CHOOSING_S = 5.0
+TWIN_POLL_S = 0.05
+TWIN_ATTR = "twin_of"  # on a trial pruned because a lower-numbered one was measuring its config
+
+
 def earlier_outcome(trial: optuna.Trial) -> tuple[str, object] | None:
     """An earlier finished trial with the same parameters: ("value", v) or ("pruned", why).
 
@@ -88,14 +96,6 @@ def earlier_outcome(trial: optuna.Trial) -> tuple[str, object] | None:
         if not reason.startswith("does not fit") and TWIN_ATTR not in old.user_attrs:
             return "pruned", f"same config as trial {old.number}: {reason}"
     return None
-
-
-# How long a trial waits for a lower-numbered trial that has not published its config yet
-# (``config`` is set right after ``suggest``): one still RUNNING without it this long after it
-# started is not choosing any more (its worker died, or hangs), so it is not waited for.
-CHOOSING_S = 5.0
-TWIN_POLL_S = 0.05
-TWIN_ATTR = "twin_of"  # on a trial pruned because a lower-numbered one was measuring its config
 
 
 def _lower_twin(trial: optuna.Trial) -> tuple[str, int] | None:
