@@ -386,8 +386,9 @@ def _verify_prefix_stage(
         q = tl.load(q_row_ptr + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         q = q.to(DOT_DTYPE)
         offs_dv = tl.arange(0, BLOCK_DV)
-        # The KV scales apply to the prefix (the pool) only: FP8's descale, or a 16-bit pool's
-        # k_scale / v_scale (SGLang's), taken as floats.
+        # The KV scales apply to the prefix (the pool) only: FP8's descale, read from 1-element
+        # device tensors (one program serves float and tensor callers, and a tensor scale is
+        # never read back to the host), or a 16-bit pool's k_scale / v_scale (SGLang's) as floats.
         k_descale = k_scale
         v_descale = v_scale
         score_scale = qk_scale * k_descale

@@ -333,7 +333,6 @@ def _verify_prefix_stage(
     HAS_MASK: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
-    SCALES_ON_DEVICE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,
     DRAFT_FIRST: tl.constexpr,
@@ -385,14 +384,11 @@ def _verify_prefix_stage(
         q = tl.load(q_row_ptr + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         q = q.to(DOT_DTYPE)
         offs_dv = tl.arange(0, BLOCK_DV)
-        # The KV scales apply to the prefix (the pool) only: FP8's descale, or a 16-bit pool's
-        # k_scale / v_scale (SGLang's), taken as floats.
-        if SCALES_ON_DEVICE:
-            k_descale = tl.load(k_scale)
-            v_descale = tl.load(v_scale)
-        else:
-            k_descale = k_scale
-            v_descale = v_scale
+        # The KV scales apply to the prefix (the pool) only: FP8's descale, read from 1-element
+        # device tensors (one program serves float and tensor callers, and a tensor scale is
+        # never read back to the host), or a 16-bit pool's k_scale / v_scale (SGLang's) as floats.
+        k_descale = tl.load(k_scale)
+        v_descale = tl.load(v_scale)
         score_scale = qk_scale * k_descale
 
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
@@ -1015,7 +1011,7 @@ def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, n
 
 
 def _device_scale(value, device):
-    """A float scale as the 1-element device tensor the kernel reads beside a tensor scale.
+    """A float scale as the 1-element device tensor the kernel reads.
 
     Cached only when made outside CUDA-graph capture: a tensor made during a capture is
     filled by the graph's replay alone, so an eager call (or another graph) reading it from
@@ -1031,15 +1027,13 @@ def _device_scale(value, device):
 
 
 def _scales(k_scale, v_scale, device):
-    """(k, v, on_device): floats stay kernel arguments; device tensors are read in-kernel."""
+    """(k, v) as the 1-element fp32 device tensors the kernel reads: a tensor as given, a float
+    (or None, 1.0) as a cached device scalar (_device_scale)."""
     k_scale = 1.0 if k_scale is None else k_scale
     v_scale = 1.0 if v_scale is None else v_scale
-    k_dev, v_dev = isinstance(k_scale, torch.Tensor), isinstance(v_scale, torch.Tensor)
-    if not (k_dev or v_dev):
-        return float(k_scale), float(v_scale), False
-    k_scale = k_scale if k_dev else _device_scale(k_scale, device)
-    v_scale = v_scale if v_dev else _device_scale(v_scale, device)
-    return k_scale, v_scale, True
+    k_scale = k_scale if isinstance(k_scale, torch.Tensor) else _device_scale(k_scale, device)
+    v_scale = v_scale if isinstance(v_scale, torch.Tensor) else _device_scale(v_scale, device)
+    return k_scale, v_scale
 
 
 def _mask_arguments(custom_mask, mask_indptr, paged):
@@ -1056,7 +1050,7 @@ def _mask_arguments(custom_mask, mask_indptr, paged):
 
 
 def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
-                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
+                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, stride_table,
                           k_strides, v_strides, prefix_trim_len, draft_lookahead_len):
     prefix_constexprs, prefix_options = plan["prefix"]
     _verify_prefix_stage[grid](
@@ -1096,7 +1090,6 @@ def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_po
         partial_lse.stride(1),
         **mask_arguments,
         DOT_DTYPE=tl.float32 if _INTERPRET else _TL_PREFIX_DOT_DTYPE,
-        SCALES_ON_DEVICE=scales_on_device,
         **prefix_constexprs,
         **prefix_options,
         **plan["prefix_pdl"],
@@ -1134,13 +1127,13 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     grid = (num_kv_heads * plan["head_blocks"] * row_blocks, grid_splits, batch)
     sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
     prefix_constexprs, prefix_options = plan["prefix"]
-    k_scale, v_scale, scales_on_device = _scales(k_scale, v_scale, q.device)
+    k_scale, v_scale = _scales(k_scale, v_scale, q.device)
     # Columns past its own a draft row sees: none in a chain, every one of a non-causal block.
     draft_lookahead_len = MAX_DRAFT_TOKENS if custom_mask is None and not is_causal else 0
 
     mask_arguments = _mask_arguments(custom_mask, mask_indptr, page_size is not None)
     _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
-                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, scales_on_device, stride_table,
+                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, stride_table,
                           k_strides, v_strides, prefix_trim_len, draft_lookahead_len)
     if grid_splits == 1:
         return  # no prefix the index table holds needs a second split: each request wrote o itself

@@ -379,8 +379,9 @@ def _verify_prefix_stage(
         q_pe = q_pe.to(DOT_DTYPE)
         # Absorbed MLA: V is the latent (nope) columns of the K tile, so it shares offs_d.
         offs_dv = offs_d
-        # The KV scales apply to the prefix (the pool) only: FP8's descale, or a 16-bit pool's
-        # k_scale / v_scale (SGLang's), taken as floats.
+        # The KV scales apply to the prefix (the pool) only: FP8's descale, read from 1-element
+        # device tensors (one program serves float and tensor callers, and a tensor scale is
+        # never read back to the host), or a 16-bit pool's k_scale / v_scale (SGLang's) as floats.
         k_descale = k_scale
         v_descale = v_scale
         score_scale = qk_scale * k_descale

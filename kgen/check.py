@@ -86,7 +86,7 @@ _TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "floa
                  "float8_e4m3fnuz": "fp8e4b8", "int32": "i32", "int64": "i64"}
 INDEX_DTYPES = ("int32", "int64")
 # Axes the plan reports how much each multiplies the distinct variants by.
-AXES = ("all", "index_dtype", "q_dtype", "runtime int specialization", "SCALES_ON_DEVICE")
+AXES = ("all", "index_dtype", "q_dtype", "runtime int specialization")
 
 # Kernel parameter names and the Triton type they take. Query-side tensors are in the module's
 # query dtype, the KV pools in its KV dtype; index tensors take the domain's index dtype.
@@ -302,15 +302,14 @@ def runtime_scalars(module: ModuleType, arch: str, num_sms: int, point: Point) -
     return scalars
 
 
-def complete_launch(module: ModuleType, kernel_name: str, constexprs: dict[str, Any]) -> list[dict[str, Any]]:
-    """The constexpr sets one launch_params entry compiles to: _run adds DOT_DTYPE (the GPU's
-    dot operand dtype) and SCALES_ON_DEVICE (False for float KV scales, True for tensors; an
-    engine may pass either). Any other constexpr launch_params leaves out is an error. An
+def complete_launch(module: ModuleType, kernel_name: str, constexprs: dict[str, Any]) -> dict[str, Any]:
+    """The constexprs one launch_params entry compiles with: _run adds DOT_DTYPE (the GPU's
+    dot operand dtype). Any other constexpr launch_params leaves out is an error. An
     argument the launch passes as None (the chain kernel's mask arguments) is a constexpr of
     the compile too: launch_params lists it with the value None."""
     kernel = getattr(module, kernel_name)
     wanted = [p.name for p in kernel.params if p.is_constexpr]
-    missing = [n for n in wanted if n not in constexprs and n not in ("DOT_DTYPE", "SCALES_ON_DEVICE")]
+    missing = [n for n in wanted if n not in constexprs and n != "DOT_DTYPE"]
     if missing:
         raise CheckError(f"{module.URI}.{kernel_name}: launch_params gives no value for constexpr(s) {missing}; "
                          "add them to launch_params (kgen check compiles what it returns)")
@@ -321,9 +320,7 @@ def complete_launch(module: ModuleType, kernel_name: str, constexprs: dict[str, 
     base = dict(constexprs)
     if "DOT_DTYPE" in wanted and "DOT_DTYPE" not in base:
         base["DOT_DTYPE"] = module._TL_PREFIX_DOT_DTYPE
-    if "SCALES_ON_DEVICE" in wanted and "SCALES_ON_DEVICE" not in base:
-        return [{**base, "SCALES_ON_DEVICE": False}, {**base, "SCALES_ON_DEVICE": True}]
-    return [base]
+    return base
 
 
 def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str, Any], index_dtype: str,
@@ -340,7 +337,8 @@ def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str,
     scalars = scalars or {}
     q_type = "*" + _TRITON_TYPES[_torch_name(module.Q_DTYPE)]
     kv_type = "*" + _TRITON_TYPES[_torch_name(module.KV_DTYPE)]
-    scales_on_device = bool(constexprs.get("SCALES_ON_DEVICE"))
+    # FP8 modules read k_scale / v_scale from 1-element device tensors, 16-bit ones take floats.
+    scale_type = "*fp32" if _torch_name(module.KV_DTYPE).startswith("float8") else "fp32"
     signature: dict[str, str] = {}
     constants = dict(constexprs)
     divisible: list[str] = []
@@ -361,7 +359,7 @@ def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str,
         elif name in _FP32_SCALARS:
             signature[name] = "fp32"
         elif name in _SCALE_ARGS:
-            signature[name] = "*fp32" if scales_on_device else "fp32"
+            signature[name] = scale_type
         elif _I64_SCALAR.search(name):
             signature[name] = "i64"
         elif _I32_SCALAR.match(name):
@@ -502,10 +500,6 @@ def _distinct_launch(info: ModuleInfo, module: ModuleType, arch_name: str, kerne
     proj["runtime int specialization"].add((*base, info.q_dtype,
                                             json.dumps({k: v for k, v in encoded.items() if k in constexprs},
                                                        sort_keys=True), json.dumps(unspecialized, sort_keys=True)))
-    proj["SCALES_ON_DEVICE"].add((*base, info.q_dtype,
-                                  json.dumps({k: v for k, v in encoded.items() if k != "SCALES_ON_DEVICE"},
-                                             sort_keys=True), sg.replace('"*fp32"', '"fp32"'),
-                                  tuple(d for d in dv if d not in _SCALE_ARGS)))
     # One runtime int at a time (max_splits with the stride that equals it), every module's ints
     # for every variant, so that an int only some modules pass does not skew the multipliers.
     for name in RUNTIME_INTS:
@@ -554,7 +548,7 @@ def enumerate_variants(modules: list[ModuleInfo], archs: list[str],
             # Launches repeat across the domain: the full typing and hashing runs once per distinct one,
             # and a launch's completion once per distinct launch_params entry.
             seen: dict[tuple, Variant] = {}
-            completed: dict[tuple, list[dict[str, Any]]] = {}
+            completed: dict[tuple, dict[str, Any]] = {}
             # The runtime ints each kernel lets the JIT specialize (not do_not_specialize): only
             # their value classes can make another compile.
             specialized = {name: {p.name for p in getattr(module, name).params if not p.do_not_specialize}
@@ -573,12 +567,12 @@ def enumerate_variants(modules: list[ModuleInfo], archs: list[str],
                         jit = specialized.get(kernel_name)
                         classes = tuple(sorted((k, jit_int_class(v)) for k, v in scalars.items()
                                                if jit is None or k in jit))
-                        planned += [(launch, i, classes, kernel_name, c, options) for i, c in enumerate(full)]
+                        planned.append((launch, classes, kernel_name, full, options))
                 if not planned:
                     refused_points[(info.uri, arch_name)] += 1
-                for launch, i, classes, kernel_name, constexprs, options in planned:
+                for launch, classes, kernel_name, constexprs, options in planned:
                     launches[arch_name] += 1
-                    fast = (launch, i, point.index_dtype, classes)
+                    fast = (launch, point.index_dtype, classes)
                     variant = seen.get(fast)
                     if variant is None:
                         variant = seen[fast] = _distinct_launch(info, module, arch_name, kernel_name, constexprs,

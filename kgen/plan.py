@@ -74,7 +74,7 @@ class Specialization:
     """specialize: what the emitted source contains at all (not just skips at run time)."""
 
     has_pe: bool  # q_pe/k_pe loads and their dot
-    fp8_kv: bool  # FP8 descale: k_scale/v_scale also as device tensors (SCALES_ON_DEVICE)
+    fp8_kv: bool  # FP8 descale: k_scale/v_scale read from device tensors
     v_from_k_tile: bool  # absorbed MLA: V is the K tile's latent columns, no V pointer
     draft_tile_first: bool  # the draft tile runs before the prefix loop, always
     draft_tile_either: bool  # both placements are emitted; the launcher's DRAFT_FIRST picks

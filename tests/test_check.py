@@ -43,12 +43,12 @@ def test_enumeration_dedupes_to_the_distinct_launches(gqa64):
         for name, constexprs, options in gqa64.launch_params("sm_90", 132, point.group, point.batch, point.draft,
                                                              has_mask=point.mask):
             specialized = {p.name for p in getattr(gqa64, name).params if not p.do_not_specialize}
-            for full in check.complete_launch(gqa64, name, constexprs):
-                signature, _, _ = check.kernel_signature(gqa64, name, full, "int32", scalars)
-                distinct.add((name, json.dumps({k: str(v) for k, v in full.items()}, sort_keys=True),
-                              json.dumps(options, sort_keys=True),
-                              tuple(sorted((k, check.jit_int_class(v)) for k, v in scalars.items()
-                                           if k in signature and k in specialized))))
+            full = check.complete_launch(gqa64, name, constexprs)
+            signature, _, _ = check.kernel_signature(gqa64, name, full, "int32", scalars)
+            distinct.add((name, json.dumps({k: str(v) for k, v in full.items()}, sort_keys=True),
+                          json.dumps(options, sort_keys=True),
+                          tuple(sorted((k, check.jit_int_class(v)) for k, v in scalars.items()
+                                       if k in signature and k in specialized))))
     assert enum.points[(gqa64.URI, "sm_90")] == walked
     assert len(enum.variants) == len(distinct)
     assert sum(len(v.points) for v in enum.variants) == enum.launches["sm_90"]
@@ -89,7 +89,7 @@ def test_runtime_int_of_one_becomes_a_constexpr_in_the_signature(gqa64):
     """As the JIT does for a parameter it specializes (the shipped kernels mark these
     do_not_specialize; the rule is checked with the mark taken off)."""
     launch = gqa64.launch_params("sm_90", 132, 8, 1, 2)[0]
-    constexprs = check.complete_launch(gqa64, launch[0], launch[1])[0]
+    constexprs = check.complete_launch(gqa64, launch[0], launch[1])
     params = {p.name: p for p in getattr(gqa64, launch[0]).params}
     names = ("max_splits", "min_tokens_per_split", "page_shift")
     try:
@@ -174,7 +174,7 @@ def test_amdgcn_metadata_parsing_and_mfma_count():
 def test_real_offline_compile_gqa64_sm90(gqa64):
     point = check.Point(8, 2, 64, None, "int32", False)
     name, constexprs, options = gqa64.launch_params("sm_90", 132, 8, 64, 2)[0]
-    constexprs = check.complete_launch(gqa64, name, constexprs)[0]
+    constexprs = check.complete_launch(gqa64, name, constexprs)
     signature, constants, divisible = check.kernel_signature(gqa64, name, constexprs, "int32",
                                                              check.runtime_scalars(gqa64, "sm_90", 132, point))
     job = {"arch": "sm_90", "module_path": str(gqa64.__file__), "kernel": name, "options": options,
@@ -329,7 +329,7 @@ def test_cache_makes_a_rerun_compile_nothing(cache, monkeypatch):
 
 def test_do_not_specialize_parameters_keep_one_variant(gqa64):
     name, constexprs, _ = gqa64.launch_params("sm_90", 132, 8, 1, 2)[0]
-    constexprs = check.complete_launch(gqa64, name, constexprs)[0]
+    constexprs = check.complete_launch(gqa64, name, constexprs)
     kernel = getattr(gqa64, name)
     assert {p.name for p in kernel.params if p.do_not_specialize} >= {"max_splits", "min_tokens_per_split"}
     signature, constants, divisible = check.kernel_signature(gqa64, name, constexprs, "int32",

@@ -104,7 +104,7 @@ def test_bf16_scale_tensors_and_bad_values_are_refused():
 
 
 def test_fp8_scales_unchanged_as_tensors():
-    """FP8 modules still take device-tensor descales (SCALES_ON_DEVICE)."""
+    """FP8 modules take device-tensor descales as well as floats (the kernel reads tensors)."""
     case = build(GQA, [33], [3], 4, kv_dtype="float8_e4m3fn", k_scale=0.5, v_scale=0.25, seed=4)
     case.k_scale, case.v_scale = torch.tensor([0.5]), torch.tensor([0.25])
     assert _run_sglang(_load(GQA, "float8_e4m3fn"), case)

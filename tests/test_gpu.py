@@ -98,6 +98,40 @@ def test_cuda_graph_capture_and_replay_with_new_data(layout):
         assert err <= tolerance(new), f"replay {step}: relative error {err:.2e}"
 
 
+def test_fp8_float_scales_first_seen_in_a_capture_then_eager_then_in_another_graph():
+    """An FP8 kernel reads its scales from device tensors, so a float becomes one. A float first
+    seen during a capture gets a tensor filled by that graph's replay; the eager call after it
+    and a second graph (which takes the cached scalar the eager call made) must each read the
+    right scale, not memory only the first graph's replay writes."""
+    module = kgen.load("gqa128", "float8_e4m3fn")
+    module._DEVICE_SCALES.clear()
+    case = make_case(SPECS["gqa128"], [3001, 17, 4096, 640], [4, 3, 4, 2], 8, kv_dtype="float8_e4m3fn",
+                     device="cuda", k_scale=0.37, v_scale=1.3, seed=11)
+    ref = case.reference(torch.float64)
+    warm = list(case.sglang_args())
+    warm[13], warm[14] = 0.5, 0.5  # compiles and allocates scratch without caching 0.37 / 1.3
+    assert module.verify_shared_kv_fwd(*warm)
+    torch.cuda.synchronize()
+    first = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(first):
+        module.verify_shared_kv_fwd(*case.sglang_args())
+    for run in ("first graph", "eager", "second graph"):
+        case.o.fill_(float("nan"))
+        if run == "first graph":
+            first.replay()
+        elif run == "eager":
+            assert module.verify_shared_kv_fwd(*case.sglang_args())
+        else:
+            second = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(second):
+                module.verify_shared_kv_fwd(*case.sglang_args())
+            case.o.fill_(float("nan"))
+            second.replay()
+        torch.cuda.synchronize()
+        err = relative_error(case.o, ref)
+        assert err <= tolerance(case), f"{run}: relative error {err:.2e}"
+
+
 @pytest.mark.parametrize(("layout", "kv", "group", "batch", "prefix", "draft"), [
     ("qwen3_5_gqa256", "bfloat16", 16, 64, 8192, 4),
     ("qwen3_5_gqa256", "float8_e4m3fn", 8, 16, 4096, 3),

@@ -26,7 +26,7 @@ def test_scratch_matches_what_the_launcher_allocates():
 
 
 def test_a_float_scale_made_during_graph_capture_is_not_cached(monkeypatch):
-    """Beside a tensor scale, a float scale becomes a 1-element device tensor. One made while a
+    """An FP8 module's float scale becomes a 1-element device tensor. One made while a
     CUDA graph captures is filled only by that graph's replay, so it must never be handed to a
     later call from the cache; one made outside a capture is cached (one address for graphs)."""
     import torch

@@ -19,9 +19,9 @@ ALLOWED_IMPORTS = frozenset({"collections.abc",  # Mapping, for kgen/env.py's sw
 GLUON_IMPORTS = frozenset({"triton.experimental", "triton.experimental.gluon",
                            "triton.experimental.gluon.language.nvidia.hopper"})
 PE_TEXT = re.compile(r"(?i)\b\w*_pe\b|\bPE_DIM\b|\bBLOCK_DPE\b|\bdpe\b")
-# A 16-bit pool's k_scale / v_scale are float kernel arguments: only FP8 modules read scales on
-# the device (SCALES_ON_DEVICE, a second compiled program per launch).
-DEVICE_SCALE_TEXT = re.compile(r"SCALES_ON_DEVICE|tl\.load\((k|v)_scale\)")
+# A 16-bit pool's k_scale / v_scale are float kernel arguments: only FP8 modules read their
+# scales from device tensors.
+DEVICE_SCALE_TEXT = re.compile(r"tl\.load\((k|v)_scale\)")
 
 
 def _imports(tree: ast.Module) -> set[str]:

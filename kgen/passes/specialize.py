@@ -57,9 +57,10 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                      f"pe_dim = {shape.pe_dim}: " + ("emit the q_pe/k_pe loads and their dot" if has_pe
                      else "no PE pointer, load, dot or argument is emitted")),
             Decision(NAME, "fp8_kv", fp8_kv,
-                     f"KV is {plan.kv_dtype}: " + ("k_scale/v_scale as floats or device tensors "
-                     "(SCALES_ON_DEVICE) and the descale" if fp8_kv else "k_scale/v_scale as float arguments "
-                     "only (SGLang's 16-bit pool scales): no device read of them, no second program")),
+                     f"KV is {plan.kv_dtype}: " + ("k_scale/v_scale read from 1-element device "
+                     "tensors (a float becomes a cached one), and the descale" if fp8_kv else
+                     "k_scale/v_scale as float arguments only (SGLang's 16-bit pool scales): no device "
+                     "read of them")),
             Decision(NAME, "v_from_k_tile", v_from_k_tile,
                      "absorbed MLA: V is the latent columns of the K tile already loaded, so no V "
                      "pointer or load is emitted" if v_from_k_tile else
