@@ -387,14 +387,17 @@ def _verify_prefix_stage(
         # The KV scales apply to the prefix (the pool) only: FP8's descale, read from 1-element
         # device tensors (one program serves float and tensor callers, and a tensor scale is
         # never read back to the host), or a 16-bit pool's k_scale / v_scale (SGLang's) as floats.
+        # FP8's V descale is read where it is used, after the loop (docs/perf-notes.md, "FP8
+        # scales read from the device").
         k_descale = tl.load(k_scale)
-        v_descale = tl.load(v_scale)
         score_scale = qk_scale * k_descale
 
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, BLOCK_DV], dtype=tl.float32)
         if DRAFT_FIRST:
+            # The draft tile divides its P.V by the V descale; it is read again after the loop.
+            v_descale = tl.load(v_scale)
             if split == num_written - 1:
                 # The mask's row pointers live only here, not through the prefix loop.
                 if HAS_MASK:
@@ -469,6 +472,9 @@ def _verify_prefix_stage(
             m_i = m_new
 
         # The prefix's P.V is scaled (FP8: dequantized) once, here, instead of per tile.
+        # Read here, not before the loop: a loaded value live across the loop costs it registers.
+        # Volatile, so the compiler does not reuse the draft tile's read before the loop instead.
+        v_descale = tl.load(v_scale, volatile=True)
         acc = acc * v_descale
         if not DRAFT_FIRST:
             if split == num_written - 1:

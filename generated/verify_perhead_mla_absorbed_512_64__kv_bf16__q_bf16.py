@@ -378,6 +378,8 @@ def _verify_prefix_stage(
         # The KV scales apply to the prefix (the pool) only: FP8's descale, read from 1-element
         # device tensors (one program serves float and tensor callers, and a tensor scale is
         # never read back to the host), or a 16-bit pool's k_scale / v_scale (SGLang's) as floats.
+        # FP8's V descale is read where it is used, after the loop (docs/perf-notes.md, "FP8
+        # scales read from the device").
         k_descale = k_scale
         v_descale = v_scale
         score_scale = qk_scale * k_descale
