@@ -202,8 +202,8 @@ def _draft_columns(q_len, first_row, L_PAD: tl.constexpr, draft_lookahead_len, H
 @triton.jit
 def _draft_tile(
     m_i, l_i, acc, q, q_pe, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
-    mask_rows, offs_d, offs_dpe, dpe_ok, offs_dv, qk_scale, draft_lookahead_len, v_descale, stride_ke_tok,
-    stride_ke_head, stride_ve_tok, stride_ve_head,
+    mask_rows, offs_d, offs_dpe, dpe_ok, offs_dv, draft_qk_scale, draft_lookahead_len, v_descale,
+    stride_ke_tok, stride_ke_head, stride_ve_tok, stride_ve_head,
     DRAFT_N: tl.constexpr, DOT_DTYPE: tl.constexpr, HAS_MASK: tl.constexpr, RAW_V_FOLLOWS: tl.constexpr,
 ):
     """Draft columns first_col .. first_col + DRAFT_N - 1, run by the request's last split: every
@@ -224,7 +224,7 @@ def _draft_tile(
         visible = bits != 0
     else:
         visible = (offs_j[None, :] <= draft_pos[:, None] + draft_lookahead_len) & j_ok[None, :]
-    s = tl.where(visible, s * qk_scale, float("-inf"))
+    s = tl.where(visible, s * draft_qk_scale, float("-inf"))
     # Padding rows (draft_pos >= q_len) can see nothing: keep their max finite.
     m_new = tl.maximum(m_i, tl.where(row_ok, tl.max(s, 1), 0.0))
     if HAS_MASK:
@@ -381,26 +381,28 @@ def _verify_prefix_stage(
         offs_d = tl.arange(0, BLOCK_D)
         q_row_ptr = Q + q_tok[:, None] * stride_q_tok + q_head[:, None] * stride_q_head
         q = tl.load(q_row_ptr + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        q = q.to(DOT_DTYPE)
+        # FP8: the K descale is folded into q once, here, so the prefix loop scales its scores
+        # by qk_scale, a kernel argument, alone: a descale read from the device in the loop's
+        # score multiply slowed the loop (docs/perf-notes.md, "FP8 scales read from the device").
+        k_descale = tl.load(k_scale)
+        q = (q * k_descale).to(DOT_DTYPE)
         offs_dpe = tl.arange(0, BLOCK_DPE)
         dpe_ok = offs_dpe < PE_DIM
         q_pe = tl.load(q_row_ptr + NOPE_DIM + offs_dpe[None, :], mask=row_ok[:, None] & dpe_ok[None, :], other=0.0)
-        q_pe = q_pe.to(DOT_DTYPE)
+        q_pe = (q_pe * k_descale).to(DOT_DTYPE)
         # Absorbed MLA: V is the latent (nope) columns of the K tile, so it shares offs_d.
         offs_dv = offs_d
-        # The KV scales apply to the prefix (the pool) only: FP8's descale, read from 1-element
-        # device tensors (one program serves float and tensor callers, and a tensor scale is
-        # never read back to the host), or a 16-bit pool's k_scale / v_scale (SGLang's) as floats.
-        # FP8's V descale is read where it is used, after the loop (docs/perf-notes.md, "FP8
-        # scales read from the device").
-        k_descale = tl.load(k_scale)
-        score_scale = qk_scale * k_descale
+        # The KV descales apply to the prefix (the pool) only. They are read from 1-element
+        # device tensors: one program serves float and tensor callers, and a tensor scale is
+        # never read back to the host. K's is in q already; V's is read after the loop.
+        score_scale = qk_scale
 
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
         # The draft tile divides its P.V by the V descale; it is read again after the loop.
         v_descale = tl.load(v_scale)
+        draft_qk_scale = qk_scale / k_descale
         if split == num_written - 1:
             # The mask's row pointers live only here, not through the prefix loop.
             if HAS_MASK:
@@ -416,7 +418,7 @@ def _verify_prefix_stage(
                                       num_stages=1):
                 m_i, l_i, acc = _draft_tile(
                     m_i, l_i, acc, q, q_pe, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
-                    mask_rows, offs_d, offs_dpe, dpe_ok, offs_dv, qk_scale, draft_lookahead_len, v_descale,
+                    mask_rows, offs_d, offs_dpe, dpe_ok, offs_dv, draft_qk_scale, draft_lookahead_len, v_descale,
                     stride_ke_tok, stride_ke_head, stride_ve_tok, stride_ve_head,
                     DRAFT_N, DOT_DTYPE, HAS_MASK, RAW_V_FOLLOWS=True,
                 )

@@ -391,14 +391,9 @@ def _verify_prefix_stage(
         q = tl.load(q_row_ptr + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         q = q.to(DOT_DTYPE)
         offs_dv = tl.arange(0, BLOCK_DV)
-        # The KV scales apply to the prefix (the pool) only: FP8's descale, read from 1-element
-        # device tensors (one program serves float and tensor callers, and a tensor scale is
-        # never read back to the host), or a 16-bit pool's k_scale / v_scale (SGLang's) as floats.
-        # FP8's V descale is read where it is used, after the loop (docs/perf-notes.md, "FP8
-        # scales read from the device").
-        k_descale = k_scale
+        # The pool's k_scale / v_scale (SGLang's, floats) apply to the prefix only.
+        score_scale = qk_scale * k_scale
         v_descale = v_scale
-        score_scale = qk_scale * k_descale
 
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)

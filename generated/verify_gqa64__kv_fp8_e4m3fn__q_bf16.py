@@ -179,8 +179,8 @@ def _draft_columns(q_len, first_row, L_PAD: tl.constexpr, draft_lookahead_len, H
 @triton.jit
 def _draft_tile(
     m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col, mask_rows,
-    offs_d, offs_dv, qk_scale, draft_lookahead_len, v_descale, stride_ke_tok, stride_ke_head, stride_ve_tok,
-    stride_ve_head,
+    offs_d, offs_dv, draft_qk_scale, draft_lookahead_len, v_descale, stride_ke_tok, stride_ke_head,
+    stride_ve_tok, stride_ve_head,
     DRAFT_N: tl.constexpr, DOT_DTYPE: tl.constexpr, HAS_MASK: tl.constexpr, RAW_V_FOLLOWS: tl.constexpr,
 ):
     """Draft columns first_col .. first_col + DRAFT_N - 1, run by the request's last split: every
@@ -199,7 +199,7 @@ def _draft_tile(
         visible = bits != 0
     else:
         visible = (offs_j[None, :] <= draft_pos[:, None] + draft_lookahead_len) & j_ok[None, :]
-    s = tl.where(visible, s * qk_scale, float("-inf"))
+    s = tl.where(visible, s * draft_qk_scale, float("-inf"))
     # Padding rows (draft_pos >= q_len) can see nothing: keep their max finite.
     m_new = tl.maximum(m_i, tl.where(row_ok, tl.max(s, 1), 0.0))
     if HAS_MASK:
@@ -367,15 +367,16 @@ def _verify_prefix_stage(
         offs_d = tl.arange(0, BLOCK_D)
         q_row_ptr = Q + q_tok[:, None] * stride_q_tok + q_head[:, None] * stride_q_head
         q = tl.load(q_row_ptr + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        q = q.to(DOT_DTYPE)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        # The KV scales apply to the prefix (the pool) only: FP8's descale, read from 1-element
-        # device tensors (one program serves float and tensor callers, and a tensor scale is
-        # never read back to the host), or a 16-bit pool's k_scale / v_scale (SGLang's) as floats.
-        # FP8's V descale is read where it is used, after the loop (docs/perf-notes.md, "FP8
-        # scales read from the device").
+        # FP8: the K descale is folded into q once, here, so the prefix loop scales its scores
+        # by qk_scale, a kernel argument, alone: a descale read from the device in the loop's
+        # score multiply slowed the loop (docs/perf-notes.md, "FP8 scales read from the device").
         k_descale = tl.load(k_scale)
-        score_scale = qk_scale * k_descale
+        q = (q * k_descale).to(DOT_DTYPE)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        # The KV descales apply to the prefix (the pool) only. They are read from 1-element
+        # device tensors: one program serves float and tensor callers, and a tensor scale is
+        # never read back to the host. K's is in q already; V's is read after the loop.
+        score_scale = qk_scale
 
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
@@ -383,6 +384,7 @@ def _verify_prefix_stage(
         if DRAFT_FIRST:
             # The draft tile divides its P.V by the V descale; it is read again after the loop.
             v_descale = tl.load(v_scale)
+            draft_qk_scale = qk_scale / k_descale
             if split == num_written - 1:
                 # The mask's row pointers live only here, not through the prefix loop.
                 if HAS_MASK:
@@ -399,7 +401,7 @@ def _verify_prefix_stage(
                                               DRAFT_N, num_stages=1):
                         m_i, l_i, acc = _draft_tile(
                             m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
-                            mask_rows, offs_d, offs_dv, qk_scale, draft_lookahead_len, v_descale, stride_ke_tok,
+                            mask_rows, offs_d, offs_dv, draft_qk_scale, draft_lookahead_len, v_descale, stride_ke_tok,
                             stride_ke_head, stride_ve_tok, stride_ve_head,
                             DRAFT_N, DOT_DTYPE, HAS_MASK, RAW_V_FOLLOWS=True,
                         )
@@ -407,8 +409,8 @@ def _verify_prefix_stage(
                     first_col = 0
                     m_i, l_i, acc = _draft_tile(
                         m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
-                        mask_rows, offs_d, offs_dv, qk_scale, draft_lookahead_len, v_descale, stride_ke_tok, stride_ke_head,
-                        stride_ve_tok, stride_ve_head,
+                        mask_rows, offs_d, offs_dv, draft_qk_scale, draft_lookahead_len, v_descale, stride_ke_tok,
+                        stride_ke_head, stride_ve_tok, stride_ve_head,
                         DRAFT_N, DOT_DTYPE, HAS_MASK, RAW_V_FOLLOWS=True,
                     )
 
@@ -471,6 +473,8 @@ def _verify_prefix_stage(
         v_descale = tl.load(v_scale, volatile=True)
         acc = acc * v_descale
         if not DRAFT_FIRST:
+            # Read again, not kept from before the loop (volatile: the earlier read is not reused).
+            draft_qk_scale = qk_scale / tl.load(k_scale, volatile=True)
             if split == num_written - 1:
                 # The mask's row pointers live only here, not through the prefix loop.
                 if HAS_MASK:
@@ -487,7 +491,7 @@ def _verify_prefix_stage(
                                               DRAFT_N, num_stages=1):
                         m_i, l_i, acc = _draft_tile(
                             m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
-                            mask_rows, offs_d, offs_dv, qk_scale, draft_lookahead_len, v_descale, stride_ke_tok,
+                            mask_rows, offs_d, offs_dv, draft_qk_scale, draft_lookahead_len, v_descale, stride_ke_tok,
                             stride_ke_head, stride_ve_tok, stride_ve_head,
                             DRAFT_N, DOT_DTYPE, HAS_MASK, RAW_V_FOLLOWS=False,
                         )
@@ -495,8 +499,8 @@ def _verify_prefix_stage(
                     first_col = 0
                     m_i, l_i, acc = _draft_tile(
                         m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
-                        mask_rows, offs_d, offs_dv, qk_scale, draft_lookahead_len, v_descale, stride_ke_tok, stride_ke_head,
-                        stride_ve_tok, stride_ve_head,
+                        mask_rows, offs_d, offs_dv, draft_qk_scale, draft_lookahead_len, v_descale, stride_ke_tok,
+                        stride_ke_head, stride_ve_tok, stride_ve_head,
                         DRAFT_N, DOT_DTYPE, HAS_MASK, RAW_V_FOLLOWS=False,
                     )
 
