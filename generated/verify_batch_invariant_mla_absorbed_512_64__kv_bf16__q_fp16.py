@@ -95,7 +95,8 @@ _INTERPRET = bool(triton.knobs.runtime.interpret)
 _NO_PDL = env_flag("KGEN_NO_PDL")
 _INTERPRETER_NUM_SMS = 4
 
-# Block configs per arch (from kgen/tables/*.json at build time): (group, batch_min, batch_max, config).
+# Block configs per arch, (group, batch_min, batch_max, config): the tables in use at build time;
+# kgen.load puts the rows of $KGEN_TABLES_DIR / $KGEN_TABLE in their place (kgen/retable.py).
 _BLOCK_CONFIGS = {
     "sm_90": (
         (16, 1, 1073741824, {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}, 'gluon': {'block_n': 64, 'num_stages': 2, 'lazy_rescale': False, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}),

@@ -86,7 +86,8 @@ _INTERPRET = bool(triton.knobs.runtime.interpret)
 _NO_PDL = env_flag("KGEN_NO_PDL")
 _INTERPRETER_NUM_SMS = 4
 
-# Block configs per arch (from kgen/tables/*.json at build time): (group, batch_min, batch_max, config).
+# Block configs per arch, (group, batch_min, batch_max, config): the tables in use at build time;
+# kgen.load puts the rows of $KGEN_TABLES_DIR / $KGEN_TABLE in their place (kgen/retable.py).
 _BLOCK_CONFIGS = {
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)

@@ -86,7 +86,8 @@ _INTERPRET = bool(triton.knobs.runtime.interpret)
 _NO_PDL = env_flag("KGEN_NO_PDL")
 _INTERPRETER_NUM_SMS = 4
 
-# Block configs per arch (from kgen/tables/*.json at build time): (group, batch_min, batch_max, config).
+# Block configs per arch, (group, batch_min, batch_max, config): the tables in use at build time;
+# kgen.load puts the rows of $KGEN_TABLES_DIR / $KGEN_TABLE in their place (kgen/retable.py).
 _BLOCK_CONFIGS = {
     "sm_90": (
         (4, 9, 32, {'block_h': 4, 'block_n': 32, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}),

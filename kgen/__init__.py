@@ -6,8 +6,7 @@ docs/design.md for what the module exposes.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from kgen.loader import generated_dir, load  # noqa: E402
+from kgen.loader import generated_dir, load
+from kgen.version import __version__
 
 __all__ = ["__version__", "generated_dir", "load"]

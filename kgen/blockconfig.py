@@ -6,8 +6,10 @@ computes: heads per program, prefix tile, warps, pipeline depth, the split-KV po
 schema is ``kgen/tables/SCHEMA.md`` and ``TableFile`` below. ``kgen tune`` writes them,
 the select-config pass reads them.
 
-Lookup order for one arch: the file named by ``$KGEN_TABLE`` > the shipped table for the
-arch > the built-in default (``kgen/tables/defaults.json``).
+Lookup order for one arch: the file named by ``$KGEN_TABLE`` > ``$KGEN_TABLES_DIR/<arch>.json``
+(where ``kgen tune --out DIR`` writes) > the shipped table for the arch > the built-in default
+(``kgen/tables/defaults.json``). ``kgen.load`` applies a table from either variable to the
+module it imports (``kgen/retable.py``): no rebuild.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kgen.errors import TableError, describe_validation
+from kgen.locations import TABLES_DIR_ENV
 from kgen.spec import FP8_DTYPES
 
 TABLE_DIR = Path(__file__).parent / "tables"
@@ -351,17 +354,39 @@ class TableSource(BaseModel):
 
     arch: str
     path: str | None
-    origin: Literal["KGEN_TABLE", "shipped", "none"]
+    origin: Literal["KGEN_TABLE", "KGEN_TABLES_DIR", "shipped", "none"]
     table: TableFile | None = None
 
 
+def user_tables(directory: Path) -> dict[str, Path]:
+    """The table files of a ``$KGEN_TABLES_DIR`` by arch; each file is named for the arch its
+    table holds (``kgen tune --out DIR`` writes ``DIR/<arch>.json``)."""
+    if not directory.is_dir():
+        raise TableError(f"{TABLES_DIR_ENV}={directory} is not a directory: point it at the folder "
+                         "`kgen tune --out DIR` wrote (it holds <arch>.json files), or unset it")
+    return shipped_tables(directory)
+
+
+def tables_overridden(env: dict[str, str] | None = None) -> bool:
+    """Whether ``$KGEN_TABLE`` or ``$KGEN_TABLES_DIR`` puts a table before the shipped ones."""
+    env = os.environ if env is None else env
+    return bool(env.get("KGEN_TABLE") or env.get(TABLES_DIR_ENV))
+
+
 def resolve_tables(directory: Path = TABLE_DIR, env: dict[str, str] | None = None) -> dict[str, TableSource]:
-    """Every arch's table following the lookup order: ``$KGEN_TABLE`` > shipped."""
+    """Every arch's table following the lookup order: ``$KGEN_TABLE`` > ``$KGEN_TABLES_DIR`` > shipped."""
     env = os.environ if env is None else env
     sources = {
         arch: TableSource(arch=arch, path=str(path), origin="shipped", table=read_table(path))
         for arch, path in shipped_tables(directory).items()
     }
+    if env.get(TABLES_DIR_ENV):
+        for arch, path in user_tables(Path(env[TABLES_DIR_ENV])).items():
+            table = read_table(path)
+            if table.arch != arch:
+                raise TableError(f"{path}: holds the table of {table.arch}, but a {TABLES_DIR_ENV} file is named "
+                                 f"for its arch: rename it {table.arch}.json")
+            sources[arch] = TableSource(arch=arch, path=str(path), origin="KGEN_TABLES_DIR", table=table)
     override = env.get("KGEN_TABLE")
     if override:
         table = read_table(Path(override))

@@ -11,13 +11,14 @@ directories, in order (``search_path()``):
    shipped as package data (see pyproject.toml).
 
 This module imports neither the compiler passes nor Jinja: an engine process that loads
-kernels never builds one. A module that is not found raises ``ModuleNotGeneratedError``
+kernels never builds one. Only when ``$KGEN_TABLES_DIR`` or ``$KGEN_TABLE`` is set does
+``kgen.load`` run the planning passes once per module, to apply those tables
+(``kgen/retable.py``). A module that is not found raises ``ModuleNotGeneratedError``
 saying how to build it.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import re
@@ -27,13 +28,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
+from kgen.blockconfig import tables_overridden
 from kgen.errors import UsageError
+from kgen.locations import GENERATED_ENV, INSTALLED_DIR, source_generated_dir
 from kgen.plan import VARIANTS, Variant, module_uri
 from kgen.spec import KV_DTYPES, Q_DTYPES, canonical_dtype
 
-GENERATED_ENV = "KGEN_GENERATED_DIR"
-PACKAGE_DIR = Path(__file__).resolve().parent
-INSTALLED_DIR = PACKAGE_DIR / "_generated"
 _LAYOUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MODULE_NAME = re.compile(r"verify_(?:perhead_|batch_invariant_)?(?P<layout>\w+?)__kv_(?P<kv>\w+?)__q_(?P<q>\w+)")
 
@@ -43,27 +43,6 @@ _LOADED: dict[str, ModuleType] = {}
 
 class ModuleNotGeneratedError(UsageError):
     """No generated module for the asked layout and dtypes in the search path (the message says how to build it)."""
-
-
-@functools.lru_cache(maxsize=1)
-def source_root() -> Path | None:
-    """The repository root when kgen runs from a source checkout (or an editable install), else None.
-
-    A checkout is recognized by kgen's own ``pyproject.toml`` next to the package; an
-    installed kgen sits in site-packages, which has none.
-    """
-    pyproject = PACKAGE_DIR.parent / "pyproject.toml"
-    try:
-        text = pyproject.read_text(encoding="utf-8")
-    except OSError:
-        return None
-    return PACKAGE_DIR.parent if re.search(r'^name\s*=\s*"kgen"', text, re.MULTILINE) else None
-
-
-def source_generated_dir() -> Path | None:
-    """The repository's ``generated/`` in a source checkout, else None."""
-    root = source_root()
-    return root / "generated" if root is not None else None
 
 
 def search_path(env: Mapping[str, str] | None = None) -> tuple[Path, ...]:
@@ -199,5 +178,10 @@ def load(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16",
         if path is None:
             raise _not_found(layout, kv, q, variant, uri, "batch-invariant" if batch_invariant else variant)
         module = _import_file(uri, path)
+        if tables_overridden():
+            # Imported here, not at the top: without user tables the passes are never loaded.
+            from kgen.retable import apply_tables
+
+            apply_tables(module, layout, kv, q, variant, batch_invariant)
         _LOADED[uri] = module
         return module

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import kgen
-from kgen import loader
+from kgen import loader, locations
 from kgen.cli import main as kgen_main
 from kgen.errors import UsageError
 from kgen.passes import context
@@ -66,7 +66,7 @@ def test_generated_dir_env_comes_first_and_holds_several_dirs(tmp_path):
 def test_search_path_order(monkeypatch, tmp_path):
     monkeypatch.setenv(loader.GENERATED_ENV, os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")]))
     assert loader.search_path() == (tmp_path / "a", tmp_path / "b", GENERATED, loader.INSTALLED_DIR)
-    assert loader.source_root() == ROOT
+    assert locations.source_root() == ROOT
     monkeypatch.delenv(loader.GENERATED_ENV)
     assert loader.generated_dir() == GENERATED
 

@@ -31,7 +31,7 @@ def test_every_folder_of_the_package_is_listed_in_pyproject():
 INSTALLED_CHECK = """
 import json, sys
 from pathlib import Path
-import kgen, kgen.loader
+import kgen, kgen.loader, kgen.locations
 from kgen.spec import load_layouts
 uris = []
 for name, spec in sorted(load_layouts().items()):
@@ -44,7 +44,7 @@ for name, spec in sorted(load_layouts().items()):
 bad = sorted(n for n in sys.modules if n.split(".")[0] == "jinja2" or n.startswith(("kgen.passes", "kgen.build")))
 from kgen.cli import main
 rc = main(["build", "-q"])
-print(json.dumps({"kgen": kgen.__file__, "root": str(kgen.loader.source_root()), "uris": uris, "bad": bad, "rc": rc}))
+print(json.dumps({"kgen": kgen.__file__, "root": str(kgen.locations.source_root()), "uris": uris, "bad": bad, "rc": rc}))
 """
 
 

@@ -87,7 +87,7 @@ def test_synthetic_run_writes_and_merges_a_table(tmp_path: Path, capsys: pytest.
         "--storage",
         f"sqlite:///{tmp_path / 'tune.db'}",
         "--out",
-        str(out),
+        str(out.parent),
         "--no-progress",
         "--trials",
         "25",

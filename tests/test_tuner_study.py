@@ -351,7 +351,7 @@ def test_tune_with_two_workers_writes_the_table_once_and_reports(tmp_path: Path)
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
     out = tmp_path / "sm_90.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [*tune_cmd(storage, 16, 0.25), "--workers", "2", "--out", str(out)]
+    cmd = [*tune_cmd(storage, 16, 0.25), "--workers", "2", "--out", str(out.parent)]
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "table writes: 1" in run.stdout and "checks: all passed" in run.stdout
@@ -374,10 +374,10 @@ def test_two_gpu_workers_share_one_study_on_two_devices(tmp_path: Path) -> None:
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two visible GPUs")
     storage = f"sqlite:///{tmp_path / 'tune.db'}"
-    out = tmp_path / "table.json"
+    out = tmp_path / "sm_90.json"
     cmd = [sys.executable, "-m", "kgen.tuner.cli", "tune", "--workers", "2", "--layout", "gqa64", "--kv-dtype",
            "bf16", "--group", "8", "--bucket", "b9-32", "--trials", "12", "--timeout", "240", "--storage", storage,
-           "--out", str(out), "--no-progress"]  # fmt: skip
+           "--out", str(out.parent), "--no-progress"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -18,8 +18,9 @@ from kgen.blockconfig import (
     resolve_tables,
 )
 from kgen.errors import UsageError
-from kgen.loader import GENERATED_ENV, INSTALLED_DIR, source_generated_dir
+from kgen.locations import GENERATED_ENV, INSTALLED_DIR, source_generated_dir
 from kgen.targets import Target, read_targets
+from kgen.version import __version__
 
 # Paths written into a module's header (its spec, its tables) are relative to this folder.
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -57,8 +58,6 @@ class BuildContext:
 
 def load_context(out_dir: Path | None = None, check_only: bool = False,
                  table_dir: Path = TABLE_DIR, env: dict[str, str] | None = None) -> BuildContext:
-    from kgen import __version__
-
     env = os.environ if env is None else env
     return BuildContext(
         tables=resolve_tables(table_dir, env),

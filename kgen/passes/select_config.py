@@ -1,7 +1,8 @@
 """select_config: bake each arch's block-config rows for this layout into the plan.
 
-Lookup order per arch: $KGEN_TABLE > shipped kgen/tables/<arch>.json > the built-in
-default (kgen/tables/defaults.json, chosen by the K width). The module picks a row at run
+Lookup order per arch: $KGEN_TABLE > $KGEN_TABLES_DIR/<arch>.json > shipped
+kgen/tables/<arch>.json > the built-in default (kgen/tables/defaults.json, chosen by the K
+width). The module picks a row at run
 time by arch, group size and batch; rows whose arch is not ROCm lose their AMD knobs.
 """
 

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kgen.blockconfig import TABLE_DIR, BlockConfig, resolve_tables
+from kgen.blockconfig import TABLE_DIR, BlockConfig, TableFile, resolve_tables
 from kgen.errors import KgenError
+from kgen.locations import TABLES_DIR_ENV, source_root
 from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, load_layouts
 from kgen.tuner.errors import TuneError
 from kgen.tuner.job import TuneJob
@@ -99,7 +100,10 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
         "twice-measured trials and the table writes; exit 1 when a check fails (--workers N: "
         "expect N workers on N GPUs)",
     )
-    io.add_argument("--out", type=Path, metavar="PATH", help="table to write (default kgen/tables/<arch>.json)")
+    io.add_argument("--out", type=Path, metavar="DIR",
+                    help="folder the table is merged into, as DIR/<arch>.json; kgen.load reads it with "
+                    "KGEN_TABLES_DIR=DIR, no rebuild (default: $KGEN_TABLES_DIR, else kgen/tables/ of a source "
+                    "checkout)")
     io.add_argument("--dry-run", action="store_true", help="print the space and workloads; touch no GPU, write nothing")
     io.add_argument("--no-progress", action="store_true", help="no progress bar")
     io.add_argument("--spaces", type=Path, default=SPACES_FILE, metavar="TOML", help="search-space file")
@@ -111,7 +115,7 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
         choices=("gpu", "synthetic"),
         default="gpu",
         help="gpu: time the generated kernels (default); synthetic: a CPU stand-in with a "
-        "known optimum, to test the tuner itself (writes a table only with --out)",
+        "known optimum, to test the tuner itself (writes a table only with --out DIR)",
     )
     obj.add_argument(
         "--synthetic-delay",
@@ -302,9 +306,33 @@ def _tune_job(
 
 
 def _default_out(args: argparse.Namespace, arch: str) -> Path | None:
-    if args.out:
-        return args.out
-    return None if args.objective == "synthetic" else TABLE_DIR / f"{arch}.json"
+    """The table file to write: DIR/<arch>.json of --out DIR, else of $KGEN_TABLES_DIR, else the
+    checkout's kgen/tables/ (None: a synthetic run without --out writes nothing)."""
+    if args.out is not None:
+        directory = args.out
+    elif args.objective == "synthetic":
+        return None
+    elif os.environ.get(TABLES_DIR_ENV):
+        directory = Path(os.environ[TABLES_DIR_ENV])
+    elif source_root() is not None:
+        directory = TABLE_DIR
+    else:
+        raise TuneError("kgen is not running from a source checkout, so its kgen/tables/ is site-packages, "
+                        f"which kgen tune never writes into: pass --out DIR and set {TABLES_DIR_ENV}=DIR "
+                        "for kgen.load to read the table")
+    if directory.suffix == ".json" or directory.is_file():
+        raise TuneError(f"--out takes a folder (the table is written as DIR/{arch}.json), not the file "
+                        f"{directory}: pass {directory.parent}")
+    return directory / f"{arch}.json"
+
+
+def _seed_table(arch: str, out: Path) -> TableFile | None:
+    """What a new table file starts from: the arch's table in use now (the shipped one, or
+    $KGEN_TABLE's), so DIR/<arch>.json keeps the rows this run does not tune."""
+    source = resolve_tables().get(arch)
+    if source is None or source.table is None or Path(source.path or "") == out:
+        return None
+    return source.table
 
 
 SYNTHETIC_NOTE = "SYNTHETIC: made by `kgen tune --objective synthetic` (no GPU); the times are not real"
@@ -403,11 +431,12 @@ def run_tune(args: argparse.Namespace) -> int:
         print(format_results(results))
         if out is not None:
             note = SYNTHETIC_NOTE if args.objective == "synthetic" else ""
-            _table, changed = write_results(out, arch, gpu_name, results, note, workers=args.workers)
+            _table, changed = write_results(out, arch, gpu_name, results, note, workers=args.workers,
+                                            seed=None if out.exists() else _seed_table(arch, out))
             _record_writes(storage, results, out, args.workers)
             print(f"{'wrote' if changed else 'unchanged:'} {out}")
         else:
-            print("synthetic objective: no table written (pass --out PATH to write one)")
+            print("synthetic objective: no table written (pass --out DIR to write one)")
         if args.workers > 1:
             _print_reports(storage, results, args.workers)
     return status

@@ -309,15 +309,18 @@ def tune_metadata(arch: str, gpu_name: str, trials: int, previous: TableMetadata
 
 
 def write_results(
-    path: Path, arch: str, gpu_name: str, results: list[JobResult], note: str = "", workers: int = 1
+    path: Path, arch: str, gpu_name: str, results: list[JobResult], note: str = "", workers: int = 1,
+    seed: TableFile | None = None,
 ) -> tuple[TableFile, bool]:
-    """Merge the results into the table at ``path`` (created if absent) and write it
-    atomically. Returns the table and whether the file changed. The default note names
-    how many studies, finished trials and workers the new entries come from."""
+    """Merge the results into the table at ``path`` (created, with its folder, if absent:
+    then from ``seed``'s entries) and write it atomically. Returns the table and whether the
+    file changed. The default note names how many studies, finished trials and workers the
+    new entries come from."""
     path = Path(path)
-    previous = read_table(path) if path.exists() else None
+    previous = read_table(path) if path.exists() else seed
     if previous is not None and previous.arch != arch:
-        raise TuneError(f"{path} holds the table of {previous.arch}, not {arch}: pass --out for {arch}")
+        raise TuneError(f"{path} holds the table of {previous.arch}, not {arch}: a table file is named for "
+                        f"its arch, so move it to {path.parent / (previous.arch + '.json')}")
     new = [e for e in (entry_for(r) for r in results) if e is not None]
     entries = merge_entries(list(previous.entries) if previous else [], new)
     carried = sum(1 for e in entries if e.measured is None)
@@ -339,6 +342,7 @@ def write_results(
             "entries": [e.model_dump() for e in entries],
         }
     )
+    path.parent.mkdir(parents=True, exist_ok=True)
     return table, write_table(path, table)
 
 

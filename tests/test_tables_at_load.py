@@ -1,0 +1,118 @@
+"""Tables read at load: `kgen tune --out DIR`, then KGEN_TABLES_DIR=DIR, changes what `kgen explain`
+and the launcher choose with no `kgen build`; bad folders and files are errors that name them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import kgen
+from kgen import retable
+from kgen.blockconfig import TABLE_DIR, read_table, resolve_tables
+from kgen.errors import TableError
+from kgen.tuner.cli import add_tune_parser, run_tune
+from kgen.tuner.errors import TuneError
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYOUT, GROUP, BATCH = "gqa64", 8, 4  # the synthetic tune below covers bucket b1-8
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kgen")
+    add_tune_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["tune", *argv])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KGEN_TABLE", "KGEN_TABLES_DIR")}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+def _chosen(env: dict[str, str]) -> dict:
+    """The config a fresh process's kgen.load(LAYOUT) selects for sm_90, GROUP, BATCH."""
+    code = (f"import json, kgen; m = kgen.load({LAYOUT!r}); "
+            f"print(json.dumps(m.select_config('sm_90', {GROUP}, {BATCH}), sort_keys=True))")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout)
+
+
+@pytest.mark.parametrize(("layout", "kv", "variant", "invariant"), [
+    ("gqa64", "bfloat16", "grouped", False), ("qwen3_5_gqa256", "bfloat16", "grouped", False),
+    ("qwen3_5_gqa256", "float8_e4m3fn", "grouped", False), ("mla_absorbed_512_64", "bfloat16", "grouped", False),
+    ("mla_absorbed_512_64", "bfloat16", "grouped", True), ("gqa128", "bfloat16", "per_head", False),
+])
+def test_the_rows_applied_at_load_are_the_rows_the_build_bakes(layout, kv, variant, invariant, monkeypatch):
+    """With the shipped tables, the load-time rows equal the module's baked _BLOCK_CONFIGS: one
+    computation of the rows (select_config, then fit), whichever of the two puts them in."""
+    monkeypatch.delenv("KGEN_TABLE", raising=False)
+    monkeypatch.delenv("KGEN_TABLES_DIR", raising=False)
+    module = kgen.load(layout, kv, variant=variant, batch_invariant=invariant)
+    plan = retable.planned_configs(layout, kv, "bfloat16", variant, invariant)
+    assert retable.module_configs(plan) == module._BLOCK_CONFIGS
+
+
+def test_a_tuned_folder_changes_the_launcher_and_explain_without_a_build(tmp_path: Path, monkeypatch) -> None:
+    tables = tmp_path / "tables"
+    argv = ["--objective", "synthetic", "--arch", "sm_90", "--layout", LAYOUT, "--group", str(GROUP),
+            "--kv-dtype", "bf16", "--bucket", "b1-8", "--storage", f"sqlite:///{tmp_path / 'tune.db'}",
+            "--out", str(tables), "--no-progress", "--trials", "25"]
+    assert run_tune(parse(*argv)) == 0
+    written = read_table(tables / "sm_90.json")
+    tuned = written.lookup(LAYOUT, "bfloat16", GROUP, BATCH)
+    assert tuned is not None and tuned.measured is not None
+    # The new file starts from the shipped table: every shipped row of another bucket is kept.
+    shipped = read_table(TABLE_DIR / "sm_90.json")
+    kept = [e for e in shipped.entries if (e.layout, e.kv_dtype, e.group_size) != (LAYOUT, "bfloat16", GROUP)]
+    assert all(e in written.entries for e in kept)
+
+    before, after = _chosen(_env()), _chosen(_env(KGEN_TABLES_DIR=str(tables)))
+    assert after != before, "the synthetic optimum equals the shipped choice: the test would prove nothing"
+    monkeypatch.setenv("KGEN_TABLES_DIR", str(tables))
+    rows = retable.module_configs(retable.planned_configs(LAYOUT, "bfloat16", "bfloat16", "grouped", False))
+    assert after == next(c for g, lo, hi, c in rows["sm_90"] if g == GROUP and lo <= BATCH <= hi)
+
+    explain = [sys.executable, "-m", "kgen.cli", "explain", LAYOUT, "--kv-dtype", "bf16", "--pass", "select_config"]
+    shown = subprocess.run(explain, env=_env(KGEN_TABLES_DIR=str(tables)), capture_output=True, text=True,
+                           timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "KGEN_TABLES_DIR" in shown.stdout and "sm_90.json" in shown.stdout
+    assert not (ROOT / "kgen" / "tables" / "tune.db").exists()  # nothing written beside the package
+
+
+def test_out_takes_a_folder_not_a_file(tmp_path: Path) -> None:
+    argv = ["--objective", "synthetic", "--arch", "sm_90", "--layout", LAYOUT, "--group", str(GROUP),
+            "--kv-dtype", "bf16", "--bucket", "b1-8", "--storage", f"sqlite:///{tmp_path / 'tune.db'}",
+            "--out", str(tmp_path / "sm_90.json"), "--no-progress", "--trials", "3"]
+    with pytest.raises(TuneError, match=r"--out takes a folder .*DIR/sm_90\.json"):
+        run_tune(parse(*argv))
+
+
+def test_a_tables_dir_that_is_not_a_folder_is_an_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(TableError, match=r"KGEN_TABLES_DIR=.*missing is not a directory"):
+        resolve_tables(env={"KGEN_TABLES_DIR": str(tmp_path / "missing")})
+
+
+def test_a_table_file_named_for_another_arch_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "gfx950.json").write_text((TABLE_DIR / "sm_90.json").read_text())
+    with pytest.raises(TableError, match=r"gfx950\.json: holds the table of sm_90.*rename it sm_90\.json"):
+        resolve_tables(env={"KGEN_TABLES_DIR": str(tmp_path)})
+
+
+def test_a_row_a_module_cannot_run_is_an_error_at_load(monkeypatch) -> None:
+    """Rows that pick the Gluon prefix stage (MLA's shipped sm_90 rows) applied to a module built
+    without it are refused when kgen.load applies them, saying what to do, never run on other code."""
+    monkeypatch.delenv("KGEN_TABLE", raising=False)
+    monkeypatch.delenv("KGEN_TABLES_DIR", raising=False)
+    without_gluon = types.SimpleNamespace(URI="verify_mla_absorbed_512_64__kv_bf16__q_bf16", _BLOCK_CONFIGS={})
+    with pytest.raises(TableError, match=r"picks the Gluon prefix stage, which this module was built without: "
+                                         r"rebuild it"):
+        retable.apply_tables(without_gluon, "mla_absorbed_512_64", "bfloat16", "bfloat16", "grouped", False)
+    assert without_gluon._BLOCK_CONFIGS == {}  # nothing half-applied
