@@ -44,7 +44,8 @@ for name, spec in sorted(load_layouts().items()):
 bad = sorted(n for n in sys.modules if n.split(".")[0] == "jinja2" or n.startswith(("kgen.passes", "kgen.build")))
 from kgen.cli import main
 rc = main(["build", "-q"])
-print(json.dumps({"kgen": kgen.__file__, "root": str(kgen.locations.source_root()), "uris": uris, "bad": bad, "rc": rc}))
+root = str(kgen.locations.source_root())
+print(json.dumps({"kgen": kgen.__file__, "root": root, "uris": uris, "bad": bad, "rc": rc}))
 """
 
 
