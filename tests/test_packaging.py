@@ -97,3 +97,13 @@ def test_the_engines_pins_agree_on_every_package_they_share():
                 pins.setdefault(name.lower().replace("_", "-"), {})[path.name] = version
     differing = {name: files for name, files in pins.items() if len(set(files.values())) > 1}
     assert not differing, f"pinned differently: {differing}"
+
+
+def test_the_package_version_is_pyprojects() -> None:
+    """kgen/version.py and pyproject.toml state one version."""
+    import tomllib
+
+    from kgen.version import __version__
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert project["version"] == __version__
