@@ -98,7 +98,11 @@ _INTERPRETER_NUM_SMS = 4
 _BLOCK_CONFIGS = {
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
-_DEFAULT_CONFIG = {'block_h': 16, 'block_n': 64, 'num_warps': 4, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}
+_DEFAULT_CONFIG = {'block_h': 16,
+                   'block_n': 64,
+                   'num_warps': 4,
+                   'num_stages': 3,
+                   'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}
 
 
 @triton.jit
@@ -256,7 +260,7 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
     only (partials another program just wrote).
     """
     m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([ROWS], dtype=tl.float32)
+    l_sum = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, COLS], dtype=tl.float32)
     for first in range(0, num_written, SPLIT_CHUNK):
         for i in tl.static_range(SPLIT_CHUNK):
@@ -271,10 +275,10 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
             m_new = tl.maximum(m, lse)
             alpha = tl.exp2(m - m_new)
             weight = tl.exp2(lse - m_new)
-            l = l * alpha + weight
+            l_sum = l_sum * alpha + weight
             acc = acc * alpha[:, None] + part * weight[:, None]
             m = m_new
-    tl.store(o_ptr, (acc / l[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
+    tl.store(o_ptr, (acc / l_sum[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
 
 
 # Ints the launcher computes from shapes are not value-specialized: one compiled kernel serves
@@ -288,7 +292,7 @@ def _verify_prefix_stage(
     V_Buffer,
     K_Extend,
     V_Extend,
-    O,
+    Out,
     Qo_Indptr,
     Kv_Bounds,
     Kv_Table,
@@ -406,12 +410,12 @@ def _verify_prefix_stage(
                 # from column 0: the request's own draft decides how many, never the batch's. Not
                 # software-pipelined (num_stages=1): a few tiles once a request, where the kernel's
                 # stages would only add buffers beside the prefix loop's.
-                for first_col in tl.range(0, _draft_columns(q_len, first_row, L_PAD, draft_lookahead_len, HAS_MASK), DRAFT_N,
-                                          num_stages=1):
+                for first_col in tl.range(0, _draft_columns(q_len, first_row, L_PAD, draft_lookahead_len, HAS_MASK),
+                                          DRAFT_N, num_stages=1):
                     m_i, l_i, acc = _draft_tile(
                         m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
-                        mask_rows, offs_d, offs_dv, qk_scale, draft_lookahead_len, v_descale, stride_ke_tok, stride_ke_head,
-                        stride_ve_tok, stride_ve_head,
+                        mask_rows, offs_d, offs_dv, qk_scale, draft_lookahead_len, v_descale, stride_ke_tok,
+                        stride_ke_head, stride_ve_tok, stride_ve_head,
                         DRAFT_N, DOT_DTYPE, HAS_MASK, RAW_V_FOLLOWS=True,
                     )
 
@@ -482,12 +486,12 @@ def _verify_prefix_stage(
                 # from column 0: the request's own draft decides how many, never the batch's. Not
                 # software-pipelined (num_stages=1): a few tiles once a request, where the kernel's
                 # stages would only add buffers beside the prefix loop's.
-                for first_col in tl.range(0, _draft_columns(q_len, first_row, L_PAD, draft_lookahead_len, HAS_MASK), DRAFT_N,
-                                          num_stages=1):
+                for first_col in tl.range(0, _draft_columns(q_len, first_row, L_PAD, draft_lookahead_len, HAS_MASK),
+                                          DRAFT_N, num_stages=1):
                     m_i, l_i, acc = _draft_tile(
                         m_i, l_i, acc, q, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
-                        mask_rows, offs_d, offs_dv, qk_scale, draft_lookahead_len, v_descale, stride_ke_tok, stride_ke_head,
-                        stride_ve_tok, stride_ve_head,
+                        mask_rows, offs_d, offs_dv, qk_scale, draft_lookahead_len, v_descale, stride_ke_tok,
+                        stride_ke_head, stride_ve_tok, stride_ve_head,
                         DRAFT_N, DOT_DTYPE, HAS_MASK, RAW_V_FOLLOWS=False,
                     )
 
@@ -497,13 +501,14 @@ def _verify_prefix_stage(
             l_safe = tl.where(l_i > 0.0, l_safe, 1.0)
         if num_written == 1:
             # One split holds the whole request: write o here; the merge skips it.
-            o_ptr = O + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :]
+            o_ptr = Out + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :]
             out = acc / l_safe[:, None]
-            tl.store(o_ptr, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+            tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
         else:
             # Scratch is [draft position, head, slot, column]: this request's splits own their slots.
             slot = _first_slot(table_start, batch, tokens_per_split, slots_per_request) + split
-            po_ptr = Partial_O + draft_pos[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + slot * stride_po_split
+            po_ptr = (Partial_O + draft_pos[:, None] * stride_po_tok + q_head[:, None] * stride_po_head
+                      + slot * stride_po_split)
             tl.store(po_ptr + offs_dv[None, :], acc / l_safe[:, None], mask=row_ok[:, None])
             pl_ptr = Partial_Lse + draft_pos * stride_pl_tok + q_head * stride_pl_head + slot
             tl.store(pl_ptr, m_i + tl.log2(l_safe), mask=row_ok)
@@ -512,7 +517,7 @@ def _verify_prefix_stage(
 @triton.jit(do_not_specialize=["num_q_heads", "max_splits", "tokens_per_split", "slots_per_request", "row_blocks",
                                "prefix_trim_len", "stride_pl_head"])
 def _verify_merge_stage(
-    O,
+    Out,
     Qo_Indptr,
     Kv_Bounds,
     Partial_O,
@@ -566,9 +571,9 @@ def _verify_merge_stage(
         dv_ok = offs_dv < V_HEAD_DIM
         _combine_splits(
             Partial_Lse + draft_pos * stride_pl_tok + q_head * stride_pl_head + first_slot,
-            Partial_O + draft_pos[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + first_slot * stride_po_split
-            + offs_dv[None, :],
-            O + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :],
+            Partial_O + draft_pos[:, None] * stride_po_tok + q_head[:, None] * stride_po_head
+            + first_slot * stride_po_split + offs_dv[None, :],
+            Out + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :],
             stride_po_split, num_written, row_ok, row_ok[:, None] & dv_ok[None, :], ROWS, MERGE_BLOCK_DV, SPLIT_CHUNK,
             "",
         )
@@ -581,8 +586,11 @@ def _verify_merge_stage(
 
 # Dot operand dtypes on the GPU. Prefix stage: the pool is already in the query dtype.
 _TL_PREFIX_DOT_DTYPE = tl.float16
-# Unless the block config says (draft_tile), programs of these row counts run the draft tile
-# before the prefix loop, others after it: 32-row programs run mma.sync and hold q's fragments in registers through the loop; a draft tile after it keeps a second copy (ptxas sm_90a, 64-token tiles: 208 B of spills a thread after, none before). 16-row programs ran slower before it, and 64-row ones spill 20 B before it and none after (docs/perf-notes.md, 'Draft tile placement').
+# Unless the block config says (draft_tile), programs of these row counts run the draft tile before the prefix loop,
+# others after it: 32-row programs run mma.sync and hold q's fragments in registers through the loop; a draft tile
+# after it keeps a second copy (ptxas sm_90a, 64-token tiles: 208 B of spills a thread after, none before). 16-row
+# programs ran slower before it, and 64-row ones spill 20 B before it and none after (docs/perf-notes.md, 'Draft tile
+# placement').
 _DRAFT_FIRST_ROWS = (32,)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 # Custom masks the kernels read: one byte a bit (SGLang sends bool).
@@ -596,7 +604,42 @@ _SCRATCH = {}
 # shared memory per block, threads per warp, the matrix instruction, FP8 formats. Other
 # archs are refused. The interpreter has no limits; it plays sm_90 so that CPU runs take
 # the row blocking the H200 takes.
-_TARGETS = {'sm_80': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 166912, 'mma': 'mma', 'shared_estimate': 'upper_bound', 'fp8': []}, 'sm_89': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 101376, 'mma': 'mma', 'shared_estimate': 'upper_bound', 'fp8': ['float8_e4m3fn']}, 'sm_90': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 232448, 'mma': 'wgmma', 'shared_estimate': 'measured', 'fp8': ['float8_e4m3fn']}, 'sm_100': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 232448, 'mma': 'tcgen05', 'shared_estimate': 'upper_bound', 'fp8': ['float8_e4m3fn']}, 'gfx942': {'family': 'hip', 'warp_size': 64, 'shared_bytes': 65536, 'mma': 'mfma', 'shared_estimate': 'upper_bound', 'fp8': ['float8_e4m3fnuz']}, 'gfx950': {'family': 'hip', 'warp_size': 64, 'shared_bytes': 163840, 'mma': 'mfma', 'shared_estimate': 'upper_bound', 'fp8': ['float8_e4m3fn']}}
+_TARGETS = {'sm_80': {'family': 'cuda',
+                      'warp_size': 32,
+                      'shared_bytes': 166912,
+                      'mma': 'mma',
+                      'shared_estimate': 'upper_bound',
+                      'fp8': []},
+            'sm_89': {'family': 'cuda',
+                      'warp_size': 32,
+                      'shared_bytes': 101376,
+                      'mma': 'mma',
+                      'shared_estimate': 'upper_bound',
+                      'fp8': ['float8_e4m3fn']},
+            'sm_90': {'family': 'cuda',
+                      'warp_size': 32,
+                      'shared_bytes': 232448,
+                      'mma': 'wgmma',
+                      'shared_estimate': 'measured',
+                      'fp8': ['float8_e4m3fn']},
+            'sm_100': {'family': 'cuda',
+                       'warp_size': 32,
+                       'shared_bytes': 232448,
+                       'mma': 'tcgen05',
+                       'shared_estimate': 'upper_bound',
+                       'fp8': ['float8_e4m3fn']},
+            'gfx942': {'family': 'hip',
+                       'warp_size': 64,
+                       'shared_bytes': 65536,
+                       'mma': 'mfma',
+                       'shared_estimate': 'upper_bound',
+                       'fp8': ['float8_e4m3fnuz']},
+            'gfx950': {'family': 'hip',
+                       'warp_size': 64,
+                       'shared_bytes': 163840,
+                       'mma': 'mfma',
+                       'shared_estimate': 'upper_bound',
+                       'fp8': ['float8_e4m3fn']}}
 CHECKED_ARCHS = tuple(_TARGETS)
 _INTERPRETER_TARGET = "sm_90"
 
@@ -790,7 +833,7 @@ def gluon_rows(max_len, block_n):
 _KERNEL_SHAPE = kernel_shape(64, 64, 2, True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_info(device_type, index):
     """(arch, multiprocessor count, is_rocm) of a device; CPU tensors mean the interpreter."""
     if device_type != "cuda":
@@ -1028,8 +1071,8 @@ def _mask_arguments(custom_mask, mask_indptr, paged):
 
 
 def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
-                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, stride_table,
-                          k_strides, v_strides, prefix_trim_len, draft_lookahead_len):
+                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale,
+                          stride_table, k_strides, v_strides, prefix_trim_len, draft_lookahead_len):
     prefix_constexprs, prefix_options = plan["prefix"]
     _verify_prefix_stage[grid](
         q,
@@ -1111,8 +1154,8 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
 
     mask_arguments = _mask_arguments(custom_mask, mask_indptr, page_size is not None)
     _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
-                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, stride_table,
-                          k_strides, v_strides, prefix_trim_len, draft_lookahead_len)
+                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale,
+                          stride_table, k_strides, v_strides, prefix_trim_len, draft_lookahead_len)
     if grid_splits == 1:
         return  # no prefix the index table holds needs a second split: each request wrote o itself
     merge_constexprs, merge_options = plan["merge"]
@@ -1161,7 +1204,8 @@ def launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr
 
 def _why_not_common(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, max_len_extend, k_scale, v_scale, pool_ndim=3):
     """Reasons shared by both entry points; '' when the shapes and dtypes are ours."""
-    tensors = {"q_extend": q, "k_extend": k_extend, "v_extend": v_extend, "o_extend": o, "k_buffer": k_pool, "v_buffer": v_pool}
+    tensors = {"q_extend": q, "k_extend": k_extend, "v_extend": v_extend, "o_extend": o, "k_buffer": k_pool,
+               "v_buffer": v_pool}
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             return f"{name} is not a tensor"
@@ -1315,7 +1359,7 @@ def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indic
             f"request {b}'s mask reads custom_mask {unit} {int(starts[b])}..{int(end[b]) - 1} (mask_indptr[{b}] = "
             f"{int(starts[b])}, draft {int(drafts[b])}), outside its {limit} {unit}")))
     verdicts = torch.stack([ok.all() for ok, _ in checks]).cpu()  # the one host sync
-    for (ok, message), passed in zip(checks, verdicts.tolist()):
+    for (ok, message), passed in zip(checks, verdicts.tolist(), strict=True):
         if not passed:
             raise ValueError(message(int((~ok).nonzero()[0, 0])))
 
@@ -1355,7 +1399,8 @@ def why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indpt
         if reason:
             return reason
     for name, t in (("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in _INDEX_DTYPES or t.device != q_extend.device:
+        if (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in _INDEX_DTYPES
+                or t.device != q_extend.device):
             return f"{name} must be a 1-D int32/int64 tensor on q's device"
     if kv_indptr.shape[0] != qo_indptr.shape[0]:
         return "kv_indptr and qo_indptr have different batch sizes"

@@ -77,7 +77,8 @@ KV_DTYPE = torch.bfloat16
 Q_DTYPE = torch.bfloat16
 QK_DIM = 576
 GROUP_SIZES = (8, 16, 32, 64, 128)
-ARCHITECTURES = ('DeepseekV3ForCausalLM', 'DeepseekV32ForCausalLM', 'KimiK3ForCausalLM', 'KimiK3ForConditionalGeneration')
+ARCHITECTURES = ('DeepseekV3ForCausalLM', 'DeepseekV32ForCausalLM', 'KimiK3ForCausalLM',
+                 'KimiK3ForConditionalGeneration')
 SUPPORTED_PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 
 # Widths the kernels use, declared once as tl.constexpr objects: @triton.jit functions read
@@ -118,11 +119,28 @@ _INTERPRETER_NUM_SMS = 4
 # kgen.load puts the rows of $KGEN_TABLES_DIR / $KGEN_TABLE in their place (kgen/retable.py).
 _BLOCK_CONFIGS = {
     "sm_90": (
-        (16, 1, 1073741824, {'block_h': 16, 'block_n': 64, 'num_warps': 8, 'num_stages': 2, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}, 'gluon': {'block_n': 64, 'num_stages': 2, 'lazy_rescale': False, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}),
+        (16, 1, 1073741824,
+         {'block_h': 16,
+          'block_n': 64,
+          'num_warps': 8,
+          'num_stages': 2,
+          'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128},
+          'gluon': {'block_n': 64,
+                    'num_stages': 2,
+                    'lazy_rescale': False,
+                    'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}),
     ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
-_DEFAULT_CONFIG = {'block_h': 16, 'block_n': 32, 'num_warps': 8, 'num_stages': 3, 'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}, 'gluon': {'block_n': 64, 'num_stages': 2, 'lazy_rescale': False, 'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}
+_DEFAULT_CONFIG = {'block_h': 16,
+                   'block_n': 32,
+                   'num_warps': 8,
+                   'num_stages': 3,
+                   'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128},
+                   'gluon': {'block_n': 64,
+                             'num_stages': 2,
+                             'lazy_rescale': False,
+                             'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}
 
 
 @triton.jit
@@ -282,7 +300,7 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
     only (partials another program just wrote).
     """
     m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    l = tl.zeros([ROWS], dtype=tl.float32)
+    l_sum = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, COLS], dtype=tl.float32)
     for first in range(0, num_written, SPLIT_CHUNK):
         for i in tl.static_range(SPLIT_CHUNK):
@@ -297,10 +315,10 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
             m_new = tl.maximum(m, lse)
             alpha = tl.exp2(m - m_new)
             weight = tl.exp2(lse - m_new)
-            l = l * alpha + weight
+            l_sum = l_sum * alpha + weight
             acc = acc * alpha[:, None] + part * weight[:, None]
             m = m_new
-    tl.store(o_ptr, (acc / l[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
+    tl.store(o_ptr, (acc / l_sum[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
 
 
 # Ints the launcher computes from shapes are not value-specialized: one compiled kernel serves
@@ -313,7 +331,7 @@ def _verify_prefix_stage(
     K_Buffer,
     K_Extend,
     V_Extend,
-    O,
+    Out,
     Qo_Indptr,
     Kv_Bounds,
     Kv_Table,
@@ -431,8 +449,8 @@ def _verify_prefix_stage(
             # from column 0: the request's own draft decides how many, never the batch's. Not
             # software-pipelined (num_stages=1): a few tiles once a request, where the kernel's
             # stages would only add buffers beside the prefix loop's.
-            for first_col in tl.range(0, _draft_columns(q_len, first_row, L_PAD, draft_lookahead_len, HAS_MASK), DRAFT_N,
-                                      num_stages=1):
+            for first_col in tl.range(0, _draft_columns(q_len, first_row, L_PAD, draft_lookahead_len, HAS_MASK),
+                                      DRAFT_N, num_stages=1):
                 m_i, l_i, acc = _draft_tile(
                     m_i, l_i, acc, q, q_pe, K_Extend, V_Extend, q_start, q_len, kv_head, draft_pos, row_ok, first_col,
                     mask_rows, offs_d, offs_dpe, dpe_ok, offs_dv, qk_scale, draft_lookahead_len, v_descale,
@@ -537,13 +555,14 @@ def _verify_prefix_stage(
             l_safe = tl.where(l_i > 0.0, l_safe, 1.0)
         if num_written == 1:
             # One split holds the whole request: write o here; the merge skips it.
-            o_ptr = O + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :]
+            o_ptr = Out + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :]
             out = acc / l_safe[:, None]
-            tl.store(o_ptr, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+            tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=row_ok[:, None])
         else:
             # Scratch is [draft position, head, slot, column]: this request's splits own their slots.
             slot = _first_slot(table_start, batch, tokens_per_split, slots_per_request) + split
-            po_ptr = Partial_O + draft_pos[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + slot * stride_po_split
+            po_ptr = (Partial_O + draft_pos[:, None] * stride_po_tok + q_head[:, None] * stride_po_head
+                      + slot * stride_po_split)
             tl.store(po_ptr + offs_dv[None, :], acc / l_safe[:, None], mask=row_ok[:, None])
             pl_ptr = Partial_Lse + draft_pos * stride_pl_tok + q_head * stride_pl_head + slot
             tl.store(pl_ptr, m_i + tl.log2(l_safe), mask=row_ok)
@@ -552,7 +571,7 @@ def _verify_prefix_stage(
 @triton.jit(do_not_specialize=["num_q_heads", "max_splits", "tokens_per_split", "slots_per_request", "row_blocks",
                                "prefix_trim_len", "stride_pl_head"])
 def _verify_merge_stage(
-    O,
+    Out,
     Qo_Indptr,
     Kv_Bounds,
     Partial_O,
@@ -606,9 +625,9 @@ def _verify_merge_stage(
         dv_ok = offs_dv < V_HEAD_DIM
         _combine_splits(
             Partial_Lse + draft_pos * stride_pl_tok + q_head * stride_pl_head + first_slot,
-            Partial_O + draft_pos[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + first_slot * stride_po_split
-            + offs_dv[None, :],
-            O + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :],
+            Partial_O + draft_pos[:, None] * stride_po_tok + q_head[:, None] * stride_po_head
+            + first_slot * stride_po_split + offs_dv[None, :],
+            Out + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :],
             stride_po_split, num_written, row_ok, row_ok[:, None] & dv_ok[None, :], ROWS, MERGE_BLOCK_DV, SPLIT_CHUNK,
             "",
         )
@@ -667,7 +686,8 @@ if _HAS_GLUON:
         cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, NOPE_LOAD))
         async_copy.async_copy_global_to_shared(nope_dst, src + row_nope[:, None] + cols[None, :], mask=mask_nope)
         cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, PE_LOAD))
-        async_copy.async_copy_global_to_shared(pe_dst, src + NOPE_DIM + row_pe[:, None] + cols_pe[None, :], mask=mask_pe)
+        async_copy.async_copy_global_to_shared(pe_dst, src + NOPE_DIM + row_pe[:, None] + cols_pe[None, :],
+                                               mask=mask_pe)
 
     @gluon.jit
     def _gluon_attend_tile(q_nope, q_pe, k_nope, k_pe, p_smem, m_i, l_cols, acc, visible, qk_scale,
@@ -683,7 +703,6 @@ if _HAS_GLUON:
         s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma(q_pe, k_pe.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         s = gl.where(visible, s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         if LAZY_RESCALE:
@@ -714,7 +733,7 @@ if _HAS_GLUON:
         Q,
         K_Buffer,
         K_Extend,
-        O,
+        Out,
         Qo_Indptr,
         Kv_Bounds,
         Kv_Table,
@@ -791,7 +810,8 @@ if _HAS_GLUON:
         if split < num_written and first_row < q_len:  # a row block past the draft has no rows
             q_nope_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, NOPE_DIM], TILE_SMEM)
             q_pe_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, PE_DIM], TILE_SMEM)
-            k_nope_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [NUM_STAGES, BLOCK_N, NOPE_DIM], TILE_SMEM)
+            k_nope_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [NUM_STAGES, BLOCK_N, NOPE_DIM],
+                                                      TILE_SMEM)
             k_pe_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [NUM_STAGES, BLOCK_N, PE_DIM], TILE_SMEM)
             p_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, BLOCK_N], P_SMEM)
 
@@ -810,7 +830,8 @@ if _HAS_GLUON:
                         + (kv_head * GROUP + head_pe).to(gl.int64) * stride_q_head)
             cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, PE_LOAD))
             ok_pe = (head_pe < GROUP) & (first_row + rows_pe % L_PAD < q_len)
-            q_pe_smem.store(gl.load(Q + NOPE_DIM + q_row_pe[:, None] + cols_pe[None, :], mask=ok_pe[:, None], other=0.0))
+            q_pe_smem.store(gl.load(Q + NOPE_DIM + q_row_pe[:, None] + cols_pe[None, :], mask=ok_pe[:, None],
+                                    other=0.0))
 
             m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
             l_cols = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
@@ -828,10 +849,11 @@ if _HAS_GLUON:
             for i in gl.static_range(NUM_STAGES - 1):
                 if i < num_tiles:
                     first = split_start + i * BLOCK_N
+                    slots = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS)
+                    slots_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS)
                     _gluon_copy_rows(
                         k_nope_stages.index(i), k_pe_stages.index(i), K_Buffer,
-                        _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS).to(gl.int64) * stride_k_slot + head_off,
-                        _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS).to(gl.int64) * stride_k_slot + head_off,
+                        slots.to(gl.int64) * stride_k_slot + head_off, slots_pe.to(gl.int64) * stride_k_slot + head_off,
                         NOPE_LOAD, PE_LOAD)
                 async_copy.commit_group()
             first = split_start + (NUM_STAGES - 1) * BLOCK_N
@@ -891,8 +913,8 @@ if _HAS_GLUON:
                 else:
                     # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
                     visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
-                m_i, l_cols, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(0), k_pe_stages.index(0),
-                                                      p_smem, m_i, l_cols, acc, visible, qk_scale,
+                m_i, l_cols, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(0),
+                                                      k_pe_stages.index(0), p_smem, m_i, l_cols, acc, visible, qk_scale,
                                                    ROWS, S_LAYOUT, O_LAYOUT, BLOCK_N, False)
 
             rows_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))
@@ -908,8 +930,8 @@ if _HAS_GLUON:
             out = acc / l_safe[:, None]
             if num_written == 1:
                 # One split holds the whole request: write o here; the merge skips it.
-                o_ptr = O + q_tok_o[:, None] * stride_o_tok + q_head_o[:, None] * stride_o_head + cols_o[None, :]
-                gl.store(o_ptr, out.to(O.dtype.element_ty), mask=ok_o[:, None])
+                o_ptr = Out + q_tok_o[:, None] * stride_o_tok + q_head_o[:, None] * stride_o_head + cols_o[None, :]
+                gl.store(o_ptr, out.to(Out.dtype.element_ty), mask=ok_o[:, None])
             else:
                 # Scratch is [draft position, head, slot, column]: this request's splits own their slots.
                 slot = _gluon_first_slot(table_start, batch, tokens_per_split, slots_per_request) + split
@@ -940,7 +962,42 @@ _SCRATCH = {}
 # shared memory per block, threads per warp, the matrix instruction, FP8 formats. Other
 # archs are refused. The interpreter has no limits; it plays sm_90 so that CPU runs take
 # the row blocking the H200 takes.
-_TARGETS = {'sm_80': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 166912, 'mma': 'mma', 'shared_estimate': 'upper_bound', 'fp8': []}, 'sm_89': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 101376, 'mma': 'mma', 'shared_estimate': 'upper_bound', 'fp8': ['float8_e4m3fn']}, 'sm_90': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 232448, 'mma': 'wgmma', 'shared_estimate': 'measured', 'fp8': ['float8_e4m3fn']}, 'sm_100': {'family': 'cuda', 'warp_size': 32, 'shared_bytes': 232448, 'mma': 'tcgen05', 'shared_estimate': 'upper_bound', 'fp8': ['float8_e4m3fn']}, 'gfx942': {'family': 'hip', 'warp_size': 64, 'shared_bytes': 65536, 'mma': 'mfma', 'shared_estimate': 'upper_bound', 'fp8': ['float8_e4m3fnuz']}, 'gfx950': {'family': 'hip', 'warp_size': 64, 'shared_bytes': 163840, 'mma': 'mfma', 'shared_estimate': 'upper_bound', 'fp8': ['float8_e4m3fn']}}
+_TARGETS = {'sm_80': {'family': 'cuda',
+                      'warp_size': 32,
+                      'shared_bytes': 166912,
+                      'mma': 'mma',
+                      'shared_estimate': 'upper_bound',
+                      'fp8': []},
+            'sm_89': {'family': 'cuda',
+                      'warp_size': 32,
+                      'shared_bytes': 101376,
+                      'mma': 'mma',
+                      'shared_estimate': 'upper_bound',
+                      'fp8': ['float8_e4m3fn']},
+            'sm_90': {'family': 'cuda',
+                      'warp_size': 32,
+                      'shared_bytes': 232448,
+                      'mma': 'wgmma',
+                      'shared_estimate': 'measured',
+                      'fp8': ['float8_e4m3fn']},
+            'sm_100': {'family': 'cuda',
+                       'warp_size': 32,
+                       'shared_bytes': 232448,
+                       'mma': 'tcgen05',
+                       'shared_estimate': 'upper_bound',
+                       'fp8': ['float8_e4m3fn']},
+            'gfx942': {'family': 'hip',
+                       'warp_size': 64,
+                       'shared_bytes': 65536,
+                       'mma': 'mfma',
+                       'shared_estimate': 'upper_bound',
+                       'fp8': ['float8_e4m3fnuz']},
+            'gfx950': {'family': 'hip',
+                       'warp_size': 64,
+                       'shared_bytes': 163840,
+                       'mma': 'mfma',
+                       'shared_estimate': 'upper_bound',
+                       'fp8': ['float8_e4m3fn']}}
 CHECKED_ARCHS = tuple(_TARGETS)
 _INTERPRETER_TARGET = "sm_90"
 
@@ -1134,7 +1191,7 @@ def gluon_rows(max_len, block_n):
 _KERNEL_SHAPE = kernel_shape(576, 512, 2, False)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_info(device_type, index):
     """(arch, multiprocessor count, is_rocm) of a device; CPU tensors mean the interpreter."""
     if device_type != "cuda":
@@ -1217,7 +1274,8 @@ def _gluon_prefix(arch, config, group, max_len, page_size, has_mask):
     if gluon is None or not _HAS_GLUON or arch != "sm_90" or page_size is not None:
         return None
     rows = gluon_rows(DRAFT_ROWS, gluon["block_n"]) if MAX_DRAFT_TOKENS <= gluon["block_n"] else None
-    if rows is None or gluon_shared_bytes(_KERNEL_SHAPE, gluon["block_n"], gluon["num_stages"]) > _target_of(arch)["shared_bytes"]:
+    shared_bytes = gluon_shared_bytes(_KERNEL_SHAPE, gluon["block_n"], gluon["num_stages"])
+    if rows is None or shared_bytes > _target_of(arch)["shared_bytes"]:
         return None
     block_h, l_pad = rows
     constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": gluon["block_n"],
@@ -1393,8 +1451,8 @@ def _mask_arguments(custom_mask, mask_indptr, paged):
 
 
 def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
-                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, stride_table,
-                          k_strides, v_strides, prefix_trim_len, draft_lookahead_len):
+                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale,
+                          stride_table, k_strides, v_strides, prefix_trim_len, draft_lookahead_len):
     prefix_constexprs, prefix_options = plan["prefix"]
     _verify_prefix_stage[grid](
         q,
@@ -1476,16 +1534,16 @@ def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_tabl
     if plan["prefix_kernel"] == "_gluon_prefix_stage":
         _gluon_prefix_stage[grid](
             q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, sm_scale * _LOG2E,
-            k_scale, v_scale, *split_ints, prefix_trim_len, draft_lookahead_len, q.stride(0), q.stride(1), k_strides[0], k_strides[2],
-            k_extend.stride(0), k_extend.stride(1), o.stride(0), o.stride(1), partial_o.stride(0),
-            partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0), partial_lse.stride(1),
+            k_scale, v_scale, *split_ints, prefix_trim_len, draft_lookahead_len, q.stride(0), q.stride(1),
+            k_strides[0], k_strides[2], k_extend.stride(0), k_extend.stride(1), o.stride(0), o.stride(1),
+            partial_o.stride(0), partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0), partial_lse.stride(1),
             Custom_Mask=mask_arguments["Custom_Mask"], Mask_Indptr=mask_arguments["Mask_Indptr"],
             **prefix_constexprs, **prefix_options,
         )
     else:
         _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
-                              kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale, stride_table,
-                              k_strides, v_strides, prefix_trim_len, draft_lookahead_len)
+                              kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale,
+                              stride_table, k_strides, v_strides, prefix_trim_len, draft_lookahead_len)
     if grid_splits == 1:
         return  # no prefix the index table holds needs a second split: each request wrote o itself
     merge_constexprs, merge_options = plan["merge"]
@@ -1534,7 +1592,8 @@ def launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr
 
 def _why_not_common(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, max_len_extend, k_scale, v_scale, pool_ndim=3):
     """Reasons shared by both entry points; '' when the shapes and dtypes are ours."""
-    tensors = {"q_extend": q, "k_extend": k_extend, "v_extend": v_extend, "o_extend": o, "k_buffer": k_pool, "v_buffer": v_pool}
+    tensors = {"q_extend": q, "k_extend": k_extend, "v_extend": v_extend, "o_extend": o, "k_buffer": k_pool,
+               "v_buffer": v_pool}
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             return f"{name} is not a tensor"
@@ -1694,7 +1753,7 @@ def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indic
             f"request {b}'s mask reads custom_mask {unit} {int(starts[b])}..{int(end[b]) - 1} (mask_indptr[{b}] = "
             f"{int(starts[b])}, draft {int(drafts[b])}), outside its {limit} {unit}")))
     verdicts = torch.stack([ok.all() for ok, _ in checks]).cpu()  # the one host sync
-    for (ok, message), passed in zip(checks, verdicts.tolist()):
+    for (ok, message), passed in zip(checks, verdicts.tolist(), strict=True):
         if not passed:
             raise ValueError(message(int((~ok).nonzero()[0, 0])))
 
@@ -1734,7 +1793,8 @@ def why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indpt
         if reason:
             return reason
     for name, t in (("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in _INDEX_DTYPES or t.device != q_extend.device:
+        if (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in _INDEX_DTYPES
+                or t.device != q_extend.device):
             return f"{name} must be a 1-D int32/int64 tensor on q's device"
     if kv_indptr.shape[0] != qo_indptr.shape[0]:
         return "kv_indptr and qo_indptr have different batch sizes"

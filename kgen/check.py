@@ -90,7 +90,7 @@ AXES = ("all", "index_dtype", "q_dtype", "runtime int specialization")
 
 # Kernel parameter names and the Triton type they take. Query-side tensors are in the module's
 # query dtype, the KV pools in its KV dtype; index tensors take the domain's index dtype.
-_Q_POINTERS = frozenset({"Q", "K_Extend", "V_Extend", "O"})
+_Q_POINTERS = frozenset({"Q", "K_Extend", "V_Extend", "Out"})
 _KV_POINTERS = frozenset({"K_Buffer", "V_Buffer"})
 _MASK_POINTERS = frozenset({"Custom_Mask"})  # read as bytes: the launcher views bool/int8 masks as uint8
 _INDEX_POINTER = re.compile(r"^[A-Z]\w*_(Indptr|Indices|Bounds|Table|Lens|Counters)$")

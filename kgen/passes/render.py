@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import pprint
+import textwrap
 from pathlib import Path
 
 import jinja2
@@ -28,6 +30,26 @@ def repo_relative(text: str) -> str:
     return str(text).replace(str(REPO_ROOT) + "/", "")
 
 
+# Generated lines stay within ruff's limit (pyproject.toml's line-length).
+LINE_LENGTH = 120
+
+
+def py_literal(value: object, indent: int = 0) -> str:
+    """A Python value (or the literal text of one) as a literal that wraps to the line limit:
+    ``indent`` is the column the literal starts at; continuation lines keep that indent."""
+    if isinstance(value, str):
+        value = ast.literal_eval(value)
+    text = pprint.pformat(value, width=LINE_LENGTH - indent, sort_dicts=False, compact=True)
+    return text.replace("\n", "\n" + " " * indent)
+
+
+def py_comment(text: str, indent: int = 0) -> str:
+    """Prose (a decision's reason) as ``#`` comment lines within the line limit."""
+    prefix = " " * indent + "# "
+    return "\n".join(textwrap.wrap(str(text), LINE_LENGTH - len(prefix), initial_indent=prefix,
+                                    subsequent_indent=prefix, break_on_hyphens=False))
+
+
 @functools.cache
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -39,6 +61,8 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["repo_relative"] = repo_relative
+    env.filters["py_literal"] = py_literal
+    env.filters["py_comment"] = py_comment
     return env
 
 
