@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -644,36 +644,40 @@ def format_comparison(cmp: Comparison, baseline_name: str = "baseline") -> str:
     return "\n".join(lines)
 
 
-def index_ab_summary(cases: Sequence[CaseResult]) -> dict[str, tuple[str, float, float, str, int]]:
-    """Per kgen kernel with an A/B of index dtypes: ("a/b", median of the cases' ratios,
-    the largest ratio, its case key, number of cases)."""
-    out: dict[str, tuple[str, float, float, str, int]] = {}
+ABSummary = dict[str, tuple[str, float, float, str, int]]
+
+
+def _pair_summary(cases: Sequence[CaseResult], pair: Callable[[CaseResult, str], tuple[float | None, str] | None]
+                ) -> ABSummary:
+    """Per kgen kernel: ("a/b", median of the cases' ratios, the largest ratio, its case key,
+    number of cases), from ``pair(case, kernel)``: that case's (ratio, "a/b") or None."""
+    out: ABSummary = {}
     for kernel in KGEN_KERNELS:
         pts: list[tuple[float, str, str]] = []
         for c in cases:
-            ab = c.kernels[kernel].index_ab if kernel in c.kernels else None
-            if ab is not None and ab.ratio is not None:
-                pts.append((ab.ratio, c.key, f"{c.case.indices}/{ab.dtype}"))
+            got = pair(c, kernel) if kernel in c.kernels else None
+            if got is not None and got[0] is not None:
+                pts.append((got[0], c.key, got[1]))
         if pts:
             worst = max(pts)
             out[kernel] = (pts[0][2], statistics.median(p[0] for p in pts), worst[0], worst[1], len(pts))
     return out
 
 
-def mask_ab_summary(cases: Sequence[CaseResult]) -> dict[str, tuple[str, float, float, str, int]]:
-    """Per kgen kernel with an A/B of draft masks (``--mask a,b``): ("a/b", median of the
-    cases' ratios, the largest ratio, its case key, number of cases)."""
-    out: dict[str, tuple[str, float, float, str, int]] = {}
-    for kernel in KGEN_KERNELS:
-        pts: list[tuple[float, str, str]] = []
-        for c in cases:
-            ab = c.kernels[kernel].mask_ab if kernel in c.kernels else None
-            if ab is not None and ab.ratio is not None:
-                pts.append((ab.ratio, c.key, f"{c.case.mask}/{ab.mask}"))
-        if pts:
-            worst = max(pts)
-            out[kernel] = (pts[0][2], statistics.median(p[0] for p in pts), worst[0], worst[1], len(pts))
-    return out
+def index_ab_summary(cases: Sequence[CaseResult]) -> ABSummary:
+    """Per kgen kernel with an A/B of index dtypes (``--index-dtype a,b``), as ``_pair_summary``."""
+    def pair(c: CaseResult, kernel: str) -> tuple[float | None, str] | None:
+        ab = c.kernels[kernel].index_ab
+        return None if ab is None else (ab.ratio, f"{c.case.indices}/{ab.dtype}")
+    return _pair_summary(cases, pair)
+
+
+def mask_ab_summary(cases: Sequence[CaseResult]) -> ABSummary:
+    """Per kgen kernel with an A/B of draft masks (``--mask a,b``), as ``_pair_summary``."""
+    def pair(c: CaseResult, kernel: str) -> tuple[float | None, str] | None:
+        ab = c.kernels[kernel].mask_ab
+        return None if ab is None else (ab.ratio, f"{c.case.mask}/{ab.mask}")
+    return _pair_summary(cases, pair)
 
 
 @dataclass(frozen=True)
