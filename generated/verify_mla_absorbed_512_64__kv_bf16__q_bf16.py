@@ -68,6 +68,15 @@ try:  # the Gluon prefix stage (below) is written for Triton 3.6.x; elsewhere th
 except ImportError:
     _HAS_GLUON = False
 
+# The module's public names (docs/design.md, "What a generated module exposes"); the rest is
+# its own machinery.
+__all__ = [
+    "URI", "LAYOUT", "VARIANT", "KV_DTYPE", "Q_DTYPE", "QK_DIM", "NOPE_DIM", "PE_DIM", "V_HEAD_DIM",
+    "GROUP_SIZES", "ARCHITECTURES", "SUPPORTED_PAGE_SIZES", "MAX_DRAFT_TOKENS", "BATCH_INVARIANT", "CHECKED_ARCHS",
+    "verify_shared_kv_fwd", "can_handle", "why_not", "verify_paged_fwd", "why_not_paged", "launch",
+    "launch_params", "select_config", "scratch_bytes",
+]
+
 URI = "verify_mla_absorbed_512_64__kv_bf16__q_bf16"
 LAYOUT = "mla_absorbed_512_64"
 VARIANT = "grouped"

@@ -49,6 +49,15 @@ try:  # grid dependency control (Hopper and later; Triton 3.6 has it): see _use_
 except ImportError:  # older Triton: kernels take the USE_PDL=False branch and never name them
     _HAS_GRID_DEPENDENCY_CONTROL = False
 
+# The module's public names (docs/design.md, "What a generated module exposes"); the rest is
+# its own machinery.
+__all__ = [
+    "URI", "LAYOUT", "VARIANT", "KV_DTYPE", "Q_DTYPE", "QK_DIM", "NOPE_DIM", "V_HEAD_DIM",
+    "GROUP_SIZES", "ARCHITECTURES", "SUPPORTED_PAGE_SIZES", "MAX_DRAFT_TOKENS", "BATCH_INVARIANT", "CHECKED_ARCHS",
+    "verify_shared_kv_fwd", "can_handle", "why_not", "verify_paged_fwd", "why_not_paged", "launch",
+    "launch_params", "select_config", "scratch_bytes",
+]
+
 URI = "verify_qwen3_5_gqa256__kv_bf16__q_fp16"
 LAYOUT = "qwen3_5_gqa256"
 VARIANT = "grouped"
