@@ -11,7 +11,7 @@ sections that follow the passes, each a frozen dataclass one pass fills:
     invariance                          fix_invariance: what the batch-invariant mode fixes
     fit                                 fit: the targets and what one program stages
     lowering                            select_lowering: which kernel language renders it
-    output                              render, check, emit: the source and where it went
+    output                              render, inspect_source, emit: the source and where it went
 
 Every pass is ``(plan, ctx) -> plan``: it adds its section and appends ``Decision`` records
 (what was chosen, and why). The plan is also the templates' context: they read
@@ -187,10 +187,10 @@ class Lowering:
 
 @dataclass(frozen=True)
 class Output:
-    """render, check, emit: the module's source, whether it passed check, and its file."""
+    """render, inspect_source, emit: the module's source, whether inspect_source passed it, and its file."""
 
     source: str
-    checked: bool = False
+    inspected: bool = False
     path: str | None = None
     written: bool | None = None  # written (or, in check mode, stale)
 
@@ -203,7 +203,7 @@ class Output:
 SECTION_OF_PASS = {
     "specialize": "specialization", "legalize": "tiles", "select_config": "config",
     "fix_invariance": "invariance", "fit": "fit",
-    "select_lowering": "lowering", "render": "output", "check": "output", "emit": "output",
+    "select_lowering": "lowering", "render": "output", "inspect_source": "output", "emit": "output",
 }
 
 

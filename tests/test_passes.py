@@ -13,10 +13,10 @@ from pydantic import ValidationError
 from kgen.blockconfig import BlockConfig, TableFile, TableSource, read_defaults
 from kgen.build import build_all, specializations
 from kgen.errors import BuildError, SpecError, TableError, UsageError
-from kgen.passes.check import check
 from kgen.passes.context import load_context
 from kgen.passes.fit import fit
 from kgen.passes.fix_invariance import CONFIG_BATCH, DRAFT_ROWS, MAX_SPLITS, TOKENS_PER_SPLIT, fix_invariance
+from kgen.passes.inspect_source import inspect_source
 from kgen.passes.legalize import next_pow2
 from kgen.passes.pipeline import PASSES, run_pipeline
 from kgen.passes.render import render
@@ -170,13 +170,13 @@ def test_package_data_ships_every_template():
 def test_check_rejects_bad_source(ctx):
     plan = specialize(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx).with_(lowering=Lowering("triton"))
     with pytest.raises(BuildError, match="does not compile"):
-        check(plan.with_(output=Output("def broken(:\n")), ctx)
+        inspect_source(plan.with_(output=Output("def broken(:\n")), ctx)
     with pytest.raises(BuildError, match="imports"):
-        check(plan.with_(output=Output("import numpy\n")), ctx)
+        inspect_source(plan.with_(output=Output("import numpy\n")), ctx)
     with pytest.raises(BuildError, match="imports"):  # Gluon only where select_lowering offered it
-        check(plan.with_(output=Output("from triton.experimental import gluon\n")), ctx)
+        inspect_source(plan.with_(output=Output("from triton.experimental import gluon\n")), ctx)
     with pytest.raises(BuildError, match="mentions a PE part"):
-        check(plan.with_(output=Output("q_pe = 1\n")), ctx)
+        inspect_source(plan.with_(output=Output("q_pe = 1\n")), ctx)
 
 
 def _code(source: str) -> str:
@@ -313,7 +313,7 @@ def test_a_rebuild_writes_only_changed_text(tmp_path: Path, one_layout_dir: Path
     out = tmp_path / "out"
     result = build_all(out_dir=out, layout_dir=one_layout_dir)
     assert len(result.plans) == len(list(specializations(load_layouts(one_layout_dir)))) > 1
-    assert all(p.output.checked and p.output.written for p in result.plans)
+    assert all(p.output.inspected and p.output.written for p in result.plans)
     again = build_all(out_dir=out, layout_dir=one_layout_dir)
     assert not again.changed  # written only when the text changed
     first = out / Path(result.plans[0].output_path).name
@@ -341,7 +341,7 @@ def test_shipped_generated_dir_is_up_to_date():
     module's source compiles) and matches the committed generated/."""
     result = build_all(check_only=True)
     assert len(result.plans) == len(list(specializations(SPECS)))
-    assert all(p.output.checked for p in result.plans)
+    assert all(p.output.inspected for p in result.plans)
     assert not result.changed and not result.orphans, "run `kgen build` and commit generated/"
 
 

@@ -22,8 +22,8 @@ def output_path(plan: Plan, ctx: BuildContext) -> Path:
 
 def emit(plan: Plan, ctx: BuildContext) -> Plan:
     output = plan.need("output", NAME)
-    if not output.checked:
-        raise BuildError(f"{plan.uri}: emit needs a checked source: run check first")
+    if not output.inspected:
+        raise BuildError(f"{plan.uri}: emit needs an inspected source: run inspect_source first")
     path = output_path(plan, ctx)
     if ctx.check_only:
         current = path.read_text(encoding="utf-8") if path.exists() else None

@@ -1,17 +1,18 @@
 """The pass pipeline: validate -> specialize -> legalize -> select_config -> fix_invariance -> fit
--> select_lowering -> render -> check -> emit. Every pass is ``(plan, ctx) -> plan``; its name is its function's.
-Passes that read nothing from the build context (validate, specialize, legalize, fix_invariance,
-select_lowering, check) also take ``ctx=None``, so the tuner can run specialize and legalize alone."""
+-> select_lowering -> render -> inspect_source -> emit. Every pass is ``(plan, ctx) -> plan``;
+its name is its function's. Passes that read nothing from the build context (validate,
+specialize, legalize, fix_invariance, select_lowering, inspect_source) also take ``ctx=None``,
+so the tuner can run specialize and legalize alone."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from kgen.passes.check import check
 from kgen.passes.context import BuildContext
 from kgen.passes.emit import emit
 from kgen.passes.fit import fit
 from kgen.passes.fix_invariance import fix_invariance
+from kgen.passes.inspect_source import inspect_source
 from kgen.passes.legalize import legalize
 from kgen.passes.render import render
 from kgen.passes.select_config import select_config
@@ -23,7 +24,7 @@ from kgen.plan import Plan
 PassFn = Callable[[Plan, BuildContext], Plan]
 
 PASSES: tuple[PassFn, ...] = (validate, specialize, legalize, select_config, fix_invariance, fit, select_lowering,
-                              render, check, emit)
+                              render, inspect_source, emit)
 
 
 def run_pipeline(plan: Plan, ctx: BuildContext, stop_after: str | None = None,

@@ -1,4 +1,4 @@
-"""check: the emitted module parses, compiles, imports only what engines have, and keeps
+"""inspect_source: the emitted module parses, compiles, imports only what engines have, and keeps
 the specialization promises (no PE text without a PE part, no descale for bf16 KV)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from kgen.errors import BuildError
 from kgen.passes.context import BuildContext
 from kgen.plan import Decision, Plan
 
-NAME = "check"
+NAME = "inspect_source"
 ALLOWED_IMPORTS = frozenset({"collections.abc",  # Mapping, for kgen/env.py's switch parser
                              "functools", "math", "os", "torch", "triton", "triton.language",
                              "triton.language.extra.cuda"})  # grid dependency control, import guarded
@@ -34,7 +34,7 @@ def _imports(tree: ast.Module) -> set[str]:
     return names
 
 
-def check(plan: Plan, ctx: BuildContext | None = None) -> Plan:
+def inspect_source(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     output = plan.need("output", NAME)
     specialization = plan.need("specialization", NAME)
     source = output.source
@@ -56,4 +56,4 @@ def check(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     return plan.with_([Decision(NAME, "source", "ok",
                                 "parses, compiles, imports only torch/triton/stdlib, "
                                 "specialization promises hold")],
-                      output=dataclasses.replace(output, checked=True))
+                      output=dataclasses.replace(output, inspected=True))
