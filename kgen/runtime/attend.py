@@ -5,7 +5,7 @@ masks on the prefix (``skip_prefix_custom_mask=False``), sliding windows, tanh l
 attention sinks, non-causal drafts without a mask, xai temperature, any dtype, any group
 size, tree masks (SGLang's ``custom_mask`` / ``mask_indptr`` layout, or the paged rows) with
 any of those, and vLLM-style block tables as well as SGLang's flat token-slot indices. Validation lives in
-``kgen.runtime.validate``; this module is the attention math.
+``kgen.runtime.call_checks``; this module is the attention math.
 
 It is written independently of ``kgen.reference`` (which stays the tests' oracle): all
 requests are processed together, chunk by chunk over the prefix, with an online softmax,
@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import torch
 
 from kgen.runtime.call import Features, PagedCall, Scale, VerifyCall, sglang_signature
-from kgen.runtime.validate import check_flat_indices, unserved_reason, validate_flat
+from kgen.runtime.call_checks import check_flat_indices, unserved_reason, validate_flat
 
 # ----------------------------------------------------------------------------- prefix sources
 
@@ -265,7 +265,7 @@ def attend(
     token_budget: int = 1 << 16,
 ) -> None:
     """Write ``call.o_extend`` for every request, the prefix read from ``prefix``; the call is
-    assumed valid (see ``kgen.runtime.validate``).
+    assumed valid (see ``kgen.runtime.call_checks``).
 
     The prefix is visited in chunks of ``min(chunk_tokens, token_budget // bs)`` tokens per
     request (at least 16), all requests at once, so the gathered K/V never exceed about

@@ -10,7 +10,7 @@ Modules are looked up once, when the chain is built: a call does no file I/O, an
 kernel levels no host sync (only tensor metadata is checked). Index values are checked
 only when asked (``check_indices=True`` or ``KGEN_CHECK_INDICES=1``), because that syncs.
 
-A valid call that no level computes correctly (``kgen.runtime.validate.unserved_reason``:
+A valid call that no level computes correctly (``kgen.runtime.call_checks.unserved_reason``:
 an FP8 query, a scale tensor of separate values, ``kv_len_adjust`` with a custom mask) is
 refused before any level runs, ``o_extend`` untouched: ``try_call`` / ``try_paged`` return
 None (the engine runs its own kernel), ``run`` / ``run_paged`` raise ValueError with the
@@ -27,8 +27,7 @@ from typing import Any, TypeVar
 from kgen.env import env_flag
 from kgen.runtime.attend import GeneralPath
 from kgen.runtime.call import PagedCall, VerifyCall, sglang_signature
-from kgen.runtime.gate import PATHS, PathName
-from kgen.runtime.validate import (
+from kgen.runtime.call_checks import (
     check_flat_indices,
     check_paged_indices,
     single_scale,
@@ -36,6 +35,7 @@ from kgen.runtime.validate import (
     validate_flat,
     validate_paged,
 )
+from kgen.runtime.gate import PATHS, PathName
 
 CHECK_INDICES_ENV = "KGEN_CHECK_INDICES"
 KERNEL_PATHS: tuple[PathName, ...] = ("grouped", "per_head")

@@ -1,4 +1,4 @@
-"""Validation of verify calls: what no path could take raises ValueError naming the fix.
+"""Checks of verify calls: what no path could take raises ValueError naming the fix.
 
 ``validate_flat`` / ``validate_paged`` check tensor metadata only (shapes, dtypes,
 devices): no host sync, safe in the hot path and under CUDA-graph capture; the chain runs
