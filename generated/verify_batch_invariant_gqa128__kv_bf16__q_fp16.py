@@ -774,7 +774,7 @@ def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
     return tiles + SHARED_MARGIN_BYTES
 
 
-def fit(target, shape, config, group, max_len, grouped=True):
+def fit_program(target, shape, config, group, max_len, grouped=True):
     """(block_h, l_pad, block_n, num_stages, reasons): the config's program, made to fit the
     target. In order: the accumulator's row budget halves the head block (and past one head,
     splits the draft rows over programs); then, while the tile buffers overflow shared
@@ -928,7 +928,7 @@ def _triton_prefix(arch, config, group, max_len, page_size, has_mask):
     is_rocm = _target_of(arch)["family"] == "hip"
     # Batch invariant: fitted for DRAFT_ROWS whatever max_len (a longer draft adds row blocks,
     # a runtime argument, not ROW_BLOCKS).
-    fitted = fit(_target_of(arch), _KERNEL_SHAPE, config, group, DRAFT_ROWS, grouped=True)
+    fitted = fit_program(_target_of(arch), _KERNEL_SHAPE, config, group, DRAFT_ROWS, grouped=True)
     if fitted is None:
         return None
     block_h, l_pad, block_n, num_stages, _ = fitted

@@ -777,7 +777,7 @@ def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
     return tiles + SHARED_MARGIN_BYTES
 
 
-def fit(target, shape, config, group, max_len, grouped=True):
+def fit_program(target, shape, config, group, max_len, grouped=True):
     """(block_h, l_pad, block_n, num_stages, reasons): the config's program, made to fit the
     target. In order: the accumulator's row budget halves the head block (and past one head,
     splits the draft rows over programs); then, while the tile buffers overflow shared
@@ -909,7 +909,7 @@ def _triton_prefix(arch, config, group, max_len, page_size, has_mask):
     """_verify_prefix_stage's (constexprs, compile options) for this launch, or None when no
     program fits the target."""
     is_rocm = _target_of(arch)["family"] == "hip"
-    fitted = fit(_target_of(arch), _KERNEL_SHAPE, config, group, max_len, grouped=False)
+    fitted = fit_program(_target_of(arch), _KERNEL_SHAPE, config, group, max_len, grouped=False)
     if fitted is None:
         return None
     block_h, l_pad, block_n, num_stages, _ = fitted

@@ -2,7 +2,7 @@
 
 One definition, three users: every generated module carries this file's source verbatim
 (the launcher template includes it, so a module stays self-contained), the tuner and
-``kgen check`` import it, and the ``fit`` pass calls it to explain its choices. Standard
+``kgen check`` import it, and the ``fit`` pass calls ``fit_program`` to explain its choices. Standard
 library only, no kgen imports: the text must run unchanged inside a generated module.
 
 A *target* is one row of ``kgen/tables/targets.json`` (shared memory per block, threads per
@@ -129,7 +129,7 @@ def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
     return tiles + SHARED_MARGIN_BYTES
 
 
-def fit(target, shape, config, group, max_len, grouped=True):
+def fit_program(target, shape, config, group, max_len, grouped=True):
     """(block_h, l_pad, block_n, num_stages, reasons): the config's program, made to fit the
     target. In order: the accumulator's row budget halves the head block (and past one head,
     splits the draft rows over programs); then, while the tile buffers overflow shared

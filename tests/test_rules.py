@@ -36,10 +36,10 @@ def test_fp8_mla_programs_that_loop_over_draft_columns_hold_32_rows():
     sm_90 = TARGETS["sm_90"]
     config = {"block_h": 16, "block_n": 64, "num_warps": 8, "num_stages": 2}
     fp8 = rules.kernel_shape(576, 512, 1, False)
-    block_h, l_pad, *_, reasons = rules.fit(sm_90, fp8, config, 16, 40)
+    block_h, l_pad, *_, reasons = rules.fit_program(sm_90, fp8, config, 16, 40)
     assert (block_h, l_pad) == (1, 32) and any("draft columns loop" in r for r in reasons)
-    assert rules.fit(sm_90, fp8, config, 16, 4)[:2] == (16, 4)  # one draft tile: no loop, 64 rows
-    assert rules.fit(sm_90, rules.kernel_shape(576, 512, 2, False), config, 16, 40)[:2] == (1, 64)  # 16-bit
+    assert rules.fit_program(sm_90, fp8, config, 16, 4)[:2] == (16, 4)  # one draft tile: no loop, 64 rows
+    assert rules.fit_program(sm_90, rules.kernel_shape(576, 512, 2, False), config, 16, 40)[:2] == (1, 64)  # 16-bit
 
 
 @pytest.mark.parametrize(("shape", "rows", "block_n", "stages", "warps", "measured"), [
@@ -56,17 +56,17 @@ def test_shared_memory_estimate_matches_what_triton_allocated(shape, rows, block
 
 
 def test_fit_keeps_what_fits_and_says_why_it_changes_the_rest():
-    assert rules.fit(TARGETS["sm_90"], GQA256, CONFIG, 16, 4) == (16, 4, 64, 3, [])
-    block_h, l_pad, block_n, stages, reasons = rules.fit(TARGETS["sm_90"], GQA256, CONFIG, 16, 5)
+    assert rules.fit_program(TARGETS["sm_90"], GQA256, CONFIG, 16, 4) == (16, 4, 64, 3, [])
+    block_h, l_pad, block_n, stages, reasons = rules.fit_program(TARGETS["sm_90"], GQA256, CONFIG, 16, 5)
     assert (block_h, l_pad) == (8, 8) and "registers" in reasons[0]  # 128 rows x 256 would spill
-    block_h, l_pad, block_n, stages, reasons = rules.fit(TARGETS["sm_89"], GQA256, CONFIG, 16, 4)
+    block_h, l_pad, block_n, stages, reasons = rules.fit_program(TARGETS["sm_89"], GQA256, CONFIG, 16, 4)
     assert rules.shared_bytes(TARGETS["sm_89"], GQA256, block_h * l_pad, block_n, stages, 4) <= 101376
     assert any("shared memory" in r for r in reasons)
 
 
 def test_fit_refuses_only_when_nothing_fits():
     tiny = {**TARGETS["sm_90"], "shared_bytes": 4096}
-    assert rules.fit(tiny, MLA, CONFIG, 16, 4) is None
+    assert rules.fit_program(tiny, MLA, CONFIG, 16, 4) is None
 
 
 def _modules():

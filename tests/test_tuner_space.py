@@ -251,7 +251,8 @@ def test_the_space_turns_away_exactly_what_the_modules_fit_changes(arch: str, la
     assert space.shape.kernel == module._KERNEL_SHAPE
     for block_h, block_n, warps, stages in itertools.product((1, 4, 16), (16, 64, 128), (2, 4, 8), (1, 2, 4)):
         c = cfg(block_h=min(block_h, group), block_n=block_n, num_warps=warps, num_stages=stages)
-        fitted = [module.fit(target, module._KERNEL_SHAPE, c.model_dump(exclude_none=True), group, d) for d in (1, 4)]
+        launch = c.model_dump(exclude_none=True)
+        fitted = [module.fit_program(target, module._KERNEL_SHAPE, launch, group, d) for d in (1, 4)]
         changed = any(f is None or f[4] for f in fitted)
         reason = space.why_not(c) or ""
         assert changed == reason.startswith(("duplicate: at L=", "no program fits")), (c.short(), reason)

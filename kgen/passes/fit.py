@@ -16,8 +16,7 @@ import dataclasses
 from kgen.blockconfig import BlockConfig
 from kgen.passes.context import BuildContext
 from kgen.plan import BlockConfigs, Decision, Fit, Plan
-from kgen.rules import fit as fit_program
-from kgen.rules import kernel_shape
+from kgen.rules import fit_program, kernel_shape
 from kgen.targets import read_targets, target_dicts
 
 NAME = "fit"

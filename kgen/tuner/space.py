@@ -359,7 +359,7 @@ def row_rule_placements(cfg: BlockConfig, shape: ProblemShape) -> set[str]:
 def why_not(cfg: BlockConfig, shape: ProblemShape, profile: ArchProfile) -> str | None:
     """Why ``cfg`` is not a config of its own on this arch for this problem, or None.
 
-    The launcher runs ``rules.fit`` on every call: a config it would change (a smaller head
+    The launcher runs ``rules.fit_program`` on every call: a config it would change (a smaller head
     block for the accumulator's registers, fewer stages, narrower tiles or fewer heads for
     shared memory) at some draft length of the study runs there as another config's
     program, so timing it would time a duplicate and a table row holding it would name a
@@ -371,7 +371,7 @@ def why_not(cfg: BlockConfig, shape: ProblemShape, profile: ArchProfile) -> str 
     launch = cfg.model_dump(exclude_none=True)
     programs = {}
     for draft in shape.drafts:
-        fitted = rules.fit(profile.target, shape.kernel, launch, shape.group_size, draft)
+        fitted = rules.fit_program(profile.target, shape.kernel, launch, shape.group_size, draft)
         if fitted is None:
             return (
                 f"no program fits {profile.target_name} at L={draft}: even one head, {rules.MIN_DOT}-token "
