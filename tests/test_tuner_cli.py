@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kgen.blockconfig import read_table
+from kgen.blockconfig import TABLE_DIR, TableEntry, TableFile, read_table
 from kgen.errors import KgenError
 from kgen.tuner.cli import SYNTHETIC_NOTE, add_tune_parser, main, run_tune
 
@@ -92,16 +92,23 @@ def test_synthetic_run_writes_and_merges_a_table(tmp_path: Path, capsys: pytest.
         "--trials",
         "25",
     ]
+    shipped = read_table(TABLE_DIR / "sm_90.json")
+
+    def tuned(table: TableFile) -> list[TableEntry]:
+        return [e for e in table.entries if (e.layout, e.kv_dtype, e.group_size) == ("gqa64", "bfloat16", 8)]
+
     assert run_tune(parse(*common, "--bucket", "b1-8")) == 0
     first = read_table(out)
-    assert [(e.batch_min, e.batch_max) for e in first.entries] == [(1, 8)]
-    assert first.metadata.note == SYNTHETIC_NOTE and first.metadata.trials == 25
+    # A new file starts from the shipped table: its rows are kept beside the tuned one.
+    assert [(e.batch_min, e.batch_max) for e in tuned(first)] == [(1, 8)]
+    assert len(first.entries) == len(shipped.entries) + 1
+    assert first.metadata.note == SYNTHETIC_NOTE and first.metadata.trials == shipped.metadata.trials + 25
     printed = capsys.readouterr().out
     assert "default us" in printed and f"wrote {out}" in printed
     assert run_tune(parse(*common, "--bucket", "b97+")) == 0
     second = read_table(out)
-    assert [(e.batch_min, e.batch_max) for e in second.entries] == [(1, 8), (97, 1 << 30)]
-    assert second.entries[0] == first.entries[0]
+    assert [(e.batch_min, e.batch_max) for e in tuned(second)] == [(1, 8), (97, 1 << 30)]
+    assert tuned(second)[0] == tuned(first)[0]
     assert json.loads(out.read_text())["schema"] == "kgen.block-config-table/1"
 
 

@@ -211,7 +211,7 @@ class FixedTimes:
     def __init__(self, times: dict[BlockConfig, float]) -> None:
         self.times = times
 
-    def check(self, config: BlockConfig) -> str | None:
+    def parity_error(self, config: BlockConfig) -> str | None:
         return None
 
     def measure(self, config: BlockConfig) -> float:
@@ -294,20 +294,20 @@ def test_the_backend_refuses_a_gluon_config_the_module_would_run_as_triton(mla_m
     backend._require_lowering(gluon_cfg())  # launches the Gluon stage: nothing to refuse
     monkeypatch.setattr(mla_module, "_HAS_GLUON", False)  # as under another Triton
     with pytest.raises(TuneError, match="_verify_prefix_stage.*bs64/P16384/L4"):
-        backend.check(gluon_cfg())
+        backend.parity_error(gluon_cfg())
     # In a study the trial is pruned with that reason, before anything runs.
     space = space_for("sm_90")
     study = optuna.create_study()
     study.enqueue_trial(space.params_of(gluon_cfg())[0])
     study.optimize(make_objective(space, backend), n_trials=1)
-    assert "check failed: TuneError" in study.trials[0].user_attrs["pruned_reason"]
+    assert "parity failed: TuneError" in study.trials[0].user_attrs["pruned_reason"]
 
 
 def test_the_interpreter_never_times_a_gluon_config(mla_module) -> None:
     backend = _backend(mla_module)  # a CPU device: the module sees the interpreter
     assert set(backend.prefix_kernels(gluon_cfg()).values()) == {PREFIX_KERNELS["triton"]}
     with pytest.raises(TuneError, match="not _gluon_prefix_stage"):
-        backend.check(gluon_cfg())
+        backend.parity_error(gluon_cfg())
 
 
 
@@ -329,7 +329,7 @@ def test_on_the_h200_a_gluon_trial_checks_and_times_the_gluon_kernel() -> None:
     assert gluon.gluon is not None
     assert set(backend.prefix_kernels(gluon).values()) == {PREFIX_KERNELS["gluon"]}
     assert set(backend.prefix_kernels(triton_fields).values()) == {PREFIX_KERNELS["triton"]}
-    assert backend.check(gluon) is None and backend.check(triton_fields) is None
+    assert backend.parity_error(gluon) is None and backend.parity_error(triton_fields) is None
     gluon_us, triton_us = backend.measure(gluon), backend.measure(triton_fields)
     # docs/perf-notes.md, "Gluon prefix stage (MLA, sm_90)": faster than the Triton config wherever measured.
     assert 0 < gluon_us < triton_us, (gluon_us, triton_us)

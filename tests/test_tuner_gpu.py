@@ -96,21 +96,21 @@ class Wrapped:
 def test_real_kernel_passes_the_reference_check_and_is_timed(module: Any) -> None:
     be = backend(module)
     cfg = BlockConfig(block_h=8, block_n=16, num_warps=4, num_stages=1)
-    assert be.check(cfg) is None
+    assert be.parity_error(cfg) is None
     assert be.measure(cfg) > 0
 
 
 def test_fp8_check_uses_scales_and_passes(module: Any) -> None:
     fp8 = kgen.load("gqa64", "float8_e4m3fn")
     be = backend(fp8, kv="float8_e4m3fn")
-    assert be.check(BlockConfig(block_h=8, block_n=32, num_warps=4, num_stages=1)) is None
+    assert be.parity_error(BlockConfig(block_h=8, block_n=32, num_warps=4, num_stages=1)) is None
     case, _ = be._reference_case()
     assert (case.k_scale, case.v_scale) == (CHECK.fp8_k_scale, CHECK.fp8_v_scale)
 
 
 def test_wrong_output_is_caught_with_the_error_size(module: Any) -> None:
     be = backend(Wrapped(module, wrong_block_n=32))
-    reason = be.check(BlockConfig(block_h=8, block_n=32, num_warps=4, num_stages=1))
+    reason = be.parity_error(BlockConfig(block_h=8, block_n=32, num_warps=4, num_stages=1))
     assert reason and "reference_verify" in reason and "atol" in reason
 
 

@@ -87,7 +87,7 @@ def test_triton_out_of_resources_prunes_and_fatal_device_error_stops() -> None:
     class Backend:
         fatal = False
 
-        def check(self, config: BlockConfig) -> str | None:
+        def parity_error(self, config: BlockConfig) -> str | None:
             return None
 
         def measure(self, config: BlockConfig) -> float:
@@ -174,7 +174,7 @@ def test_nonpositive_times_are_pruned() -> None:
     space = build_space(job, SPACES)
 
     class Zero:
-        def check(self, config: BlockConfig) -> str | None:
+        def parity_error(self, config: BlockConfig) -> str | None:
             return None
 
         def measure(self, config: BlockConfig) -> float:

@@ -255,7 +255,7 @@ class GpuBackend:
                 f"version, or a draft its program does not fit)"
             )
 
-    def check(self, config: BlockConfig) -> str | None:
+    def parity_error(self, config: BlockConfig) -> str | None:
         """None when the config's output on the small case matches the reference
         elementwise (``torch.allclose``: ``|out - ref| <= atol + rtol * |ref|``; NaN fills
         catch unwritten rows). A Gluon config that would not launch the Gluon kernel raises

@@ -38,7 +38,7 @@ class FatalDeviceError(RuntimeError):
 
 
 class Backend(Protocol):
-    def check(self, config: BlockConfig) -> str | None:
+    def parity_error(self, config: BlockConfig) -> str | None:
         """None when the config's output matches the reference, else why not."""
 
     def measure(self, config: BlockConfig) -> float:
@@ -168,7 +168,7 @@ def make_objective(
                 raise _prune(trial, str(what))
             trial.set_user_attr("repeat_of_earlier_trial", True)
             return float(what)
-        wrong = guarded(trial, "check", lambda: backend.check(config))
+        wrong = guarded(trial, "parity", lambda: backend.parity_error(config))
         if wrong:
             raise _prune(trial, f"wrong output: {wrong}")
         us = guarded(trial, "measure", lambda: backend.measure(config))
@@ -246,7 +246,7 @@ class SyntheticBowl:
         bowl = sum(_log_distance(got.get(k), want.get(k)) ** 2 for k in keys)
         return self.base_us * (1.0 + 0.1 * bowl)
 
-    def check(self, config: BlockConfig) -> str | None:
+    def parity_error(self, config: BlockConfig) -> str | None:
         if self._wrong is not None and self._wrong(config):
             return "synthetic: this config is marked wrong"
         return None

@@ -108,7 +108,7 @@ def finalists(study: optuna.Study, references: list[BlockConfig], k: int) -> lis
 
 def _check_reason(backend: Backend, cfg: BlockConfig) -> str | None:
     try:
-        wrong = backend.check(cfg)
+        wrong = backend.parity_error(cfg)
     except Exception as exc:  # the default itself may not compile on this arch
         return f"{type(exc).__name__}: {exc}"
     return f"wrong output: {wrong}" if wrong else None
