@@ -35,7 +35,9 @@ from types import ModuleType
 from typing import Any
 
 from kgen import rules
+from kgen.blockconfig import tables_overridden
 from kgen.errors import KgenError
+from kgen.retable import apply_tables
 
 # Bumped when what a cached result holds changes, so old cache entries are not reused.
 CACHE_FORMAT = 1
@@ -185,6 +187,9 @@ def find_modules(generated: Path | None = None, layouts: Iterable[str] = (), kv_
         kind = "batch_invariant" if getattr(module, "BATCH_INVARIANT", False) else module.VARIANT
         info = ModuleInfo(path, module.URI, module.LAYOUT, kind, _torch_name(module.KV_DTYPE),
                           _torch_name(module.Q_DTYPE))
+        if tables_overridden():
+            # The rows kgen.load would apply are the rows to prove (kgen/retable.py).
+            apply_tables(module, info.layout, info.kv_dtype, info.q_dtype, module.VARIANT, kind == "batch_invariant")
         if ((not wanted_layouts or info.layout in wanted_layouts) and (not wanted_kv or info.kv_dtype in wanted_kv)
                 and (not wanted_q or info.q_dtype in wanted_q)
                 and (not wanted_variants or info.variant in wanted_variants)):

@@ -116,3 +116,27 @@ def test_a_row_a_module_cannot_run_is_an_error_at_load(monkeypatch) -> None:
                                          r"rebuild it"):
         retable.apply_tables(without_gluon, "mla_absorbed_512_64", "bfloat16", "bfloat16", "grouped", False)
     assert without_gluon._BLOCK_CONFIGS == {}  # nothing half-applied
+
+
+def test_kgen_check_proves_the_rows_a_tables_dir_puts_in(tmp_path: Path, monkeypatch) -> None:
+    """With KGEN_TABLES_DIR set, `kgen check` walks and compiles the rows kgen.load would run,
+    not the rows the module was built with."""
+    from kgen import check
+
+    table = json.loads((TABLE_DIR / "sm_90.json").read_text())
+    row = {"layout": LAYOUT, "kv_dtype": "bfloat16", "group_size": GROUP, "batch_min": 3, "batch_max": 5,
+           "config": {"block_h": 8, "block_n": 16, "num_warps": 2, "num_stages": 2}}
+    table["entries"] = [row]
+    (tmp_path / "sm_90.json").write_text(json.dumps(table))
+    monkeypatch.setenv("KGEN_TABLES_DIR", str(tmp_path))
+    # A copy of the module in a folder of its own: check's private import of it is not the one
+    # other tests in this process use.
+    generated = tmp_path / "generated"
+    generated.mkdir()
+    name = f"verify_{LAYOUT}__kv_bf16__q_bf16.py"
+    (generated / name).write_text((kgen.generated_dir() / name).read_text())
+    info = check.find_modules(generated, layouts=[LAYOUT], kv_dtypes=["bf16"], q_dtypes=["bf16"],
+                              variants=["grouped"])[0]
+    module = check.load_module_file(info.path)
+    assert module.select_config("sm_90", GROUP, 4)["block_n"] == 16
+    assert {2, 3, 5, 6} <= set(check.domain_batches(module, "sm_90"))  # the new row's boundaries
