@@ -52,9 +52,14 @@ def module_uri(layout: str, kv_dtype: str, q_dtype: str, variant: Variant = "gro
     return f"{prefix}_{layout}__kv_{KV_DTYPES[kv_dtype]}__q_{Q_DTYPES[q_dtype]}"
 
 
+def config_value(config: BlockConfig) -> dict[str, Any]:
+    """A config as the dict a module holds: unset fields left out, keys in a stable order."""
+    return config.model_dump(exclude_none=True)
+
+
 def config_literal(config: BlockConfig) -> str:
-    """A config as a Python dict literal with stable key order (as a module holds it)."""
-    return repr(config.model_dump(exclude_none=True))
+    """A config as a Python dict literal in that order (``config_value``'s repr)."""
+    return repr(config_value(config))
 
 
 @dataclass(frozen=True)
@@ -118,8 +123,8 @@ class ConfigEntry:
     config: BlockConfig
 
     @property
-    def literal(self) -> str:
-        return config_literal(self.config)
+    def value(self) -> dict[str, Any]:
+        return config_value(self.config)
 
 
 @dataclass(frozen=True)
@@ -133,8 +138,8 @@ class BlockConfigs:
     split_defaults: dict[str, int] = field(default_factory=dict)  # SplitPolicy's defaults
 
     @property
-    def default_literal(self) -> str:
-        return config_literal(self.default)
+    def default_value(self) -> dict[str, Any]:
+        return config_value(self.default)
 
     @property
     def tables_summary(self) -> str:

@@ -11,7 +11,6 @@ target) and puts the rows they give in place of the baked ones. A row the module
 
 from __future__ import annotations
 
-import ast
 from types import ModuleType
 from typing import Any
 
@@ -29,7 +28,7 @@ CACHED_LOOKUPS = ("_planned",)
 def module_configs(plan: Plan) -> dict[str, tuple[tuple[int, int, int, dict[str, Any]], ...]]:
     """The value of a module's ``_BLOCK_CONFIGS`` for a plan that ran ``select_config`` and
     ``fit``: per arch, (group, batch_min, batch_max, config) rows, as the template renders them."""
-    return {arch: tuple((r.group_size, r.batch_min, r.batch_max, ast.literal_eval(r.literal)) for r in rows)
+    return {arch: tuple((r.group_size, r.batch_min, r.batch_max, r.value) for r in rows)
             for arch, rows in sorted(plan.config.by_arch.items())}
 
 

@@ -35,10 +35,8 @@ LINE_LENGTH = 120
 
 
 def py_literal(value: object, indent: int = 0) -> str:
-    """A Python value (or the literal text of one) as a literal that wraps to the line limit:
-    ``indent`` is the column the literal starts at; continuation lines keep that indent."""
-    if isinstance(value, str):
-        value = ast.literal_eval(value)
+    """A Python value as a literal that wraps to the line limit: ``indent`` is the column the
+    literal starts at; continuation lines keep that indent."""
     text = pprint.pformat(value, width=LINE_LENGTH - indent, sort_dicts=False, compact=True)
     return text.replace("\n", "\n" + " " * indent)
 

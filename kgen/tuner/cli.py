@@ -326,13 +326,11 @@ def _default_out(args: argparse.Namespace, arch: str) -> Path | None:
     return directory / f"{arch}.json"
 
 
-def _seed_table(arch: str, out: Path) -> TableFile | None:
+def _seed_table(arch: str) -> TableFile | None:
     """What a new table file starts from: the arch's table in use now (the shipped one, or
     $KGEN_TABLE's), so DIR/<arch>.json keeps the rows this run does not tune."""
     source = resolve_tables().get(arch)
-    if source is None or source.table is None or Path(source.path or "") == out:
-        return None
-    return source.table
+    return source.table if source is not None else None
 
 
 SYNTHETIC_NOTE = "SYNTHETIC: made by `kgen tune --objective synthetic` (no GPU); the times are not real"
@@ -432,7 +430,7 @@ def run_tune(args: argparse.Namespace) -> int:
         if out is not None:
             note = SYNTHETIC_NOTE if args.objective == "synthetic" else ""
             _table, changed = write_results(out, arch, gpu_name, results, note, workers=args.workers,
-                                            seed=None if out.exists() else _seed_table(arch, out))
+                                            seed=None if out.exists() else _seed_table(arch))
             _record_writes(storage, results, out, args.workers)
             print(f"{'wrote' if changed else 'unchanged:'} {out}")
         else:
