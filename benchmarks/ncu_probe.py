@@ -35,7 +35,7 @@ def main() -> None:
                      kv_dtype=args.kv, device="cuda", seed=1)
     config = None
     if args.config:
-        arch = module._device_info("cuda", None)[0]
+        arch = module.LAUNCHER.device_info("cuda", None)[0]
         config = {**module.select_config(arch, args.group, args.batch), **json.loads(args.config)}
     for _ in range(args.launches):
         module.launch(*case.launch_args(), config=config)

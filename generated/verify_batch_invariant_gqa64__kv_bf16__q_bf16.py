@@ -23,33 +23,18 @@
 #   2. _verify_merge_stage: combines the partials of requests with more than one split.
 # Batch invariant: a request's splits, program rows and merge order depend on its own prefix
 # and draft lengths only, never on the batch, the other requests or the GPU's size.
-# Imports only torch, triton and the standard library, so an engine can copy this file.
-
-import functools
-import math
-import os
-from collections.abc import Mapping
+# Imports only torch, triton and kgen.launcher, the host side every module shares (argument
+# checks, launch set-up, scratch, the call shapes): an engine can copy this file with that package.
 
 import torch
 import triton
 import triton.language as tl
 
-# ---- on/off switches: kgen/env.py below its imports, verbatim (kgen.env.env_flag is this text) ----
-TRUE_VALUES = ("1", "true", "yes", "on")
-
-
-def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
-    """True when the switch ``name`` is on in ``env`` (``os.environ`` by default)."""
-    env = os.environ if env is None else env
-    return env.get(name, "").strip().lower() in TRUE_VALUES
-
-
-try:  # grid dependency control (Hopper and later; Triton 3.6 has it): see _use_pdl
-    from triton.language.extra.cuda import gdc_wait
-
-    _HAS_GRID_DEPENDENCY_CONTROL = True
-except ImportError:  # older Triton: kernels take the USE_PDL=False branch and never name them
-    _HAS_GRID_DEPENDENCY_CONTROL = False
+# gdc_wait is None on a Triton without grid dependency control: the kernels' USE_PDL is off there.
+from kgen.launcher.identity import Invariance, Kernels, ModuleIdentity
+from kgen.launcher.invariant import InvariantVerifyLauncher
+from kgen.launcher.pdl import gdc_wait
+from kgen.launcher.rules import kernel_shape
 
 # The module's public names (docs/design.md, "What a generated module exposes"); the rest is
 # its own machinery.
@@ -94,17 +79,9 @@ BATCH_INVARIANT = True
 TOKENS_PER_SPLIT = 4096
 MAX_SPLITS_PER_REQUEST = 8
 DRAFT_ROWS = 4
-_LOG2E = 1.4426950408889634
-# CPU runs (tests) go through Triton's interpreter, whose bf16 tl.dot is wrong: there the
-# dot operands are upcast to fp32. The GPU path keeps bfloat16 operands. Triton is asked,
-# not TRITON_INTERPRET parsed: its knob is what @triton.jit decided with (kgen/env.py says why).
-_INTERPRET = bool(triton.knobs.runtime.interpret)
-# Engines can turn programmatic dependent launch off (see _use_pdl).
-_NO_PDL = env_flag("KGEN_NO_PDL")
-_INTERPRETER_NUM_SMS = 4
 
-# Block configs per arch, (group, batch_min, batch_max, config): the tables in use at build time;
-# kgen.load puts the rows of $KGEN_TABLES_DIR / $KGEN_TABLE in their place (kgen/retable.py).
+# Block configs per arch, (group, batch_min, batch_max, config): the tables in use at build time.
+# kgen.load hands the launcher the rows of $KGEN_TABLES_DIR / $KGEN_TABLE instead (kgen/retable.py).
 _BLOCK_CONFIGS = {
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
@@ -590,949 +567,90 @@ def _verify_merge_stage(
 
 
 # ---------------------------------------------------------------------------------------
-# Host side. Everything below depends only on shapes, dtypes, strides and Python scalars:
-# no .item(), no tensor-to-Python conversion, so the launch is CUDA-graph safe.
+# What this module is, for kgen.launcher (the host side every module shares): its layout and
+# dtypes, the targets it was checked for, what one program stages, and its kernels.
 # ---------------------------------------------------------------------------------------
-
-# Dot operand dtypes on the GPU. Prefix stage: the pool is already in the query dtype.
-_TL_PREFIX_DOT_DTYPE = tl.bfloat16
-# Unless the block config says (draft_tile), programs of these row counts run the draft tile before the prefix loop,
-# others after it: 32-row programs run mma.sync and hold q's fragments in registers through the loop; a draft tile
-# after it keeps a second copy (ptxas sm_90a, 64-token tiles: 208 B of spills a thread after, none before). 16-row
-# programs ran slower before it, and 64-row ones spill 20 B before it and none after (docs/perf-notes.md, 'Draft tile
-# placement').
-_DRAFT_FIRST_ROWS = (32,)
-_INDEX_DTYPES = (torch.int32, torch.int64)
-# Custom masks the kernels read: one byte a bit (SGLang sends bool).
-_MASK_DTYPES = (torch.bool, torch.uint8, torch.int8)
-# The prefix stage's mask arguments when there is no mask: None makes them constexprs, so
-# the chain kernel is compiled without them (kgen check compiles launch_params' constexprs).
-_NO_MASK = {"Custom_Mask": None, "Mask_Indptr": None, "stride_mask_row": None}
-_SCRATCH = {}
-
-# Targets this module was compiled and checked for (`kgen check`, kgen/tables/targets.json):
-# shared memory per block, threads per warp, the matrix instruction, FP8 formats. Other
-# archs are refused. The interpreter has no limits; it plays sm_90 so that CPU runs take
-# the row blocking the H200 takes.
-_TARGETS = {'sm_80': {'family': 'cuda',
-                      'warp_size': 32,
-                      'shared_bytes': 166912,
-                      'mma': 'mma',
-                      'shared_estimate': 'upper_bound',
-                      'fp8': []},
-            'sm_89': {'family': 'cuda',
-                      'warp_size': 32,
-                      'shared_bytes': 101376,
-                      'mma': 'mma',
-                      'shared_estimate': 'upper_bound',
-                      'fp8': ['float8_e4m3fn']},
-            'sm_90': {'family': 'cuda',
-                      'warp_size': 32,
-                      'shared_bytes': 232448,
-                      'mma': 'wgmma',
-                      'shared_estimate': 'measured',
-                      'fp8': ['float8_e4m3fn']},
-            'sm_100': {'family': 'cuda',
-                       'warp_size': 32,
-                       'shared_bytes': 232448,
-                       'mma': 'tcgen05',
-                       'shared_estimate': 'upper_bound',
-                       'fp8': ['float8_e4m3fn']},
-            'gfx942': {'family': 'hip',
-                       'warp_size': 64,
-                       'shared_bytes': 65536,
-                       'mma': 'mfma',
-                       'shared_estimate': 'upper_bound',
-                       'fp8': ['float8_e4m3fnuz']},
-            'gfx950': {'family': 'hip',
-                       'warp_size': 64,
-                       'shared_bytes': 163840,
-                       'mma': 'mfma',
-                       'shared_estimate': 'upper_bound',
-                       'fp8': ['float8_e4m3fn']}}
-CHECKED_ARCHS = tuple(_TARGETS)
-_INTERPRETER_TARGET = "sm_90"
-
-# ---- launch rules: kgen/rules.py, verbatim (the tuner and `kgen check` import the same file) ----
-MIN_DOT = 16  # tl.dot needs M, N and K of at least 16
-MAX_ROWS = 128  # BLOCK_H x L_PAD rows: the largest tl.dot M any program uses
-# fp32 accumulator registers a thread may hold: rows x accumulator width / threads. Past
-# this the accumulator spills (ptxas sm_90a, GQA 256 at 128 rows: 256 registers, 4 KB of
-# spills a thread), so the row blocking halves the head block first.
-ACC_REGISTERS_PER_THREAD = 128
-SHARED_MARGIN_BYTES = 1024  # barriers and alignment Triton adds beside the tile buffers
-WGMMA_MIN_ROWS = 64  # one warpgroup's wgmma is 64 rows; smaller programs run mma.sync
-MAX_DRAFT_SCORES = 2048  # rows x columns of one draft tile: 64 x 32, 16 registers a thread at 4 warps
-# Rows of a wgmma FP8 program with an accumulator this wide whose draft columns run in a loop:
-# the loop carries the register accumulator beside the e4m3 -> fp16 conversion (absorbed MLA,
-# 64 x 512, ptxas sm_90a: 64 rows spilled 3.1 KB a thread, 32 rows 64 B; straight-line at 64
-# rows 1008 B). Other targets run another matrix instruction and keep their rows; kgen check
-# compiles their looped programs too.
-FP8_LOOPED_DRAFT_WIDE_ACC = 512
-FP8_LOOPED_DRAFT_MAX_ROWS = 32
-
-
-def cdiv(a, b):
-    return -(-a // b)
-
-
-def next_pow2(x):
-    """Smallest power of two >= x, with next_pow2(0) == 1 (Triton 3.6's returns 0)."""
-    return 1 if x <= 1 else 1 << (x - 1).bit_length()
-
-
-def kernel_shape(k_width, acc_width, kv_bytes, v_separate):
-    """Bytes per prefix token a program stages (K's padded width, plus V when it is its own
-    buffer), bytes per 16-bit row of q and the accumulator's width."""
-    return {
-        "kv_row_bytes": (k_width + (acc_width if v_separate else 0)) * kv_bytes,
-        "q_row_bytes": k_width * 2,
-        "acc_width": acc_width,
-        "kv_bytes": kv_bytes,
-    }
-
-
-def draft_rows(block_h, max_len):
-    """L_PAD, the rows a program gives each of its BLOCK_H heads: a power of two that holds
-    the draft and, with the other heads, makes at least MIN_DOT rows for tl.dot."""
-    return max(next_pow2(cdiv(MIN_DOT, block_h)), next_pow2(max_len))
-
-
-def row_blocking(block_h, group, max_len, max_rows=MAX_ROWS, grouped=True):
-    """BLOCK_H (query heads a program owns) and L_PAD (draft rows per head, a power of two):
-    at least MIN_DOT rows, at most max_rows, halving the head block until it fits. A draft
-    longer than max_rows rows of one head is split over programs (``draft_row_blocks``)."""
-    block_h = min(block_h, next_pow2(group)) if grouped else 1
-    while True:
-        l_pad = draft_rows(block_h, max_len)
-        if block_h * l_pad <= max_rows:
-            return block_h, l_pad
-        if block_h == 1:
-            return 1, max(max_rows, MIN_DOT)
-        block_h //= 2
-
-
-def draft_row_blocks(l_pad, max_len):
-    """Programs that share one head block's draft rows: 1 while L_PAD holds the whole draft,
-    else cdiv(L, L_PAD) (each takes L_PAD consecutive draft tokens)."""
-    return max(1, cdiv(max_len, l_pad))
-
-
-def draft_tile_columns(rows, l_pad, block_n):
-    """DRAFT_N, the draft tile's width: L_PAD (the program's whole draft in one tile), but no
-    wider than the prefix tile's BLOCK_N and no more than MAX_DRAFT_SCORES scores for the
-    program's rows; at least MIN_DOT for tl.dot. Beside its scores a draft tile holds the mask's
-    bits and the draft positions, which a prefix tile does not: 64 columns beside a 64 x 256
-    accumulator spilled 2.7 KB a thread (ptxas sm_80/sm_89, 4 warps), 128 rows x 64 columns
-    4.7 KB (GQA 128, sm_90), and 32 columns beside MLA's 32 x 512 took 106496 B of shared
-    memory on sm_89, over its 101376 B. A narrower tile walks the draft columns in a loop."""
-    return max(MIN_DOT, min(l_pad, block_n, MAX_DRAFT_SCORES // rows))
-
-
-def draft_columns_loop(row_blocks, draft_n, l_pad):
-    """Whether a program walks its draft columns in a loop (the kernel's branch): its draft rows
-    are split over programs, or its draft tile is narrower than its rows' draft."""
-    return row_blocks > 1 or draft_n < l_pad
-
-
-def max_rows_for(target, shape, num_warps):
-    """The row budget of one program: MAX_ROWS, and no more accumulator than
-    ACC_REGISTERS_PER_THREAD registers a thread (a power of two, at least MIN_DOT)."""
-    threads = num_warps * target["warp_size"]
-    budget = ACC_REGISTERS_PER_THREAD * threads // shape["acc_width"]
-    rows = MIN_DOT
-    while rows * 2 <= min(budget, MAX_ROWS):
-        rows *= 2
-    return rows
-
-
-def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
-    """Shared memory (LDS) Triton gives one prefix-stage program, from its tile buffers.
-
-    A "measured" target (targets.json: sm_90) uses the allocation Triton 3.6 reported offline
-    for every shipped layout, BF16 and FP8, 16 to 128 rows, 32/64-token tiles, 2-3 stages:
-    wgmma programs keep num_stages K/V buffers and q; mma.sync programs keep num_stages - 1
-    buffers, q and one 16-bit row of p per row. Every other target takes an upper bound, since
-    Triton's allocation there differs by program (sm_89 MLA: 106496 B where the sm_90 rule
-    gives 95232; sm_100 MLA at 64 rows keeps the 64 x 512 fp32 accumulator in shared memory,
-    250928 B): every buffer, q, a 16-bit copy of the accumulator and of p per row, and on
-    tcgen05 the fp32 accumulator once it is 512 wide. The bound is not exact everywhere (sm_89
-    MLA at 32 rows: 90112 B against 80896): ``kgen check`` compiles every variant and fails
-    where what Triton allocates exceeds the target.
-    """
-    kv_tile = block_n * shape["kv_row_bytes"]
-    if target["shared_estimate"] == "measured":
-        if target["mma"] == "wgmma" and rows >= WGMMA_MIN_ROWS and num_warps % 4 == 0:
-            tiles = num_stages * kv_tile + rows * shape["q_row_bytes"]
-        else:
-            tiles = max(num_stages - 1, 1) * kv_tile + rows * (shape["q_row_bytes"] + 2 * block_n)
-        return tiles + SHARED_MARGIN_BYTES
-    tiles = num_stages * kv_tile + rows * (shape["q_row_bytes"] + 2 * shape["acc_width"] + 2 * block_n)
-    if target["mma"] == "tcgen05" and shape["acc_width"] >= 512:
-        tiles += rows * shape["acc_width"] * 4
-    return tiles + SHARED_MARGIN_BYTES
-
-
-def fit_program(target, shape, config, group, max_len, grouped=True):
-    """(block_h, l_pad, block_n, num_stages, reasons): the config's program, made to fit the
-    target. In order: the accumulator's row budget halves the head block (and past one head,
-    splits the draft rows over programs); then, while the tile buffers overflow shared
-    memory, fewer stages (down to 2, then 1), then narrower tiles (down to MIN_DOT tokens),
-    then fewer heads, then fewer draft rows a program. ``reasons`` says what changed and why."""
-    num_warps, block_n, stages = config["num_warps"], config["block_n"], config["num_stages"]
-    max_rows = max_rows_for(target, shape, num_warps)
-    block_h, l_pad = row_blocking(config["block_h"], group, max_len, max_rows, grouped)
-    wanted_h, wanted_l = row_blocking(config["block_h"], group, max_len, MAX_ROWS, grouped)
-    reasons = []
-    if block_h < wanted_h:
-        reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_h * wanted_l} rows x {shape['acc_width']} fp32 "
-                       f"accumulator exceed {ACC_REGISTERS_PER_THREAD} registers a thread at {num_warps} warps")
-    rows = block_h * l_pad
-    loops = draft_columns_loop(draft_row_blocks(l_pad, max_len), draft_tile_columns(rows, l_pad, block_n), l_pad)
-    if (target["mma"] == "wgmma" and shape["kv_bytes"] == 1 and shape["acc_width"] >= FP8_LOOPED_DRAFT_WIDE_ACC
-            and rows > FP8_LOOPED_DRAFT_MAX_ROWS and loops):
-        while block_h * l_pad > FP8_LOOPED_DRAFT_MAX_ROWS:
-            block_h, l_pad = (block_h // 2, l_pad) if block_h > 1 else (1, l_pad // 2)
-        reasons.append(f"{block_h * l_pad} rows: an FP8 program whose draft columns loop carries its "
-                       f"{shape['acc_width']}-wide accumulator beside the e4m3 conversion, at most "
-                       f"{FP8_LOOPED_DRAFT_MAX_ROWS} rows")
-    row_blocks = draft_row_blocks(l_pad, max_len)
-    if row_blocks > 1:
-        reasons.append(f"draft rows over {row_blocks} programs of L_PAD {l_pad}: {draft_rows(1, max_len)} rows "
-                       f"of one head exceed the {max_rows}-row budget at {num_warps} warps")
-    limit = target["shared_bytes"]
-    while shared_bytes(target, shape, block_h * l_pad, block_n, stages, num_warps) > limit:
-        need = shared_bytes(target, shape, block_h * l_pad, block_n, stages, num_warps)
-        if stages > 1:
-            change, stages = f"num_stages {stages} -> {stages - 1}", stages - 1
-        elif block_n > MIN_DOT:
-            change, block_n = f"BLOCK_N {block_n} -> {block_n // 2}", block_n // 2
-        elif block_h > 1:
-            change, block_h = f"BLOCK_H {block_h} -> {block_h // 2}", block_h // 2
-            l_pad = draft_rows(block_h, max_len)
-        elif l_pad > MIN_DOT:
-            change, l_pad = f"L_PAD {l_pad} -> {l_pad // 2} (draft rows over more programs)", l_pad // 2
-        else:
-            reasons.append(f"nothing fits: {need} B of shared memory at the smallest program")
-            return None
-        reasons.append(f"{change}: {need} B of tile buffers exceed {limit} B of shared memory")
-    return block_h, l_pad, block_n, stages, reasons
-
-
-GLUON_ROWS = 64  # the Gluon prefix stage's program: one wgmma's 64 rows, two warpgroups
-GLUON_MAX_ROW_BLOCK = 64  # L_PAD past this leaves no head per program
-
-
-def gluon_shared_bytes(shape, block_n, num_stages):
-    """Shared memory of the Gluon prefix stage: q (16-bit), NUM_STAGES gathered K tiles and
-    the 16-bit P tile (measured with Triton 3.6 for sm_90: these buffers plus 512 bytes)."""
-    return (GLUON_ROWS * shape["q_row_bytes"] + num_stages * block_n * shape["kv_row_bytes"]
-            + GLUON_ROWS * block_n * 2 + SHARED_MARGIN_BYTES)
-
-
-def gluon_rows(max_len, block_n):
-    """(BLOCK_H, L_PAD) of a Gluon program, or None when the draft does not fit one tile of
-    draft keys or one program's 64 rows (the Triton kernel serves it)."""
-    l_pad = next_pow2(max_len)
-    if max_len > block_n or l_pad > GLUON_MAX_ROW_BLOCK:
-        return None
-    return GLUON_ROWS // l_pad, l_pad
-# ---- end of kgen/rules.py ----
-
-# What one program stages per prefix token and per row, for the rules above.
-_KERNEL_SHAPE = kernel_shape(64, 64, 2, True)
-
-
-@functools.cache
-def _device_info(device_type, index):
-    """(arch, multiprocessor count, is_rocm) of a device; CPU tensors mean the interpreter."""
-    if device_type != "cuda":
-        return "interpreter", _INTERPRETER_NUM_SMS, False
-    props = torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device())
-    if torch.version.hip:
-        return props.gcnArchName.split(":")[0], props.multi_processor_count, True
-    return f"sm_{props.major}{props.minor}", props.multi_processor_count, False
-
-
-def select_config(arch, group_size, batch):
-    """The block config for an arch, group size and batch (table row, else the default); batch invariant:
-    one row per group covers every batch."""
-    for group, batch_min, batch_max, config in _BLOCK_CONFIGS.get(arch, ()):
-        if group == group_size and batch_min <= batch <= batch_max:
-            return config
-    return _DEFAULT_CONFIG
-
-
-def _draft_first(config, rows):
-    """Whether the last split runs its draft tile before the prefix loop: the config's
-    draft_tile ("first" / "after", a tuner axis), else the row rule above."""
-    placement = config.get("draft_tile")
-    return rows in _DRAFT_FIRST_ROWS if placement is None else placement == "first"
-
-
-def _split_grid(plan, batch, prefix_bound, compact):
-    """(split grid, slots_per_request, scratch slots) for a launch plan, from shapes alone.
-    prefix_bound is the longest prefix the index table can hold: len(kv_indices) for token
-    slots, the block table's width x page size for pages. Request b's split k writes scratch
-    slot first + k, where first is kv_indptr[b] // tokens_per_split + b (compact, token slots
-    only: slots_per_request 0) or b x the grid's splits, whichever needs fewer slots. The
-    compact count is rounded up to one of 8 sizes per power of two (at most 1/8 more), so that
-    calls whose kv_indices lengths differ share a few buffers."""
-    tokens_per_split = plan["tokens_per_split"]
-    grid_splits = max(1, min(plan["max_splits"], cdiv(prefix_bound, tokens_per_split)))
-    per_request = batch * grid_splits
-    if compact:
-        compact_slots = prefix_bound // tokens_per_split + batch
-        step = max(1, next_pow2(compact_slots) // 8)
-        compact_slots = cdiv(compact_slots, step) * step
-        if compact_slots < per_request:
-            return grid_splits, 0, compact_slots
-    return grid_splits, grid_splits, per_request
-
-
-def _merge_heads(l_pad):
-    """Query heads per merge program: MERGE_ROWS rows (a power of two, for tl.arange); heads
-    past the last one are masked."""
-    return max(1, MERGE_ROWS // l_pad)
-
-
-def _backend_knobs(config, is_rocm):
-    """AMD compiler knobs go to ROCm launches only; CUDA never sees them."""
-    if not is_rocm:
-        return {}
-    knobs = {}
-    for name in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
-        if config.get(name) is not None:
-            knobs[name] = config[name]
-    return knobs
-
-
-def _use_pdl(arch, is_rocm):
-    """Programmatic dependent launch on NVIDIA sm_90+: each kernel's launch overlaps the end of
-    the one before it, and its programs wait in gdc_wait for that kernel's results
-    (docs/perf-notes.md, "Programmatic dependent launch"). Not under the interpreter, on ROCm,
-    before Hopper, or with KGEN_NO_PDL on (env_flag: 1, true, yes, on) in the environment when
-    the module was imported (an engine's switch)."""
-    return (_HAS_GRID_DEPENDENCY_CONTROL and not _INTERPRET and not is_rocm
-            and arch.startswith("sm_") and int(arch[3:].rstrip("a")) >= 90 and not _NO_PDL)
-
-
-def _target_of(arch):
-    return _TARGETS[_INTERPRETER_TARGET if arch == "interpreter" else arch]
-
-
-def _triton_prefix(arch, config, group, max_len, page_size, has_mask):
-    """_verify_prefix_stage's (constexprs, compile options) for this launch, or None when no
-    program fits the target."""
-    is_rocm = _target_of(arch)["family"] == "hip"
-    # Batch invariant: fitted for DRAFT_ROWS whatever max_len (a longer draft adds row blocks,
-    # a runtime argument, not ROW_BLOCKS).
-    fitted = fit_program(_target_of(arch), _KERNEL_SHAPE, config, group, DRAFT_ROWS, grouped=True)
-    if fitted is None:
-        return None
-    block_h, l_pad, block_n, num_stages, _ = fitted
-    constexprs = {
-        "GROUP": group,
-        "BLOCK_H": block_h,
-        "L_PAD": l_pad,
-        "DRAFT_N": draft_tile_columns(block_h * l_pad, l_pad, block_n),
-        "HAS_MASK": has_mask,
-        "BLOCK_N": block_n,
-        "BLOCK_TABLE": page_size is not None,
-        "LAZY_RESCALE": bool(config.get("lazy_rescale")),
-        "DRAFT_FIRST": _draft_first(config, block_h * l_pad),
-        "USE_PDL": _use_pdl(arch, is_rocm),
-    }
-    return constexprs, {"num_warps": config["num_warps"], "num_stages": num_stages,
-                        **_backend_knobs(config, is_rocm)}
-
-
-def _prefix_launch(arch, config, group, max_len, page_size, use_pdl, has_mask):
-    """(kernel, constexprs, compile options, config of its split policy, launched early) of the
-    prefix stage; None when no program fits."""
-    triton_prefix = _triton_prefix(arch, config, group, max_len, page_size, has_mask)
-    if triton_prefix is None:
-        return None
-    return ("_verify_prefix_stage", *triton_prefix, config, use_pdl)
-
-
-def _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads=1, has_mask=False):
-    """Everything one call launches, from Python scalars alone (None when no program fits).
-
-    Batch invariant: one program whatever the batch and the draft length (a longer draft adds
-    row blocks), the module's splits; batch, max_len and num_sms change how many programs
-    run (the grid), never what one computes. has_mask: a custom mask is read in the draft tile."""
-    is_rocm = _target_of(arch)["family"] == "hip"
-    config = config if config is not None else select_config(arch, group, batch)
-    use_pdl = _use_pdl(arch, is_rocm)
-    knobs = _backend_knobs(config, is_rocm)
-    chosen = _prefix_launch(arch, config, group, max_len, page_size, use_pdl, has_mask)
-    if chosen is None:
-        return None
-    prefix_kernel, prefix, prefix_options, split_config, prefix_pdl = chosen
-    block_h, l_pad, block_n = prefix["BLOCK_H"], prefix["L_PAD"], prefix["BLOCK_N"]
-    head_blocks = cdiv(group, block_h)
-    # A draft longer than L_PAD runs in row blocks of L_PAD rows, one program each, in both
-    # stages (the merge too: its rows are the prefix stage's). The split grid comes from the
-    # call's index table (_split_grid in _run); max_splits is the split plan's cap, and the
-    # table row's split policy is not used.
-    row_blocks = draft_row_blocks(l_pad, max_len)
-    max_splits = MAX_SPLITS_PER_REQUEST
-    merge_l_pad = l_pad
-    merge = {
-        "MERGE_HEADS": _merge_heads(merge_l_pad),
-        "L_PAD": merge_l_pad,
-        "SPLIT_CHUNK": MERGE_SPLIT_CHUNK,
-        "BLOCK_TABLE": page_size is not None,
-        "USE_PDL": use_pdl,
-    }
-    return {
-        "head_blocks": head_blocks,
-        "row_blocks": row_blocks,
-        "max_splits": max_splits,
-        "tokens_per_split": TOKENS_PER_SPLIT,
-        "block_n": block_n,
-        "page_shift": (page_size or 1).bit_length() - 1,
-        "prefix_kernel": prefix_kernel,
-        "prefix": (prefix, prefix_options),
-        "prefix_pdl": {"launch_pdl": True} if prefix_pdl else {},
-        # Run when the call's split grid has more than one split (_run decides from its shapes).
-        "merge": (merge, {"num_warps": 4, "num_stages": 2, **knobs}),
-        "pdl": {"launch_pdl": True} if use_pdl else {},
-    }
-
-
-@functools.lru_cache(maxsize=4096)
-def _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads=1, has_mask=False):
-    """_plan_launch for the module's own configs, cached: the same shapes every step."""
-    return _plan_launch(arch, num_sms, group, batch, max_len, page_size, None, num_kv_heads, has_mask)
-
-
-def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=None, num_kv_heads=1,
-                  has_mask=False):
-    """The kernels one call launches, as (kernel name, constexpr arguments, compile options).
-
-    Pure Python: `kgen check` compiles exactly these offline for each target. page_size None
-    is the token-slot entry (verify_shared_kv_fwd), an int the paged entry (verify_paged_fwd);
-    has_mask a call with a custom mask (a tree).
-    The merge stage is listed always: it runs when the call's index table can hold a prefix of
-    more than one split (shapes launch_params does not see). Returns [] when no program fits
-    the target (the entry points refuse such calls).
-    """
-    if config is None:
-        plan = _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads, has_mask)
-    else:
-        plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads, has_mask)
-    if plan is None:
-        return []
-    prefix_constexprs, prefix_options = plan["prefix"]
-    if plan["prefix_kernel"] == "_verify_prefix_stage" and not has_mask:
-        prefix_constexprs = {**prefix_constexprs, **_NO_MASK}
-    launches = [(plan["prefix_kernel"], dict(prefix_constexprs), dict(prefix_options))]
-    if plan["merge"] is not None:
-        merge_constexprs, merge_options = plan["merge"]
-        launches.append(("_verify_merge_stage", dict(merge_constexprs), dict(merge_options)))
-    return launches
-
-
-def _scratch(device, rows, num_q_heads, splits):
-    """fp32 partials [rows, H_q, splits, D_v] and log2-sum-exp [rows, H_q, splits], cached by
-    shape so graph replays see one address. A row is a draft position, a split a request's scratch slot
-    (_split_grid)."""
-    key = (str(device), rows, num_q_heads, splits)
-    buffers = _SCRATCH.get(key)
-    if buffers is None:
-        partial_o = torch.empty((rows, num_q_heads, splits, V_HEAD_DIM.value), dtype=torch.float32, device=device)
-        partial_lse = torch.empty((rows, num_q_heads, splits), dtype=torch.float32, device=device)
-        buffers = _SCRATCH[key] = (partial_o, partial_lse)
-    return buffers
-
-
-def scratch_bytes(num_tokens, num_q_heads, num_kv_heads, batch, max_len, arch, num_sms, config=None,
-                  kv_indices_len=None):
-    """Bytes of scratch (fp32 partials + log2-sum-exp) the launcher allocates for these shapes.
-    It depends on the index table's length: kv_indices_len (token slots); None gives the most
-    a call of this batch can take, MAX_SPLITS_PER_REQUEST slots a request."""
-    plan = _plan_launch(arch, num_sms, num_q_heads // num_kv_heads, batch, max_len, None, config, num_kv_heads)
-    rows = plan["row_blocks"] * plan["prefix"][0]["L_PAD"]
-    if kv_indices_len is None:
-        _, _, slots = _split_grid(plan, batch, plan["max_splits"] * plan["tokens_per_split"], compact=False)
-    else:
-        _, _, slots = _split_grid(plan, batch, kv_indices_len, compact=True)
-    return 4 * rows * num_q_heads * slots * (V_HEAD_DIM.value + 1)
-
-
-def _scales(k_scale, v_scale, device):
-    """(k, v): the 16-bit pool's scales as float kernel arguments (why_not refused tensors)."""
-    return (1.0 if k_scale is None else float(k_scale)), (1.0 if v_scale is None else float(v_scale))
-
-
-def _mask_arguments(custom_mask, mask_indptr, paged):
-    """The prefix stage's mask arguments: the mask's bytes as uint8 (bool and int8 masks are
-    the same bytes), its offsets and, for the paged entry's [rows, W] mask, its row stride;
-    Nones (_NO_MASK) for a call without a mask."""
-    if custom_mask is None:
-        return _NO_MASK
-    if paged:
-        mask, stride_mask_row = custom_mask.view(torch.uint8), custom_mask.stride(0)
-    else:
-        mask, stride_mask_row = custom_mask.reshape(-1).view(torch.uint8), 0
-    return {"Custom_Mask": mask, "Mask_Indptr": mask_indptr, "stride_mask_row": stride_mask_row}
-
-
-def _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
-                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale,
-                          stride_table, k_strides, v_strides, prefix_trim_len, draft_lookahead_len):
-    prefix_constexprs, prefix_options = plan["prefix"]
-    _verify_prefix_stage[grid](
-        q,
-        k_pool,
-        v_pool,
-        k_extend,
-        v_extend,
-        o,
-        qo_indptr,
-        kv_bounds,
-        kv_table,
-        partial_o,
-        partial_lse,
-        sm_scale * _LOG2E,
-        k_scale,
-        v_scale,
-        *split_ints,
-        plan["page_shift"],
-        prefix_trim_len,
-        draft_lookahead_len,
-        stride_table,
-        q.stride(0),
-        q.stride(1),
-        *k_strides,
-        *v_strides,
-        k_extend.stride(0),
-        k_extend.stride(1),
-        v_extend.stride(0),
-        v_extend.stride(1),
-        o.stride(0),
-        o.stride(1),
-        partial_o.stride(0),
-        partial_o.stride(1),
-        partial_o.stride(2),
-        partial_lse.stride(0),
-        partial_lse.stride(1),
-        **mask_arguments,
-        DOT_DTYPE=tl.float32 if _INTERPRET else _TL_PREFIX_DOT_DTYPE,
-        **prefix_constexprs,
-        **prefix_options,
-        **plan["prefix_pdl"],
-    )
-
-
-def _run(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds, kv_table, max_len,
-         k_scale, v_scale, sm_scale, config, page_size, stride_table, k_strides, v_strides,
-         custom_mask=None, mask_indptr=None, is_causal=True, prefix_trim_len=0):
-    """Launch both stages. is_causal=False without a mask: every draft token sees the whole draft
-    block (a runtime draft_lookahead_len, no other program); prefix_trim_len: the last slots of
-    each request's kv_indptr slice that are not its prefix (-kv_len_adjust, token slots only)."""
-    num_tokens, num_q_heads, _ = q.shape
-    num_kv_heads = k_extend.shape[1]
-    group = num_q_heads // num_kv_heads
-    batch = qo_indptr.shape[0] - 1
-    if num_tokens == 0 or batch == 0:
-        return
-    arch, num_sms, _ = _device_info(q.device.type, q.device.index)
-    has_mask = custom_mask is not None
-    if config is None:
-        plan = _planned(arch, num_sms, group, batch, max_len, page_size, num_kv_heads, has_mask)
-    else:
-        plan = _plan_launch(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads, has_mask)
-    if plan is None:
-        raise ValueError(f"{URI}: no program fits {arch} for group {group}, draft length {max_len}")
-    # The split grid and the scratch slots come from the index table's shape (the longest prefix
-    # it can hold), never its values: graph-safe, and no program's result depends on them.
-    prefix_bound = kv_table.numel() if page_size is None else kv_table.shape[1] * page_size
-    grid_splits, slots_per_request, num_slots = _split_grid(plan, batch, prefix_bound, compact=page_size is None)
-    row_blocks = plan["row_blocks"]
-    # The split plan's ints, as both stages take them.
-    split_ints = (plan["max_splits"], plan["tokens_per_split"], slots_per_request, row_blocks)
-    partial_o, partial_lse = _scratch(q.device, row_blocks * plan["prefix"][0]["L_PAD"], num_q_heads, num_slots)
-    grid = (num_kv_heads * plan["head_blocks"] * row_blocks, grid_splits, batch)
-    sm_scale = 1.0 / math.sqrt(QK_DIM) if sm_scale is None else sm_scale
-    prefix_constexprs, prefix_options = plan["prefix"]
-    k_scale, v_scale = _scales(k_scale, v_scale, q.device)
-    # Columns past its own a draft row sees: none in a chain, every one of a non-causal block.
-    draft_lookahead_len = MAX_DRAFT_TOKENS if custom_mask is None and not is_causal else 0
-
-    mask_arguments = _mask_arguments(custom_mask, mask_indptr, page_size is not None)
-    _launch_triton_prefix(grid, plan, split_ints, q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, kv_bounds,
-                          kv_table, mask_arguments, partial_o, partial_lse, sm_scale, k_scale, v_scale,
-                          stride_table, k_strides, v_strides, prefix_trim_len, draft_lookahead_len)
-    if grid_splits == 1:
-        return  # no prefix the index table holds needs a second split: each request wrote o itself
-    merge_constexprs, merge_options = plan["merge"]
-    merge_heads = merge_constexprs["MERGE_HEADS"]
-    merge_grid = (cdiv(num_q_heads, merge_heads) * row_blocks, batch, cdiv(V_HEAD_DIM.value, MERGE_BLOCK_DV.value))
-    _verify_merge_stage[merge_grid](
-        o,
-        qo_indptr,
-        kv_bounds,
-        partial_o,
-        partial_lse,
-        num_q_heads,
-        *split_ints,
-        prefix_trim_len,
-        stride_table,
-        o.stride(0),
-        o.stride(1),
-        partial_o.stride(0),
-        partial_o.stride(1),
-        partial_o.stride(2),
-        partial_lse.stride(0),
-        partial_lse.stride(1),
-        **merge_constexprs,
-        **merge_options,
-        **plan["pdl"],
-    )
-
-
-def launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
-           kv_indices, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, config=None,
-           custom_mask=None, mask_indptr=None, is_causal=True, kv_len_adjust=0):
-    """Run the kernels on SGLang's token-slot pool with no checks (callers: tuner, bench).
-
-    ``config`` is a block-config dict (fields of kgen.blockconfig.BlockConfig); None uses
-    this module's table for the device's arch. ``custom_mask``/``mask_indptr``: SGLang's
-    tree mask (the draft block of each request's [L, P + L] rows), as in verify_shared_kv_fwd;
-    ``is_causal`` and ``kv_len_adjust`` (<= 0) as there.
-    """
-    _run(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
-         kv_indices, int(max_len_extend), k_scale, v_scale, sm_scale, config,
-         page_size=None, stride_table=0,
-         k_strides=(k_buffer.stride(0), 0, k_buffer.stride(1)),
-         v_strides=(v_buffer.stride(0), 0, v_buffer.stride(1)),
-         custom_mask=custom_mask, mask_indptr=mask_indptr, is_causal=is_causal, prefix_trim_len=-int(kv_len_adjust))
-
-
-def _why_not_common(q, k_extend, v_extend, o, k_pool, v_pool, qo_indptr, max_len_extend, k_scale, v_scale, pool_ndim=3):
-    """Reasons shared by both entry points; '' when the shapes and dtypes are ours."""
-    tensors = {"q_extend": q, "k_extend": k_extend, "v_extend": v_extend, "o_extend": o, "k_buffer": k_pool,
-               "v_buffer": v_pool}
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            return f"{name} is not a tensor"
-        if t.dim() != (3 if name.endswith("extend") else pool_ndim):
-            return f"{name} has {t.dim()} dims"
-        if t.stride(-1) != 1:
-            return f"{name} is not contiguous in its last dim"
-        if t.device != q.device:
-            return f"{name} is on {t.device}, q_extend on {q.device}"
-    if q.device.type != "cuda" and not _INTERPRET:
-        # Without the interpreter Triton finds no driver for these tensors and raises.
-        return (f"{q.device.type} tensors need Triton's interpreter: set TRITON_INTERPRET=1 before "
-                "triton is imported, or pass CUDA tensors")
-    if q.dtype != Q_DTYPE or k_extend.dtype != Q_DTYPE or v_extend.dtype != Q_DTYPE or o.dtype != Q_DTYPE:
-        return f"query-side dtypes must be {Q_DTYPE} (this module's)"
-    if k_pool.dtype != KV_DTYPE or v_pool.dtype != KV_DTYPE:
-        return f"KV dtype {k_pool.dtype} is not this module's {KV_DTYPE}"
-    num_tokens, num_q_heads, qk_dim = q.shape
-    num_kv_heads = k_extend.shape[1]
-    if qk_dim != QK_DIM or k_extend.shape[2] != QK_DIM or k_pool.shape[-1] != QK_DIM:
-        return f"q/k head dim must be {QK_DIM}"
-    if (v_extend.shape[2], v_pool.shape[-1], o.shape[2]) != (V_HEAD_DIM.value,) * 3:
-        return f"v/o head dim must be {V_HEAD_DIM.value}"
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
-        return f"H_q={num_q_heads} is not a multiple of H_kv={num_kv_heads}"
-    if k_pool.shape[-2] != num_kv_heads or v_pool.shape[-2] != num_kv_heads or v_extend.shape[1] != num_kv_heads:
-        return "KV head counts of k_extend, v_extend and the pools disagree"
-    if o.shape[:2] != q.shape[:2] or k_extend.shape[0] != num_tokens or v_extend.shape[0] != num_tokens:
-        return "token or head counts of q, k_extend, v_extend and o disagree"
-    if qo_indptr.dim() != 1 or qo_indptr.dtype not in _INDEX_DTYPES or qo_indptr.device != q.device:
-        return "qo_indptr must be a 1-D int32/int64 tensor on q's device"
-    if not isinstance(max_len_extend, int) or not 0 <= max_len_extend <= MAX_DRAFT_TOKENS:
-        return f"max_len_extend must be a Python int in 0..{MAX_DRAFT_TOKENS}"
-    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if isinstance(scale, torch.Tensor):
-            return (f"{name} is a tensor: a 16-bit pool's scales are float kernel arguments here (reading a "
-                    "device scalar would be a second compiled program); pass a Python float")
-        if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-            return f"{name} must be None or a finite float, got {scale!r}"
-    return _why_not_target(q, num_q_heads // num_kv_heads, qo_indptr.shape[0] - 1, max_len_extend)
-
-
-def _why_not_target(q, group, batch, max_len):
-    """Why the device cannot run this module ('' when it can): an arch `kgen check` did not
-    prove, an FP8 format its tensor cores lack, or no program that fits."""
-    arch, num_sms, _ = _device_info(q.device.type, q.device.index)
-    if arch != "interpreter" and arch not in _TARGETS:
-        return (f"{arch} is not a target this module was checked for ({', '.join(CHECKED_ARCHS)}); add it to "
-                "kgen/tables/targets.json, run `kgen check --arch " + arch + "` and `kgen build`")
-    if batch > 0 and _planned(arch, num_sms, group, batch, max_len, None) is None:
-        return f"no program fits {arch}'s shared memory for group {group} at draft length {max_len}"
-    return ""
-
-
-def _why_not_mask(custom_mask, mask_indptr, q, batch, max_len, paged):
-    """Why the kernels cannot read this custom mask ('' when they can). They read it on the
-    device, one byte a bit, with no host sync: only its metadata is checked here."""
-    if not isinstance(custom_mask, torch.Tensor) or custom_mask.device != q.device:
-        return "custom_mask must be a tensor on q's device"
-    if custom_mask.dtype not in _MASK_DTYPES:
-        return (f"custom_mask is {custom_mask.dtype}: the kernels read one byte a bit; pass it as bool or uint8 "
-                "(SGLang's is bool)")
-    if paged:
-        if custom_mask.dim() != 2 or custom_mask.stride(1) != 1:
-            return "the paged entry's custom_mask must be 2-D [rows, W] with contiguous rows"
-        if custom_mask.shape[1] < max_len:
-            return f"custom_mask rows hold {custom_mask.shape[1]} draft columns, but a draft may be {max_len} long"
-    elif not custom_mask.is_contiguous():
-        return "custom_mask must be contiguous (SGLang's flat layout)"
-    if (not isinstance(mask_indptr, torch.Tensor) or mask_indptr.dim() != 1 or mask_indptr.dtype not in _INDEX_DTYPES
-            or mask_indptr.device != q.device):
-        return "mask_indptr must be a 1-D int32/int64 tensor on q's device"
-    if mask_indptr.shape[0] < batch:
-        return f"mask_indptr has {mask_indptr.shape[0]} offsets for {batch} requests"
-    return ""
-
-
-# KGEN_CHECK_INDICES=1 when the module is imported checks index values on every call (the
-# switch kgen.runtime's chain reads too); check_indices=True checks one call.
-_CHECK_INDICES = env_flag("KGEN_CHECK_INDICES")
-
-
-def _check_index_values(num_tokens, qo_indptr, max_len, kv_indptr=None, kv_indices=None, pool_slots=0,
-                        block_table=None, prefix_lens=None, page_size=1, num_blocks=0, custom_mask=None,
-                        mask_indptr=None, prefix_trim_len=0):
-    """Raise ValueError naming the tensor, the request and the value when an index would read
-    outside the KV pool or the custom mask, or a length is negative (the kernels do not check:
-    such input reads out of bounds). Flat pools pass kv_indptr/kv_indices/pool_slots, paged
-    caches block_table/prefix_lens/page_size/num_blocks; a call with a tree mask custom_mask
-    and mask_indptr.
-
-    The comparisons run on the device, but reading their verdict syncs the host (once when
-    all is well): the check is opt-in and cannot run inside CUDA-graph capture."""
-    checks = []  # (ok flags on the device, message for the first bad flag's position)
-
-    def indptr(name, ptr, what):
-        ptr = ptr.to(torch.int64)
-        checks.append((ptr[:1] == 0, lambda i: f"{name}[0] must be 0, got {int(ptr[0])}"))
-        checks.append((ptr[1:] >= ptr[:-1], lambda b: (
-            f"{name} decreases at request {b}: {name}[{b}] = {int(ptr[b])} > {name}[{b + 1}] = "
-            f"{int(ptr[b + 1])}, a negative {what} length")))
-        return ptr
-
-    qo = indptr("qo_indptr", qo_indptr, "draft")
-    checks.append((qo[-1:] == num_tokens,
-                   lambda i: f"qo_indptr[-1] = {int(qo[-1])} but q_extend has {num_tokens} tokens"))
-    checks.append((qo[1:] - qo[:-1] <= max_len, lambda b: (
-        f"request {b} has {int(qo[b + 1] - qo[b])} draft tokens (qo_indptr[{b + 1}] - qo_indptr[{b}]) "
-        f"but max_len_extend = {max_len}")))
-    if kv_indptr is not None:
-        kv = indptr("kv_indptr", kv_indptr, "prefix")
-        checks.append((kv[-1:] <= kv_indices.numel(), lambda i: (
-            f"kv_indptr[-1] = {int(kv[-1])} exceeds len(kv_indices) = {kv_indices.numel()}")))
-        used = torch.arange(kv_indices.numel(), device=kv.device) < kv[-1:]
-        in_pool = (kv_indices >= 0) & (kv_indices < pool_slots)
-
-        def slot_message(i):
-            b = int(torch.searchsorted(kv, torch.tensor(i, device=kv.device), right=True)) - 1
-            return (f"kv_indices[{i}] = {int(kv_indices[i])} (request {b}, prefix token {i - int(kv[b])}) is "
-                    f"outside the pool's slots 0..{pool_slots - 1} (k_buffer.shape[0] = {pool_slots})")
-
-        checks.append((~used | in_pool, slot_message))
-        if prefix_trim_len:
-            slice_lens = kv[1:] - kv[:-1]
-            checks.append((slice_lens >= prefix_trim_len, lambda b: (
-                f"request {b}'s kv_indptr slice holds {int(slice_lens[b])} slots, fewer than kv_len_adjust = "
-                f"{-prefix_trim_len} trims: its prefix would be negative")))
-    else:
-        width = block_table.shape[1]
-        capacity = width * page_size
-        plens = prefix_lens.to(torch.int64)
-        checks.append(((plens >= 0) & (plens <= capacity), lambda b: (
-            f"prefix_lens[{b}] = {int(plens[b])} is outside 0..{capacity} (block_table width {width} "
-            f"x page size {page_size})")))
-        pages_used = (plens.clamp(0, capacity) + page_size - 1) // page_size
-        used = torch.arange(width, device=plens.device)[None, :] < pages_used[:, None]
-        in_cache = (block_table >= 0) & (block_table < num_blocks)
-        checks.append(((~used | in_cache).reshape(-1), lambda i: (
-            f"block_table[{i // width}, {i % width}] = {int(block_table[i // width, i % width])} (request "
-            f"{i // width}) is outside the cache's blocks 0..{num_blocks - 1} (k_cache.shape[0] = {num_blocks})")))
-    if custom_mask is not None:
-        bs = qo.shape[0] - 1
-        drafts = qo[1:] - qo[:-1]
-        starts = mask_indptr[:bs].to(torch.int64)
-        if kv_indptr is not None:  # SGLang: [L, P + L] bytes from mask_indptr[b]
-            prefixes = kv[1:] - kv[:-1]
-            end, limit, unit = starts + drafts * (prefixes + drafts), custom_mask.numel(), "entries"
-        else:  # paged: rows mask_indptr[b] .. + L of a [rows, W] mask
-            end, limit, unit = starts + drafts, custom_mask.shape[0], "rows"
-        checks.append(((drafts == 0) | ((starts >= 0) & (end <= limit)), lambda b: (
-            f"request {b}'s mask reads custom_mask {unit} {int(starts[b])}..{int(end[b]) - 1} (mask_indptr[{b}] = "
-            f"{int(starts[b])}, draft {int(drafts[b])}), outside its {limit} {unit}")))
-    verdicts = torch.stack([ok.all() for ok, _ in checks]).cpu()  # the one host sync
-    for (ok, message), passed in zip(checks, verdicts.tolist(), strict=True):
-        if not passed:
-            raise ValueError(message(int((~ok).nonzero()[0, 0])))
-
-
-def why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-            custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale=None, logit_cap=0.0,
-            skip_prefix_custom_mask=True, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
-            xai_temperature_len=-1, max_bs=None, *, kv_len_adjust=0):
-    """Why this module cannot run these arguments ('' when it can)."""
-    if sinks is not None:
-        return "attention sinks are not supported"
-    if sliding_window_size is not None and sliding_window_size > 0:
-        return "sliding-window attention is not supported"
-    if window_kv_offsets is not None:
-        return "window_kv_offsets (sliding window) is not supported"
-    if logit_cap is not None and logit_cap > 0:
-        return "logit soft-capping is not supported"
-    if xai_temperature_len is not None and xai_temperature_len > 0:
-        return "xai temperature scaling is not supported"
-    # A given custom_mask governs, is_causal True or False (SGLang's extend_attention_fwd); without
-    # one, is_causal=False is a whole draft block (block drafters): every draft token sees every other.
-    reason = _why_not_kv_len_adjust(kv_len_adjust)
-    if reason:
-        return reason
-    if kv_len_adjust and custom_mask is not None:
-        return ("kv_len_adjust with a custom_mask: decode through the verify entry is a chain, and which prefix "
-                "the mask's [L, P + L] rows would count is not defined; the general path takes it")
-    if custom_mask is not None and not skip_prefix_custom_mask:
-        return ("skip_prefix_custom_mask=False: the kernels read only the mask's draft block (every draft token "
-                "sees the whole prefix); honouring its prefix columns would need a host read of them")
-    reason = _why_not_common(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer,
-                             qo_indptr, max_len_extend, k_scale, v_scale)
-    if reason:
-        return reason
-    if custom_mask is not None:
-        reason = _why_not_mask(custom_mask, mask_indptr, q_extend, qo_indptr.shape[0] - 1, max_len_extend, False)
-        if reason:
-            return reason
-    for name, t in (("kv_indptr", kv_indptr), ("kv_indices", kv_indices)):
-        if (not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in _INDEX_DTYPES
-                or t.device != q_extend.device):
-            return f"{name} must be a 1-D int32/int64 tensor on q's device"
-    if kv_indptr.shape[0] != qo_indptr.shape[0]:
-        return "kv_indptr and qo_indptr have different batch sizes"
-    return ""
-
-
-def _why_not_kv_len_adjust(kv_len_adjust):
-    """SGLang's kv_len_adjust: added to each request's kv_indptr length to give its prefix (-1:
-    decode through the verify entry, the token being generated already the last slot)."""
-    if isinstance(kv_len_adjust, bool) or not isinstance(kv_len_adjust, int):
-        return f"kv_len_adjust must be a Python int (SGLang's), got {type(kv_len_adjust).__name__}"
-    if kv_len_adjust > 0:
-        return (f"kv_len_adjust={kv_len_adjust} > 0 would read kv_indices past kv_indptr[b + 1], another "
-                "request's slots; only values <= 0 (trimming each request's last slots) are meaningful")
-    if kv_len_adjust < -MAX_DRAFT_TOKENS:
-        return (f"kv_len_adjust={kv_len_adjust}: trimming more than MAX_DRAFT_TOKENS = {MAX_DRAFT_TOKENS} slots "
-                "a request is no verify or decode call this module serves")
-    return ""
-
-
-def can_handle(*args, **kwargs):
-    """True when verify_shared_kv_fwd would run these arguments (same signature)."""
-    return why_not(*args, **kwargs) == ""
-
-
-def verify_shared_kv_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
-                         kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
-                         sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True, sliding_window_size=-1,
-                         sinks=None, window_kv_offsets=None, xai_temperature_len=-1, max_bs=None,
-                         *, kv_len_adjust=0, check_indices=False):
-    """SGLang's target-verify call. Writes o_extend and returns True, or returns False
-    (o_extend untouched, nothing raised) when this module does not handle the input.
-
-    Index values are not checked: an out-of-range kv_indices entry reads outside the pool.
-    With check_indices=True (or KGEN_CHECK_INDICES=1 when the module was imported), an
-    accepted call first checks them on the device and raises ValueError naming the tensor,
-    the request and the value (qo_indptr/kv_indptr start at 0 and never decrease, qo_indptr
-    ends at the token count, kv_indices used lie in the pool, drafts <= max_len_extend).
-    That check syncs the host, so it is for debugging and not for CUDA-graph capture.
-
-    custom_mask (a tree, EAGLE topk > 1): SGLang's layout, a flat bool/uint8 tensor holding
-    request b's row-major [L, P + L] block from mask_indptr[b]; the kernels read its draft
-    columns on the device and it governs whatever is_causal says. Without it the draft is the
-    causal chain (is_causal=True) or a block whose tokens all see each other (is_causal=False).
-
-    k_scale / v_scale multiply the prefix's (the pool's) scores and P.V, never the draft's.
-    kv_len_adjust (SGLang's, an int <= 0): request b's prefix is its kv_indptr slice less its
-    last -kv_len_adjust slots (-1: decode through this entry, the new token already in the
-    pool). A slice shorter than that is not checked unless check_indices is on."""
-    if why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-               custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale, logit_cap,
-               skip_prefix_custom_mask, sliding_window_size, sinks, window_kv_offsets, xai_temperature_len,
-               max_bs, kv_len_adjust=kv_len_adjust):
-        return False
-    if check_indices or _CHECK_INDICES:
-        _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, kv_indptr=kv_indptr,
-                            kv_indices=kv_indices, pool_slots=k_buffer.shape[0], custom_mask=custom_mask,
-                            mask_indptr=mask_indptr, prefix_trim_len=-kv_len_adjust)
-    launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
-           kv_indices, max_len_extend, k_scale, v_scale, sm_scale, custom_mask=custom_mask, mask_indptr=mask_indptr,
-           is_causal=is_causal, kv_len_adjust=kv_len_adjust)
-    return True
-
-
-def why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens, qo_indptr,
-                  max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, custom_mask=None, mask_indptr=None,
-                  is_causal=True):
-    """Why verify_paged_fwd cannot run these arguments ('' when it can)."""
-    reason = _why_not_common(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, qo_indptr,
-                             max_len_extend, k_scale, v_scale, pool_ndim=4)
-    if reason:
-        return reason
-    if k_cache.shape[:2] != v_cache.shape[:2]:
-        return "k_cache and v_cache have different block counts or page sizes"
-    if k_cache.shape[1] not in SUPPORTED_PAGE_SIZES:
-        return f"page size {k_cache.shape[1]} is not one of {SUPPORTED_PAGE_SIZES}"
-    if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2 or block_table.dtype not in _INDEX_DTYPES:
-        return "block_table must be a 2-D int32/int64 tensor [batch, max_blocks]"
-    if block_table.stride(1) != 1 or block_table.device != q_extend.device:
-        return "block_table must be row-contiguous and on q's device"
-    if not isinstance(prefix_lens, torch.Tensor) or prefix_lens.dim() != 1 or prefix_lens.dtype not in _INDEX_DTYPES:
-        return "prefix_lens must be a 1-D int32/int64 tensor"
-    if prefix_lens.device != q_extend.device:
-        return f"prefix_lens is on {prefix_lens.device}, q_extend on {q_extend.device}"
-    if prefix_lens.shape[0] != block_table.shape[0] or qo_indptr.shape[0] != block_table.shape[0] + 1:
-        return "block_table, prefix_lens and qo_indptr disagree on the batch size"
-    if not isinstance(is_causal, bool):
-        return f"is_causal must be a bool, got {type(is_causal).__name__}"
-    if custom_mask is not None:
-        return _why_not_mask(custom_mask, mask_indptr, q_extend, block_table.shape[0], max_len_extend, True)
-    return ""
-
-
-def verify_paged_fwd(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens,
-                     qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None, custom_mask=None,
-                     mask_indptr=None, is_causal=True, config=None,
-                     *, check_indices=False):
-    """vLLM-style paged cache ([blocks, page, H_kv, D] + block table): the kernel walks the
-    pages itself. Returns False (o untouched) when this module does not handle the input.
-
-    custom_mask (a tree): a 2-D bool/uint8 [rows, W] mask; draft token i of request b sees
-    draft token j when custom_mask[mask_indptr[b] + i, j] is set (every draft token sees the
-    whole prefix). Requests may share rows: vLLM's one tree for the batch is its
-    tree_attn_bias == 0 with mask_indptr all zeros. Without it the draft is the causal chain,
-    or with is_causal=False a block whose tokens all see each other.
-
-    check_indices=True (or KGEN_CHECK_INDICES=1 when the module was imported) checks index
-    values first, as in verify_shared_kv_fwd: prefix_lens in 0..block_table width x page
-    size, the block_table entries they use inside the cache, qo_indptr and the mask rows as
-    there. It raises ValueError on bad values and syncs the host (debugging only, not under
-    graph capture)."""
-    if why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens,
-                     qo_indptr, max_len_extend, k_scale, v_scale, sm_scale, custom_mask, mask_indptr, is_causal):
-        return False
-    if check_indices or _CHECK_INDICES:
-        _check_index_values(q_extend.shape[0], qo_indptr, max_len_extend, block_table=block_table,
-                            prefix_lens=prefix_lens, page_size=k_cache.shape[1], num_blocks=k_cache.shape[0],
-                            custom_mask=custom_mask, mask_indptr=mask_indptr)
-    _run(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, qo_indptr, prefix_lens,
-         block_table, int(max_len_extend), k_scale, v_scale, sm_scale, config,
-         page_size=k_cache.shape[1], stride_table=block_table.stride(0),
-         k_strides=(k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
-         v_strides=(v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)),
-         custom_mask=custom_mask, mask_indptr=mask_indptr, is_causal=is_causal)
-    return True
+LAUNCHER = InvariantVerifyLauncher(
+    ModuleIdentity(
+        uri=URI,
+        layout=LAYOUT,
+        variant=VARIANT,
+        kv_dtype=KV_DTYPE,
+        q_dtype=Q_DTYPE,
+        qk_dim=QK_DIM,
+        v_head_dim=V_HEAD_DIM.value,
+        max_draft_tokens=MAX_DRAFT_TOKENS,
+        page_sizes=SUPPORTED_PAGE_SIZES,
+        # Shared memory per block, threads per warp, the matrix instruction and FP8 formats of
+        # each target `kgen check` compiled this module for (kgen/tables/targets.json); other
+        # archs are refused.
+        targets={'sm_80': {'family': 'cuda',
+                           'warp_size': 32,
+                           'shared_bytes': 166912,
+                           'mma': 'mma',
+                           'shared_estimate': 'upper_bound',
+                           'fp8': []},
+                 'sm_89': {'family': 'cuda',
+                           'warp_size': 32,
+                           'shared_bytes': 101376,
+                           'mma': 'mma',
+                           'shared_estimate': 'upper_bound',
+                           'fp8': ['float8_e4m3fn']},
+                 'sm_90': {'family': 'cuda',
+                           'warp_size': 32,
+                           'shared_bytes': 232448,
+                           'mma': 'wgmma',
+                           'shared_estimate': 'measured',
+                           'fp8': ['float8_e4m3fn']},
+                 'sm_100': {'family': 'cuda',
+                            'warp_size': 32,
+                            'shared_bytes': 232448,
+                            'mma': 'tcgen05',
+                            'shared_estimate': 'upper_bound',
+                            'fp8': ['float8_e4m3fn']},
+                 'gfx942': {'family': 'hip',
+                            'warp_size': 64,
+                            'shared_bytes': 65536,
+                            'mma': 'mfma',
+                            'shared_estimate': 'upper_bound',
+                            'fp8': ['float8_e4m3fnuz']},
+                 'gfx950': {'family': 'hip',
+                            'warp_size': 64,
+                            'shared_bytes': 163840,
+                            'mma': 'mfma',
+                            'shared_estimate': 'upper_bound',
+                            'fp8': ['float8_e4m3fn']}},
+        # Bytes per prefix token and per row one program stages (the launch rules' input).
+        kernel_shape=kernel_shape(k_width=64, acc_width=64, kv_bytes=2, v_separate=True),
+        # Dot operand dtypes on the GPU. Prefix stage: the pool is already in the query dtype.
+        prefix_dot_dtype=tl.bfloat16,
+        v_from_k_tile=False,
+        # Unless the block config says (draft_tile), programs of these row counts run the draft tile before
+        # the prefix loop, others after it: 32-row programs run mma.sync and hold q's fragments in registers
+        # through the loop; a draft tile after it keeps a second copy (ptxas sm_90a, 64-token tiles: 208 B of
+        # spills a thread after, none before). 16-row programs ran slower before it, and 64-row ones spill 20
+        # B before it and none after (docs/perf-notes.md, 'Draft tile placement').
+        draft_first_rows=(32,),
+        merge_rows=MERGE_ROWS,
+        merge_split_chunk=MERGE_SPLIT_CHUNK,
+        merge_block_dv=MERGE_BLOCK_DV.value,
+        invariance=Invariance(tokens_per_split=TOKENS_PER_SPLIT, max_splits=MAX_SPLITS_PER_REQUEST,
+                              draft_rows=DRAFT_ROWS),
+    ),
+    Kernels(prefix=_verify_prefix_stage, merge=_verify_merge_stage),
+    _BLOCK_CONFIGS,
+    _DEFAULT_CONFIG,
+)
+CHECKED_ARCHS = LAUNCHER.checked_archs
+
+# The entry points (kgen/launcher/entries.py) and the launch queries the tuner, the bench and
+# `kgen check` ask.
+verify_shared_kv_fwd = LAUNCHER.verify_shared_kv_fwd
+can_handle = LAUNCHER.can_handle
+why_not = LAUNCHER.why_not
+verify_paged_fwd = LAUNCHER.verify_paged_fwd
+why_not_paged = LAUNCHER.why_not_paged
+launch = LAUNCHER.launch
+launch_params = LAUNCHER.launch_params
+select_config = LAUNCHER.select_config
+scratch_bytes = LAUNCHER.scratch_bytes

@@ -34,9 +34,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kgen import rules
 from kgen.blockconfig import tables_overridden
 from kgen.errors import KgenError
+from kgen.launcher import rules
 from kgen.retable import apply_tables
 
 # Bumped when what a cached result holds changes, so old cache entries are not reused.
@@ -248,7 +248,7 @@ def unlisted_group(module: ModuleType, arch: str) -> int:
 def domain_batches(module: ModuleType, arch: str) -> list[int]:
     """Batch sizes at every table row's boundaries for this arch (capped), and the default's."""
     batches = {1, BATCH_CAP}
-    for _group, batch_min, batch_max, _config in module._BLOCK_CONFIGS.get(arch, ()):
+    for _group, batch_min, batch_max, _config in module.LAUNCHER.block_configs.get(arch, ()):
         for b in (batch_min - 1, batch_min, batch_max, batch_max + 1):
             if 1 <= b <= BATCH_CAP:
                 batches.add(b)
@@ -270,7 +270,7 @@ def domain(module: ModuleType, arch: str, entries: Iterable[str] = ENTRIES,
     # The first index dtype is where the walk asks launch_params (it does not see dtypes).
     index_order = [d for d in INDEX_DTYPES if d in set(index_dtypes)]
     for group, batch in itertools.product(groups, domain_batches(module, arch)):
-        from_table = module.select_config(arch, group, batch) is not module._DEFAULT_CONFIG
+        from_table = module.select_config(arch, group, batch) is not module.LAUNCHER.default_config
         for draft, page_size, mask, index_dtype in itertools.product(range(1, module.MAX_DRAFT_TOKENS + 1), pages,
                                                                      MASKS, index_order):  # index dtype innermost
             yield Point(group, draft, batch, page_size, index_dtype, from_table, mask)
@@ -292,18 +292,19 @@ RUNTIME_INTS = ("group", "head_blocks", "max_splits", "page_shift", "block_n", "
 def runtime_scalars(module: ModuleType, arch: str, num_sms: int, point: Point) -> dict[str, int]:
     """Values of the int arguments the launcher computes from shapes (the rest are strides of
     the engine's tensors): the JIT specializes on them, so they are part of the variant."""
-    # _planned: the module's cached plan, which its launch_params asks for right after.
-    plan = module._planned(arch, num_sms, point.group, point.batch, point.draft, point.page_size, 1, point.mask)
-    if plan is None:
+    # cached_setup: the launcher's cached set-up, which its launch_params asks for right after.
+    setup = module.LAUNCHER.cached_setup(arch, num_sms, point.group, point.batch, point.draft, point.page_size, 1,
+                                         point.mask)
+    if setup is None:
         return {}
-    scalars = {"group": point.group, "head_blocks": plan["head_blocks"], "max_splits": plan["max_splits"],
-               "page_shift": plan["page_shift"], "block_n": plan["block_n"],
+    scalars = {"group": point.group, "head_blocks": setup.head_blocks, "max_splits": setup.max_splits,
+               "page_shift": setup.page_shift, "block_n": setup.block_n,
                # partial_lse is [rows, heads, splits], contiguous: its head stride is its split count.
-               "stride_pl_head": plan["max_splits"]}
-    if "min_tokens" in plan:
-        scalars["min_tokens_per_split"] = plan["min_tokens"]
+               "stride_pl_head": setup.max_splits}
+    if not module.LAUNCHER.invariant:
+        scalars["min_tokens_per_split"] = setup.split_tokens
     else:  # a batch-invariant module: its split size and row blocks (all do_not_specialize)
-        scalars.update(tokens_per_split=plan["tokens_per_split"], row_blocks=plan["row_blocks"])
+        scalars.update(tokens_per_split=setup.split_tokens, row_blocks=setup.row_blocks)
     return scalars
 
 
@@ -324,7 +325,7 @@ def complete_launch(module: ModuleType, kernel_name: str, constexprs: dict[str, 
                          "does not take")
     base = dict(constexprs)
     if "DOT_DTYPE" in wanted and "DOT_DTYPE" not in base:
-        base["DOT_DTYPE"] = module._TL_PREFIX_DOT_DTYPE
+        base["DOT_DTYPE"] = module.LAUNCHER.identity.prefix_dot_dtype
     return base
 
 
@@ -1027,11 +1028,11 @@ def format_markdown(report: CheckReport) -> str:
     return "\n".join(out) + "\n"
 
 
-def plan_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterable[str] = (),
-               q_dtypes: Iterable[str] = (), variants: Iterable[str] = (),
-               generated: Path | None = None,
-               launch_params_for: Callable[[ModuleType], Callable] | None = None,
-               entries: Iterable[str] = ENTRIES, index_dtypes: Iterable[str] = INDEX_DTYPES) -> Enumeration:
+def select_variants(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterable[str] = (),
+                    q_dtypes: Iterable[str] = (), variants: Iterable[str] = (),
+                    generated: Path | None = None,
+                    launch_params_for: Callable[[ModuleType], Callable] | None = None,
+                    entries: Iterable[str] = ENTRIES, index_dtypes: Iterable[str] = INDEX_DTYPES) -> Enumeration:
     """The distinct variants to compile (nothing is compiled)."""
     unknown = [a for a in archs if a not in ARCHS]
     if unknown:
@@ -1100,7 +1101,7 @@ def _stand_for(kept: Variant, dropped: Variant) -> None:
     kept.module_variants |= dropped.module_variants
 
 
-def format_plan(enumeration: Enumeration, archs: list[str]) -> str:
+def format_counts(enumeration: Enumeration, archs: list[str]) -> str:
     """Counts per arch and kernel, and how much each domain axis multiplies the variants."""
     counts = Counter((v.arch, v.kernel) for v in enumeration.variants)
     lines = [f"{'arch':7s} {'launches':>9s} {'programs':>8s}  per kernel; x multiplier of each axis"]
@@ -1124,7 +1125,7 @@ def run_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterable
               worst_case_only: bool = False) -> CheckReport:
     """Enumerate, compile (or read the cache) and judge every distinct variant (or, with
     ``worst_case_only``, the largest-rows variant of each program shape)."""
-    enumeration = plan_check(archs, layouts, kv_dtypes, q_dtypes, variants, generated, launch_params_for,
+    enumeration = select_variants(archs, layouts, kv_dtypes, q_dtypes, variants, generated, launch_params_for,
                              entries, index_dtypes)
     if worst_case_only:
         enumeration = largest_rows(enumeration)

@@ -36,7 +36,7 @@ class _DeprecatedAlias(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         print(f"warning: {option_string} is deprecated, use {self.replacement}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
 
 
 def _add_layout_dir(p: argparse.ArgumentParser) -> None:
@@ -115,11 +115,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     selection = dict(layouts=split(args.layout), kv_dtypes=split(args.kv_dtype), q_dtypes=split(args.q_dtype),
                      variants=split(args.variant), entries=split(args.entry) or check.ENTRIES,
                      index_dtypes=split(args.index_dtype) or check.INDEX_DTYPES)
-    if args.plan:
-        enumeration = check.plan_check(archs, **selection)
+    if args.count:
+        enumeration = check.select_variants(archs, **selection)
         if args.largest_rows:
             enumeration = check.largest_rows(enumeration)
-        print(check.format_plan(enumeration, archs))
+        print(check.format_counts(enumeration, archs))
         return 0
     report = check.run_check(archs, jobs=args.jobs, use_cache=not args.no_cache, progress=not args.quiet,
                              worst_case_only=args.largest_rows, **selection)
@@ -213,8 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=None, help="compile processes (default: os.cpu_count())")
     p.add_argument("--json", help="write everything (every variant, its domain and numbers) to this file")
     p.add_argument("--report", help="write a Markdown report to this file")
-    p.add_argument("--plan", action="store_true", help="only count the distinct variants per arch and what "
+    p.add_argument("--count", action="store_true", help="only count the distinct variants per arch and what "
                    "multiplies them; compile nothing")
+    p.add_argument("--plan", dest="count", nargs=0, action=_DeprecatedAlias, replacement="--count",
+                   help=argparse.SUPPRESS)
     p.add_argument("--largest-rows", action="store_true", help="compile only the variant with the most rows "
                    "(BLOCK_H x L_PAD) of each program shape: the worst case of shared memory and registers, "
                    "not every variant (CI's scope; docs/check.md)")

@@ -25,9 +25,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kgen import rules
 from kgen.blockconfig import BlockConfig
 from kgen.errors import BuildError, UsageError
+from kgen.launcher import rules
 from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec
 
 Variant = Literal["grouped", "per_head"]

@@ -2,11 +2,12 @@
 (where ``kgen tune --out DIR`` writes) or ``$KGEN_TABLE`` when ``kgen.load`` imports it, with
 no rebuild.
 
-A module is built with the shipped tables' rows baked into ``_BLOCK_CONFIGS``. When either
-variable is set, the loader runs the same passes the build runs up to ``select_lowering``
-(``select_config`` reads the tables in their lookup order, ``fit`` refits each row to its
-target) and puts the rows they give in place of the baked ones. A row the module cannot run
-(a Gluon prefix stage it was built without) is an error at load that says how to rebuild.
+A module is built with the shipped tables' rows baked into ``_BLOCK_CONFIGS``, which its
+launcher reads. When either variable is set, the loader runs the same passes the build runs up
+to ``select_lowering`` (``select_config`` reads the tables in their lookup order, ``fit`` refits
+each row to its target) and hands the launcher the rows they give in place of the baked ones.
+A row the module cannot run (a Gluon prefix stage it was built without) is an error at load
+that says how to rebuild.
 """
 
 from __future__ import annotations
@@ -20,13 +21,9 @@ from kgen.passes.pipeline import run_pipeline
 from kgen.plan import Plan, Variant, new_plan
 from kgen.spec import load_layouts
 
-# The module attribute the launcher's select_config reads, and the caches that remember its rows.
-CONFIGS_ATTR = "_BLOCK_CONFIGS"
-CACHED_LOOKUPS = ("_planned",)
-
 
 def module_configs(plan: Plan) -> dict[str, tuple[tuple[int, int, int, dict[str, Any]], ...]]:
-    """The value of a module's ``_BLOCK_CONFIGS`` for a plan that ran ``select_config`` and
+    """The block configs a module's launcher reads (as its ``_BLOCK_CONFIGS``) for a plan that ran ``select_config`` and
     ``fit``: per arch, (group, batch_min, batch_max, config) rows, as the template renders them."""
     return {arch: tuple((r.group_size, r.batch_min, r.batch_max, r.value) for r in rows)
             for arch, rows in sorted(plan.config.by_arch.items())}
@@ -49,13 +46,9 @@ def apply_tables(module: ModuleType, layout: str, kv_dtype: str, q_dtype: str, v
     """Put the rows of the tables in use into ``module`` (in place), or raise ``TableError``
     when a row needs a kernel the module was built without."""
     plan = planned_configs(layout, kv_dtype, q_dtype, variant, batch_invariant)
-    if plan.lowering.gluon_prefix and not hasattr(module, "_gluon_prefix_stage"):
+    if plan.lowering.gluon_prefix and module.LAUNCHER.identity.gluon_arch is None:
         sources = ", ".join(f"{arch} ({src})" for arch, src in sorted(plan.config.table_sources.items()))
         raise TableError(f"{module.URI}: a table row in use ({sources}) picks the Gluon prefix stage, which "
                          "this module was built without: rebuild it with the tables set (kgen build --out DIR, "
                          "then KGEN_GENERATED_DIR=DIR) or remove the row's gluon section")
-    setattr(module, CONFIGS_ATTR, module_configs(plan))
-    for name in CACHED_LOOKUPS:
-        cached = getattr(module, name, None)
-        if cached is not None:
-            cached.cache_clear()
+    module.LAUNCHER.replace_block_configs(module_configs(plan))

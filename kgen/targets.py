@@ -2,7 +2,7 @@
 
 ``kgen/tables/targets.json`` holds one row per arch: shared memory (LDS) per block, threads
 per warp (wavefront), the matrix instruction Triton uses there and the FP8 formats its
-tensor cores take. The launch rules (``kgen/rules.py``) read a row as a plain dict; the
+tensor cores take. The launch rules (``kgen/launcher/rules.py``) read a row as a plain dict; the
 build renders the rows into every module, and ``kgen check`` compiles for each of them.
 """
 

@@ -11,8 +11,11 @@ invariance).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -204,3 +207,15 @@ def to_paged(case: VerifyCase, page_size: int, spare_blocks: int = 2, seed: int 
         v_cache = paged(case.v_buffer)
     return PagedCache(k_cache=k_cache, v_cache=v_cache, block_table=table.to(device),
                       prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32, device=device))
+
+
+def patch_kernels(monkeypatch: Any, module: ModuleType, **kernels: Any) -> None:
+    """Give a module's launcher other kernels (a spy, a recorder) for one test: prefix=, merge=."""
+    launcher = module.LAUNCHER
+    monkeypatch.setattr(launcher, "kernels", dataclasses.replace(launcher.kernels, **kernels))
+
+
+def patch_identity(monkeypatch: Any, module: ModuleType, **fields: Any) -> None:
+    """Give a module's launcher another identity field for one test (draft_first_rows=...)."""
+    launcher = module.LAUNCHER
+    monkeypatch.setattr(launcher, "identity", dataclasses.replace(launcher.identity, **fields))

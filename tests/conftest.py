@@ -2,7 +2,7 @@
 
 import os
 
-from kgen.env import env_flag  # standard library only: triton is not imported yet
+from kgen.launcher.switches import env_flag  # standard library only: triton is not imported yet
 
 # Must be set before triton is imported anywhere: CPU tensors then run through the interpreter.
 if not env_flag("KGEN_TEST_ON_GPU"):

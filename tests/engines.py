@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from kgen.env import env_flag
+from kgen.launcher.switches import env_flag
 
 PINS_DIR = Path(__file__).resolve().parents[1] / ".ci" / "engines"
 

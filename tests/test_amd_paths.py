@@ -6,9 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from case_tools import patch_kernels
 from kernel_cases import build
 
 import kgen
+from kgen.launcher.launches import backend_knobs
 
 MODULE = kgen.load("qwen3_5_gqa256", "bfloat16")
 ROCM_CONFIG = {"block_h": 4, "block_n": 64, "num_warps": 8, "num_stages": 1, "waves_per_eu": 2,
@@ -17,9 +19,9 @@ ROCM_CONFIG = {"block_h": 4, "block_n": 64, "num_warps": 8, "num_stages": 1, "wa
 
 @pytest.fixture(autouse=True)
 def _fresh_device_cache():
-    MODULE._device_info.cache_clear()
+    MODULE.LAUNCHER.device_info.cache_clear()
     yield
-    MODULE._device_info.cache_clear()
+    MODULE.LAUNCHER.device_info.cache_clear()
 
 
 @pytest.mark.parametrize(
@@ -36,23 +38,23 @@ def _fresh_device_cache():
 def test_arch_detection_from_device_properties(monkeypatch, hip, props, arch):
     monkeypatch.setattr(torch.version, "hip", hip)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
-    assert MODULE._device_info("cuda", 0) == (arch, props.multi_processor_count, hip is not None)
+    assert MODULE.LAUNCHER.device_info("cuda", 0) == (arch, props.multi_processor_count, hip is not None)
 
 
 def test_no_gpu_means_the_interpreter():
-    assert MODULE._device_info("cpu", None)[0] == "interpreter"
+    assert MODULE.LAUNCHER.device_info("cpu", None)[0] == "interpreter"
 
 
 def test_amd_targets_use_the_default_until_a_table_passes_kgen_check():
     """The gfx950 table ships no rows (its hand-picked ones spilled in `kgen check`)."""
-    assert MODULE.select_config("gfx950", 16, 64) == MODULE._DEFAULT_CONFIG
-    assert MODULE.select_config("gfx942", 16, 64) == MODULE._DEFAULT_CONFIG
+    assert MODULE.select_config("gfx950", 16, 64) == MODULE.LAUNCHER.default_config
+    assert MODULE.select_config("gfx942", 16, 64) == MODULE.LAUNCHER.default_config
 
 
 def test_amd_knobs_only_for_rocm():
-    assert MODULE._backend_knobs(ROCM_CONFIG, is_rocm=True) == {"waves_per_eu": 2, "matrix_instr_nonkdim": 16,
+    assert backend_knobs(ROCM_CONFIG, is_rocm=True) == {"waves_per_eu": 2, "matrix_instr_nonkdim": 16,
                                                                 "kpack": 2}
-    assert MODULE._backend_knobs(ROCM_CONFIG, is_rocm=False) == {}
+    assert backend_knobs(ROCM_CONFIG, is_rocm=False) == {}
 
 
 class _Recorder:
@@ -68,9 +70,9 @@ class _Recorder:
 @pytest.mark.parametrize(("arch", "rocm"), [("gfx950", True), ("sm_90", False)])
 def test_launch_passes_amd_knobs_on_rocm_and_never_on_cuda(monkeypatch, arch, rocm):
     prefix, merge = _Recorder(), _Recorder()
-    monkeypatch.setattr(MODULE, "_verify_prefix_stage", prefix)
-    monkeypatch.setattr(MODULE, "_verify_merge_stage", merge)
-    monkeypatch.setattr(MODULE, "_device_info", lambda device_type, index: (arch, 8, rocm))
+    patch_kernels(monkeypatch, MODULE, prefix=prefix)
+    patch_kernels(monkeypatch, MODULE, merge=merge)
+    monkeypatch.setattr(MODULE.LAUNCHER, "device_info", lambda device_type, index: (arch, 8, rocm))
     case = build("qwen3_5_gqa256", [30], [2], 16, seed=1)
     MODULE.launch(*case.launch_args(), config=ROCM_CONFIG)
     for kwargs in prefix.kwargs + merge.kwargs:

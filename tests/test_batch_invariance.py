@@ -18,8 +18,6 @@ speed bar's sizes and replay CUDA graphs.
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 from case_tools import batch_of, paged_mask, set_draft_masks, to_paged
@@ -27,6 +25,8 @@ from kernel_cases import SPECS, tolerance
 
 import kgen
 from kgen.errors import UsageError
+from kgen.launcher.invariant import InvariantVerifyLauncher
+from kgen.launcher.verify import VerifyLauncher
 from kgen.problems import VerifyCase, eagle_tree, make_case
 from kgen.reference import relative_error
 
@@ -68,7 +68,7 @@ def _batch(layout: str, group: int, neighbours: list[tuple[int, int]], position:
 
 def _assume_sms(module, num_sms: int, monkeypatch) -> None:
     """The launcher reads the multiprocessor count from _device_info: make it ``num_sms``."""
-    monkeypatch.setattr(module, "_device_info", lambda device_type, index: ("interpreter", num_sms, False))
+    monkeypatch.setattr(module.LAUNCHER, "device_info", lambda device_type, index: ("interpreter", num_sms, False))
 
 
 def _run(module, case: VerifyCase, num_sms: int, monkeypatch) -> torch.Tensor:
@@ -99,7 +99,7 @@ def _run_paged(module, case: VerifyCase, page_size: int, seed: int) -> torch.Ten
     if case.draft_masks is not None:
         custom_mask, mask_indptr = paged_mask(case.draft_masks, device=case.q.device)
         mask = {"custom_mask": custom_mask, "mask_indptr": mask_indptr}
-    module._run(case.q, case.k_extend, case.v_extend, out, k, v, case.qo_indptr, paged.prefix_lens,
+    module.LAUNCHER.run(case.q, case.k_extend, case.v_extend, out, k, v, case.qo_indptr, paged.prefix_lens,
                 paged.block_table, case.max_len_extend, case.k_scale, case.v_scale, case.sm_scale, None,
                 page_size=page_size, stride_table=paged.block_table.stride(0), k_strides=k.stride()[:3],
                 v_strides=v.stride()[:3], **mask)
@@ -113,13 +113,13 @@ def small_splits(monkeypatch):
 
     def shrink(module):
         monkeypatch.setattr(module, "TOKENS_PER_SPLIT", SMALL_SPLIT)
-        module._planned.cache_clear()
+        module.LAUNCHER.cached_setup.cache_clear()
         touched.append(module)
         return module
 
     yield shrink
     for module in touched:
-        module._planned.cache_clear()
+        module.LAUNCHER.cached_setup.cache_clear()
 
 
 def _alone(layout: str, group: int, **kw) -> VerifyCase:
@@ -180,7 +180,7 @@ def test_splits_past_the_cap_grow_and_stay_invariant(small_splits, monkeypatch):
     the split size; a neighbour that fills the split grid changes nothing."""
     module = small_splits(kgen.load(GQA, "bfloat16", batch_invariant=True))
     monkeypatch.setattr(module, "MAX_SPLITS_PER_REQUEST", 2)
-    module._planned.cache_clear()
+    module.LAUNCHER.cached_setup.cache_clear()
     alone = _run(module, _alone(GQA, 8), 4, monkeypatch)  # 300 tokens: 2 splits of 192
     batch, rows = _batch(GQA, 8, [(700, 2), (40, 6)], 1, TARGET, seed=3)
     assert torch.equal(_run(module, batch, 4, monkeypatch)[rows], alone)
@@ -286,14 +286,15 @@ def _grouped_pairs() -> list[tuple[str, str, str]]:
 
 @pytest.mark.parametrize(("layout", "kv", "q"), _grouped_pairs())
 def test_refuses_nothing_the_default_takes(layout, kv, q):
-    """The batch-invariant module's checks are the default's, text for text, and on every target
-    it has a program wherever the default has one (a refusal would send the request to a kernel
-    with other bits)."""
+    """The batch-invariant module's checks are the default's (its launcher overrides none of
+    them), and on every target it has a program wherever the default has one (a refusal would
+    send the request to a kernel with other bits)."""
     default = kgen.load(layout, kv, q)
     invariant = kgen.load(layout, kv, q, batch_invariant=True)
-    for name in ("why_not", "why_not_paged", "_why_not_common", "_why_not_target", "_why_not_mask",
-                 "_check_index_values"):
-        assert inspect.getsource(getattr(invariant, name)) == inspect.getsource(getattr(default, name)), name
+    assert type(invariant.LAUNCHER) is InvariantVerifyLauncher and type(default.LAUNCHER) is VerifyLauncher
+    for name in ("why_not", "why_not_paged", "common_reason", "target_reason", "verify_shared_kv_fwd",
+                 "verify_paged_fwd"):
+        assert getattr(InvariantVerifyLauncher, name) is getattr(VerifyLauncher, name), name
     groups = sorted({*SPECS[layout].attention.group_sizes, 1, 2, 6, 12, 24, 32})
     for arch in default.CHECKED_ARCHS:
         for group in groups:
@@ -339,7 +340,7 @@ def test_load_names_and_flags():
 
 def test_one_config_row_per_group_covers_every_batch():
     module = kgen.load("qwen3_5_gqa256", "bfloat16", batch_invariant=True)
-    for arch, rows in module._BLOCK_CONFIGS.items():
+    for arch, rows in module.LAUNCHER.block_configs.items():
         groups = [row[0] for row in rows]
         assert len(groups) == len(set(groups)), arch
         assert all((row[1], row[2]) == (1, 1 << 30) for row in rows), arch
@@ -365,9 +366,9 @@ def test_a_config_s_invariant_head_block_serves_the_invariant_mode_only():
 def test_scratch_is_what_the_launcher_allocates_and_bounded(small_splits):
     module = small_splits(kgen.load(GQA, "bfloat16", batch_invariant=True))
     case, _ = _batch(GQA, 8, NEIGHBOURS_7, 3, TARGET, seed=7)
-    module._SCRATCH.clear()
+    module.LAUNCHER.scratch.clear()
     module.launch(*case.launch_args())
-    allocated = sum(t.numel() * t.element_size() for bufs in module._SCRATCH.values() for t in bufs)
+    allocated = sum(t.numel() * t.element_size() for bufs in module.LAUNCHER.scratch.values() for t in bufs)
     predicted = module.scratch_bytes(case.q.shape[0], 8, 1, 7, case.max_len_extend, "interpreter", 4,
                                      kv_indices_len=case.kv_indices.numel())
     assert allocated == predicted
@@ -401,9 +402,9 @@ def test_host_side_never_syncs(monkeypatch):
     for name in ("item", "tolist", "__int__", "__float__", "__bool__", "cpu", "numpy"):
         monkeypatch.setattr(torch.Tensor, name, boom)
     assert module.why_not(*args) == ""
-    plan = module._plan_launch("interpreter", 4, 8, 7, case.max_len_extend, None, None)
-    grid, _, slots = module._split_grid(plan, 7, case.kv_indices.numel(), compact=True)
-    module._scratch(case.q.device, plan["row_blocks"] * plan["prefix"][0]["L_PAD"], 8, slots)
+    plan = module.LAUNCHER.launch_setup("interpreter", 4, 8, 7, case.max_len_extend, None, None)
+    grid, _, slots = module.LAUNCHER.split_grid(plan, 7, case.kv_indices.numel(), compact=True)
+    module.LAUNCHER.scratch_buffers(case.q.device, plan.row_blocks * plan.prefix_constexprs["L_PAD"], 8, slots)
     assert grid >= 1
 
 
@@ -417,10 +418,10 @@ def _gpu_run(module, case: VerifyCase, num_sms: int | None = None, graph: bool =
     """o on the GPU: the engine entry's bf16 case.o, or (fp32) an fp32 o through ``launch``.
     num_sms replaces the multiprocessor count the launcher reads from the device; graph: the
     call is captured into a CUDA graph (after an eager warm-up) and replayed."""
-    real = module._device_info
+    real = module.LAUNCHER.device_info
     if num_sms is not None:
         arch = real("cuda", case.q.device.index)[0]
-        module._device_info = lambda device_type, index: (arch, num_sms, False)
+        module.LAUNCHER.device_info = lambda device_type, index: (arch, num_sms, False)
     out = torch.full(case.o.shape, float("nan"), dtype=torch.float32, device=case.o.device) if fp32 else case.o
     args = list(case.launch_args())
     args[3] = out
@@ -447,7 +448,7 @@ def _gpu_run(module, case: VerifyCase, num_sms: int | None = None, graph: bool =
         torch.cuda.synchronize()
         return out.clone()
     finally:
-        module._device_info = real
+        module.LAUNCHER.device_info = real
 
 
 def _gpu_neighbours(n: int, max_prefix: int, seed: int) -> list[tuple[int, int]]:

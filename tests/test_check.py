@@ -71,7 +71,7 @@ def test_domain_covers_every_draft_listed_group_an_unlisted_one_and_table_bounda
     assert {p.draft for p in points} == set(range(1, gqa64.MAX_DRAFT_TOKENS + 1))
     assert {p.mask for p in points} == {False, True}  # chains and trees
     assert {p.page_size for p in points} == {None, *gqa64.SUPPORTED_PAGE_SIZES}
-    for _group, batch_min, batch_max, _config in gqa64._BLOCK_CONFIGS.get("sm_90", ()):
+    for _group, batch_min, batch_max, _config in gqa64.LAUNCHER.block_configs.get("sm_90", ()):
         assert batch_min in {p.batch for p in points}
         assert min(batch_max, check.BATCH_CAP) in {p.batch for p in points}
 
@@ -279,7 +279,7 @@ def test_a_program_is_its_content_not_the_line_it_starts_on(tmp_path):
 def test_programs_shared_between_modules_compile_once_and_count_for_each():
     """The default module's merge stage is the same program for its BF16 and FP8 KV modules (the
     kernel text is the same at another line), so one compile serves both."""
-    enum = check.plan_check(["sm_90"], layouts=["gqa64"], kv_dtypes=["bf16", "fp8_e4m3fn"], q_dtypes=["bf16"],
+    enum = check.select_variants(["sm_90"], layouts=["gqa64"], kv_dtypes=["bf16", "fp8_e4m3fn"], q_dtypes=["bf16"],
                             variants=["grouped"], entries=["token-slot"], index_dtypes=["int64"])
     merges = [v for v in enum.variants if v.kernel == "_verify_merge_stage"]
     assert merges and all(len(v.modules) == 2 for v in merges), [sorted(v.modules) for v in merges]

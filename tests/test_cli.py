@@ -212,3 +212,17 @@ def test_readme_call_example_runs_and_is_right():
     exec(compile(example, "README.md", "exec"), names)
     assert names["ok"] is True
     assert relative_error(case.o, case.reference(torch.float64)) <= tolerance(case)
+
+
+def test_check_count_counts_and_the_old_flag_says_its_new_name(capsys):
+    """`kgen check --count` counts variants without compiling; `--plan` ("plan" is the IR's name)
+    still works and names its replacement."""
+    argv = ["check", "--arch", "sm_90", "--layout", "gqa64", "--kv-dtype", "bf16", "--q-dtype", "bf16",
+            "--variant", "grouped"]
+    assert main([*argv, "--count"]) == 0
+    counted = capsys.readouterr()
+    assert "sm_90" in counted.out and "deprecated" not in counted.err
+    assert main([*argv, "--plan"]) == 0
+    aliased = capsys.readouterr()
+    assert aliased.out == counted.out
+    assert "--plan is deprecated, use --count" in aliased.err

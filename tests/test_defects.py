@@ -35,7 +35,7 @@ NO_INTERPRETER = textwrap.dedent(
     import kgen
 
     mod = kgen.load("gqa64", "bf16")
-    assert not mod._INTERPRET
+    assert not mod.LAUNCHER.interpret
     case = runtime_case([20, 0, 13], [2, 1, 3], h_kv=1, group=8, d_qk=64, d_v=64,
                      q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
     o = case.out()

@@ -9,7 +9,7 @@ import torch
 from kernel_cases import build
 
 import kgen
-from kgen.env import env_flag
+from kgen.launcher.switches import env_flag
 from kgen.plan import module_uri
 from kgen.runtime import device as device_mod
 from kgen.runtime.gate import (
@@ -255,7 +255,7 @@ ARCHS = [*read_targets(), "sm_75", "gfx90a"]
 def _module_refusal(monkeypatch, kv: str, variant: str, arch: str) -> str:
     """The why_not of gqa128's module on ``arch`` (its device probe mocked) for a call it otherwise takes."""
     module = kgen.load("gqa128", kv_dtype=kv, variant=variant)
-    monkeypatch.setattr(module, "_device_info", lambda device_type, index: (arch, 132, arch.startswith("gfx")))
+    monkeypatch.setattr(module.LAUNCHER, "device_info", lambda device_type, index: (arch, 132, arch.startswith("gfx")))
     case = build("gqa128", [40, 9], [2, 3], 8, kv_dtype=canonical_dtype(kv, KV_DTYPES, "KV"))
     return module.why_not(*case.sglang_args())
 

@@ -16,11 +16,12 @@ from types import ModuleType
 import pytest
 import triton
 
-from kgen import check, rules
+from kgen import check
 from kgen.blockconfig import BlockConfig, TableFile, TableSource
 from kgen.build import build_one
 from kgen.errors import TableError
 from kgen.explain import explain
+from kgen.launcher import rules
 from kgen.passes.context import load_context
 from kgen.passes.pipeline import run_pipeline
 from kgen.plan import new_plan
@@ -81,7 +82,7 @@ def built(tmp_path_factory) -> Path:
 @pytest.fixture()
 def module(built: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     mod = _import(built, "gluon_row_module")
-    monkeypatch.setattr(mod, "_HAS_GLUON", True)  # as under Triton 3.6 with Gluon importable
+    monkeypatch.setattr(mod.LAUNCHER, "gluon_enabled", True)  # as under Triton 3.6 with Gluon importable
     return mod
 
 
@@ -99,7 +100,7 @@ def test_a_gluon_row_launches_the_gluon_stage_with_its_own_choices(module: Modul
                           "LAZY_RESCALE": False, "HAS_MASK": False, "Custom_Mask": None, "Mask_Indptr": None}
     assert options == {"num_warps": 8, "num_stages": 1}
     # The Gluon section's split policy sizes the grid, not the row's Triton one (max 64 splits).
-    assert module._plan_launch("sm_90", 132, 16, 4, 4, None, None)["max_splits"] == 8
+    assert module.LAUNCHER.launch_setup("sm_90", 132, 16, 4, 4, None, None).max_splits == 8
     assert prefix(module, batch=16)[0] == TRITON  # the Triton row of the next bucket
 
 
@@ -116,7 +117,7 @@ def test_elsewhere_the_row_runs_its_triton_fields(module: ModuleType, where: str
 
 
 def test_without_gluon_the_row_runs_its_triton_fields(module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(module, "_HAS_GLUON", False)
+    monkeypatch.setattr(module.LAUNCHER, "gluon_enabled", False)
     name, constexprs, options = prefix(module)
     assert name == TRITON
     assert (constexprs["BLOCK_N"], options["num_warps"], options["num_stages"]) == (64, 8, 2)
@@ -216,7 +217,7 @@ def test_kgen_check_compiles_a_gluon_row_offline_for_sm90(built: Path) -> None:
             1, mp_context=multiprocessing.get_context("spawn"), initializer=check._worker_init) as pool:
         result = pool.submit(check.compile_variant, check._job(variant)).result()
     assert result["error"] is None, result["error"]
-    shape = module._KERNEL_SHAPE
+    shape = module.LAUNCHER.identity.kernel_shape
     # rules.gluon_shared_bytes bounds what Triton allocates, within its margin.
     estimate = rules.gluon_shared_bytes(shape, 32, 3)
     assert estimate - rules.SHARED_MARGIN_BYTES <= result["shared"] <= estimate

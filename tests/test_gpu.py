@@ -104,7 +104,7 @@ def test_fp8_float_scales_first_seen_in_a_capture_then_eager_then_in_another_gra
     and a second graph (which takes the cached scalar the eager call made) must each read the
     right scale, not memory only the first graph's replay writes."""
     module = kgen.load("gqa128", "float8_e4m3fn")
-    module._DEVICE_SCALES.clear()
+    module.LAUNCHER.device_scales.clear()
     case = make_case(SPECS["gqa128"], [3001, 17, 4096, 640], [4, 3, 4, 2], 8, kv_dtype="float8_e4m3fn",
                      device="cuda", k_scale=0.37, v_scale=1.3, seed=11)
     ref = case.reference(torch.float64)

@@ -51,7 +51,7 @@ def gluon_config(module, gluon: dict, max_splits: int = 64, min_tokens: int = 64
     """The module's default Triton config with a gluon section: small splits, so that short
     test prefixes still cut into several."""
     split = {"programs_per_sm": 1, "max_splits": max_splits, "min_tokens_per_split": min_tokens}
-    return {**module._DEFAULT_CONFIG, "gluon": {**gluon, "split": split}}
+    return {**module.LAUNCHER.default_config, "gluon": {**gluon, "split": split}}
 
 
 def _groups() -> list[int]:
@@ -60,7 +60,7 @@ def _groups() -> list[int]:
 
 
 def _poison_scratch(module) -> None:
-    for partial_o, partial_lse in module._SCRATCH.values():
+    for partial_o, partial_lse in module.LAUNCHER.scratch.values():
         partial_o.fill_(float("nan"))
         partial_lse.fill_(float("nan"))
 

@@ -163,7 +163,7 @@ def _batch_bucket_cases() -> list[SweepCase]:
     for layout in SPECS:
         for kv in KV_DTYPES:
             module = kgen.load(layout, kv)
-            for group, batch_min, batch_max, _ in module._BLOCK_CONFIGS.get(ARCH, ()):
+            for group, batch_min, batch_max, _ in module.LAUNCHER.block_configs.get(ARCH, ()):
                 if batch_min <= SMALL_BATCH <= batch_max:
                     continue
                 for drafts in draft_classes(module, group, batch_min):

@@ -15,6 +15,7 @@ import torch
 from test_runtime_support import runtime_case, to_pages
 
 import kgen
+import kgen.launcher.entries
 from kgen.reference import reference_verify
 
 LAYOUT = "gqa64"
@@ -170,11 +171,10 @@ def test_default_path_does_not_check(monkeypatch):
     """Off by default: no check (and so no host sync) before the launch."""
     mod = module()
     spy = Spy()
-    monkeypatch.setattr(mod, "_check_index_values", spy)
-    monkeypatch.setattr(mod, "launch", lambda *a, **k: None)
-    monkeypatch.setattr(mod, "_run", lambda *a, **k: None)
+    monkeypatch.setattr(kgen.launcher.entries, "check_index_values", spy)
+    monkeypatch.setattr(mod.LAUNCHER, "run", lambda *a, **k: None)
     case, pages = paged_case()
-    assert not mod._CHECK_INDICES
+    assert not mod.LAUNCHER.check_indices
     assert flat_call(mod, case, case.out()) and paged_call(mod, case, pages, case.out())
     assert spy.calls == 0
     assert flat_call(mod, case, case.out(), check_indices=True)
@@ -188,7 +188,7 @@ def test_environment_turns_the_check_on_at_import(monkeypatch):
     spec = importlib.util.spec_from_file_location("index_check_env_module", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod._CHECK_INDICES
+    assert mod.LAUNCHER.check_indices
     case = flat_case()
     bad = case.kv_indices.clone()
     bad[5] = 1000

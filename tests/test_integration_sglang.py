@@ -593,7 +593,7 @@ class _Launches:
 
 def _scratch(backend) -> dict:
     module = backend.kgen_verify.chain.levels[0].module
-    return {key: tuple(t.data_ptr() for t in bufs) for key, bufs in module._SCRATCH.items()}
+    return {key: tuple(t.data_ptr() for t in bufs) for key, bufs in module.LAUNCHER.scratch.items()}
 
 
 def test_cuda_graph_metadata_capture_then_replay(sg):

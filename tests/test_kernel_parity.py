@@ -7,17 +7,19 @@ tables are shuffled, and sizes are small enough for the interpreter.
 
 import pytest
 import torch
+from case_tools import patch_identity, patch_kernels
 from kernel_cases import SMALL_SPLITS, build, check_parity
 from triton.runtime.errors import InterpreterError
 
 import kgen
+from kgen.launcher.device import INTERPRETER_NUM_SMS
 
 GQA = "qwen3_5_gqa256"
 MLA = "mla_absorbed_512_64"
 
 
 def _poison_scratch(module):
-    for partial_o, partial_lse in module._SCRATCH.values():
+    for partial_o, partial_lse in module.LAUNCHER.scratch.values():
         partial_o.fill_(float("nan"))
         partial_lse.fill_(float("nan"))
 
@@ -112,7 +114,7 @@ def test_merge_combines_more_splits_than_one_chunk(layout):
     module = kgen.load(layout, "bfloat16")
     config = {**SMALL_SPLITS, "split": {"programs_per_sm": 8, "max_splits": 16, "min_tokens_per_split": 16}}
     # Interpreter: 4 SMs x 8 programs / 3 requests = 10 splits; 300 tokens in splits of 32.
-    assert module._max_splits(config, 3, module._INTERPRETER_NUM_SMS) == (10, 16)
+    assert module.LAUNCHER.max_splits(config, 3, INTERPRETER_NUM_SMS) == (10, 16)
     assert module.MERGE_SPLIT_CHUNK == 8
     case = build(layout, [300, 5, 0], [4, 2, 3], 8, seed=12)
     module.launch(*case.launch_args(), config=config)  # allocate the scratch for this shape
@@ -177,16 +179,16 @@ def test_graph_safety_no_host_sync(monkeypatch):
     # config/scratch/grid computation, then restore before the kernels run.
     args = case.sglang_args()
     assert module.why_not(*args) == ""
-    arch, sms, is_rocm = module._device_info(case.q.device.type, case.q.device.index)
-    module._plan_launch(arch, sms, 8, 2, case.max_len_extend, None, None)
-    module._scratch(case.q.device, case.q.shape[0], case.q.shape[1], 4)
+    arch, sms, is_rocm = module.LAUNCHER.device_info(case.q.device.type, case.q.device.index)
+    module.LAUNCHER.launch_setup(arch, sms, 8, 2, case.max_len_extend, None, None)
+    module.LAUNCHER.scratch_buffers(case.q.device, case.q.shape[0], case.q.shape[1], 4)
 
 
 @pytest.mark.parametrize("l_pad", [1, 2, 4, 8, 16])
 def test_merge_rows_are_a_power_of_two(l_pad):
     """tl.arange needs a power of two: the interpreter does not check it, the GPU compiler does."""
     module = kgen.load(GQA, "bfloat16")
-    heads = module._merge_heads(l_pad)
+    heads = module.LAUNCHER.merge_heads(l_pad)
     rows = heads * l_pad
     assert heads >= 1 and rows & (rows - 1) == 0
     assert rows <= max(module.MERGE_ROWS, l_pad)
@@ -254,7 +256,7 @@ def test_gqa_draft_tile_before_and_after_the_loop(monkeypatch, kv, draft_first_r
     """Both placements of GQA's draft tile (the launcher picks one by rows), for 64-row
     programs (group 16 at L4) and 16-row ones (group 4 at L3)."""
     module = kgen.load(GQA, kv)
-    monkeypatch.setattr(module, "_DRAFT_FIRST_ROWS", draft_first_rows)
+    patch_identity(monkeypatch, module, draft_first_rows=draft_first_rows)
     scales = {"k_scale": 0.37, "v_scale": 1.9} if kv != "bfloat16" else {}
     for group, draft in ((16, 4), (4, 3)):
         case = build(GQA, [70, 0, 33], [draft, 2, draft], group, kv_dtype=kv, seed=group + draft, **scales)
@@ -266,12 +268,12 @@ def test_a_configs_draft_tile_overrides_the_row_rule(monkeypatch, placement):
     """BlockConfig.draft_tile picks the placement whatever the rows: the row rule is set to
     the opposite for every row count, and the launch still takes the config's."""
     module = kgen.load(GQA, "bfloat16")
-    monkeypatch.setattr(module, "_DRAFT_FIRST_ROWS", () if placement == "first" else (16, 32, 64))
+    patch_identity(monkeypatch, module, draft_first_rows=() if placement == "first" else (16, 32, 64))
     config = {**SMALL_SPLITS, "block_h": 8, "draft_tile": placement}
-    assert module._draft_first(config, 32) is (placement == "first")
-    assert module._draft_first({**config, "draft_tile": None}, 32) is (placement != "first")
+    assert module.LAUNCHER.draft_first(config, 32) is (placement == "first")
+    assert module.LAUNCHER.draft_first({**config, "draft_tile": None}, 32) is (placement != "first")
     seen = []
-    real = module._verify_prefix_stage
+    real = module.LAUNCHER.kernels.prefix
 
     class Spy:  # records the DRAFT_FIRST each launch compiles with
         def __getitem__(self, grid):
@@ -280,7 +282,7 @@ def test_a_configs_draft_tile_overrides_the_row_rule(monkeypatch, placement):
                 return real[grid](*args, **kwargs)
             return launch
 
-    monkeypatch.setattr(module, "_verify_prefix_stage", Spy())
+    patch_kernels(monkeypatch, module, prefix=Spy())
     case = build(GQA, [70, 0, 33], [4, 2, 4], 8, seed=41)
     check_parity(case, GQA, "bfloat16", config=config)
     assert seen and set(seen) == {placement == "first"}

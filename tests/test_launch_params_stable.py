@@ -5,7 +5,7 @@ chains and trees (a custom mask).
 The compiler's plan, passes and templates may be rearranged freely; what a module launches
 may not change by accident. The expectation holds one digest per (module, arch) of the JSON
 of every launch in the sweep. When a change is meant to alter launches (a table row, a
-target in kgen/tables/targets.json, a launch rule in kgen/rules.py), rewrite it with
+target in kgen/tables/targets.json, a launch rule in kgen/launcher/rules.py), rewrite it with
 ``python tests/test_launch_params_stable.py --write`` and say why in the commit.
 """
 
@@ -46,9 +46,9 @@ def _load(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"stable_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module._INTERPRET, module._NO_PDL, module._HAS_GRID_DEPENDENCY_CONTROL = False, False, True
+    module.LAUNCHER.interpret, module.LAUNCHER.no_pdl, module.LAUNCHER.grid_dependency_control = False, False, True
     if hasattr(module, "_HAS_GLUON"):
-        module._HAS_GLUON = True
+        module.LAUNCHER.gluon_enabled = True
     return module
 
 

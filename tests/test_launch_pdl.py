@@ -7,10 +7,11 @@ import importlib.util
 import inspect
 
 import pytest
+from case_tools import patch_kernels
 from kernel_cases import build
 
 import kgen
-from kgen.env import env_flag
+from kgen.launcher.switches import env_flag
 
 MODULE = kgen.load("qwen3_5_gqa256", "bfloat16")
 
@@ -19,8 +20,8 @@ MODULE = kgen.load("qwen3_5_gqa256", "bfloat16")
                                                    ("sm_80", False, False), ("gfx950", True, False),
                                                    ("interpreter", False, False)])
 def test_pdl_on_hopper_and_later_only(monkeypatch, arch, rocm, pdl):
-    monkeypatch.setattr(MODULE, "_INTERPRET", False)
-    assert MODULE._use_pdl(arch, rocm) == pdl
+    monkeypatch.setattr(MODULE.LAUNCHER, "interpret", False)
+    assert MODULE.LAUNCHER.use_pdl(arch, rocm) == pdl
 
 
 def _fresh_copy(name: str):
@@ -32,14 +33,14 @@ def _fresh_copy(name: str):
 
 
 def test_engines_can_turn_pdl_off(monkeypatch):
-    monkeypatch.setattr(MODULE, "_INTERPRET", False)
-    monkeypatch.setattr(MODULE, "_NO_PDL", True)
-    assert not MODULE._use_pdl("sm_90", False)
-    monkeypatch.setattr(MODULE, "_NO_PDL", False)
-    assert MODULE._use_pdl("sm_90", False)
+    monkeypatch.setattr(MODULE.LAUNCHER, "interpret", False)
+    monkeypatch.setattr(MODULE.LAUNCHER, "no_pdl", True)
+    assert not MODULE.LAUNCHER.use_pdl("sm_90", False)
+    monkeypatch.setattr(MODULE.LAUNCHER, "no_pdl", False)
+    assert MODULE.LAUNCHER.use_pdl("sm_90", False)
     # The switch is read from the environment when a module is imported.
     monkeypatch.setenv("KGEN_NO_PDL", "1")
-    assert _fresh_copy("no_pdl_copy")._NO_PDL is True
+    assert _fresh_copy("no_pdl_copy").LAUNCHER.no_pdl is True
 
 
 @pytest.mark.parametrize(("value", "pdl_off"), [("true", True), (" Yes ", True), ("ON", True), ("1", True),
@@ -48,18 +49,18 @@ def test_no_pdl_is_parsed_like_every_kgen_switch(monkeypatch, value, pdl_off):
     # KGEN_NO_PDL=true once left PDL on: the module compared the value with "1" alone.
     monkeypatch.setenv("KGEN_NO_PDL", value)
     copy = _fresh_copy("no_pdl_parsed_copy")
-    monkeypatch.setattr(copy, "_INTERPRET", False)
-    monkeypatch.setattr(copy, "_HAS_GRID_DEPENDENCY_CONTROL", True)
-    assert copy._NO_PDL is pdl_off is env_flag("KGEN_NO_PDL")
-    assert copy._use_pdl("sm_90", False) is not pdl_off
+    monkeypatch.setattr(copy.LAUNCHER, "interpret", False)
+    monkeypatch.setattr(copy.LAUNCHER, "grid_dependency_control", True)
+    assert copy.LAUNCHER.no_pdl is pdl_off is env_flag("KGEN_NO_PDL")
+    assert copy.LAUNCHER.use_pdl("sm_90", False) is not pdl_off
 
 
 def test_no_pdl_under_the_interpreter_or_without_gdc(monkeypatch):
-    assert MODULE._INTERPRET  # the CPU tests run the interpreter
-    assert not MODULE._use_pdl("sm_90", False)
-    monkeypatch.setattr(MODULE, "_INTERPRET", False)
-    monkeypatch.setattr(MODULE, "_HAS_GRID_DEPENDENCY_CONTROL", False)
-    assert not MODULE._use_pdl("sm_90", False)
+    assert MODULE.LAUNCHER.interpret  # the CPU tests run the interpreter
+    assert not MODULE.LAUNCHER.use_pdl("sm_90", False)
+    monkeypatch.setattr(MODULE.LAUNCHER, "interpret", False)
+    monkeypatch.setattr(MODULE.LAUNCHER, "grid_dependency_control", False)
+    assert not MODULE.LAUNCHER.use_pdl("sm_90", False)
 
 
 class _Recorder:
@@ -75,10 +76,10 @@ class _Recorder:
 @pytest.mark.parametrize(("arch", "rocm"), [("sm_90", False), ("gfx950", True)])
 def test_both_launches_carry_the_same_pdl_choice(monkeypatch, arch, rocm):
     prefix, merge = _Recorder(), _Recorder()
-    monkeypatch.setattr(MODULE, "_INTERPRET", False)
-    monkeypatch.setattr(MODULE, "_verify_prefix_stage", prefix)
-    monkeypatch.setattr(MODULE, "_verify_merge_stage", merge)
-    monkeypatch.setattr(MODULE, "_device_info", lambda device_type, index: (arch, 8, rocm))
+    monkeypatch.setattr(MODULE.LAUNCHER, "interpret", False)
+    patch_kernels(monkeypatch, MODULE, prefix=prefix)
+    patch_kernels(monkeypatch, MODULE, merge=merge)
+    monkeypatch.setattr(MODULE.LAUNCHER, "device_info", lambda device_type, index: (arch, 8, rocm))
     case = build("qwen3_5_gqa256", [300], [2], 16, seed=1)
     MODULE.launch(*case.launch_args(), config={"block_h": 16, "block_n": 16, "num_warps": 4, "num_stages": 2,
                                                "split": {"programs_per_sm": 4, "min_tokens_per_split": 16}})

@@ -131,3 +131,48 @@ def test_every_module_declares_its_public_names():
         assert not {"fit", "env_flag", "cdiv", "os", "torch", "triton"} & set(module.__all__), uri
         assert ("PE_DIM" in module.__all__) == hasattr(module, "PE_DIM"), uri
         assert ("TOKENS_PER_SPLIT" in module.__all__) == module.BATCH_INVARIANT, uri
+
+
+def test_no_generated_module_holds_host_code():
+    """At module level a generated module holds only imports, constants, its identity declaration
+    (the LAUNCHER and the names bound from it) and @triton.jit / @gluon.jit functions: host code
+    lives once, in kgen/launcher/. The build refuses such source too (inspect_source)."""
+    import ast
+
+    from kgen.passes.inspect_source import host_code
+
+    paths = sorted(GENERATED.glob("verify_*.py"))
+    assert len(paths) >= 72
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        found = [f"line {n.lineno}: {type(n).__name__}" for n in host_code(tree.body)]
+        assert found == [], f"{path.name}: {found}"
+        functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.col_offset == 0]
+        assert functions, path.name
+
+
+def test_the_host_code_rule_catches_host_code():
+    """The rule above can fail: a plain function, a class, a loop or a lambda at module level."""
+    import ast
+
+    from kgen.passes.inspect_source import host_code
+
+    source = '''
+import triton
+X = 3
+@triton.jit
+def kernel(a):
+    pass
+def helper():
+    return 1
+class Thing:
+    pass
+for i in range(2):
+    pass
+f = lambda: 0
+if FLAG:
+    def hidden():
+        pass
+'''
+    found = [type(n).__name__ + (f" {n.name}" if hasattr(n, "name") else "") for n in host_code(ast.parse(source).body)]
+    assert found == ["FunctionDef helper", "ClassDef Thing", "For", "Assign", "FunctionDef hidden"]

@@ -89,25 +89,25 @@ def test_fnuz_module_refuses_on_nvidia(monkeypatch):
     module = kgen.load(GQA, "float8_e4m3fnuz")
     case = _gqa_case(kv_dtype="float8_e4m3fnuz", seed=2)
     assert module.why_not(*case.sglang_args()) == ""  # CPU (interpreter) accepts it
-    monkeypatch.setattr(module, "_device_info", lambda device_type, index: ("sm_90", 132, False))
+    monkeypatch.setattr(module.LAUNCHER, "device_info", lambda device_type, index: ("sm_90", 132, False))
     assert "sm_90 has no float8_e4m3fnuz tensor-core format" in module.why_not(*case.sglang_args())
 
 
 def test_fp8_module_refuses_where_the_arch_has_no_e4m3(monkeypatch):
     module = kgen.load(GQA, "float8_e4m3fn")
     case = _gqa_case(kv_dtype="float8_e4m3fn", seed=2)
-    monkeypatch.setattr(module, "_device_info", lambda device_type, index: ("sm_80", 108, False))
+    monkeypatch.setattr(module.LAUNCHER, "device_info", lambda device_type, index: ("sm_80", 108, False))
     assert "sm_80 has no float8_e4m3fn tensor-core format" in module.why_not(*case.sglang_args())
     ok, _ = _call(module, case)
     assert not ok
-    monkeypatch.setattr(module, "_device_info", lambda device_type, index: ("sm_89", 128, False))
+    monkeypatch.setattr(module.LAUNCHER, "device_info", lambda device_type, index: ("sm_89", 128, False))
     assert module.why_not(*case.sglang_args()) == ""
 
 
 def test_an_arch_outside_the_checked_set_is_refused(monkeypatch):
     module = kgen.load(GQA, "bfloat16")
     case = _gqa_case(seed=4)
-    monkeypatch.setattr(module, "_device_info", lambda device_type, index: ("sm_75", 40, False))
+    monkeypatch.setattr(module.LAUNCHER, "device_info", lambda device_type, index: ("sm_75", 40, False))
     reason = module.why_not(*case.sglang_args())
     assert "sm_75 is not a target this module was checked for" in reason and "sm_90" in reason
     ok, _ = _call(module, case)

@@ -1,13 +1,15 @@
-"""Launch rules (kgen/rules.py): the row blocking and the resource fit every module carries.
+"""Launch rules (kgen/launcher/rules.py): the row blocking and the resource fit every module carries.
 
 The shared-memory estimate is checked against numbers Triton 3.6 gave offline for sm_90
 (``kgen check`` compiles every variant; these pin the rules it proves)."""
 
 import pytest
+from case_tools import patch_kernels
 from kernel_cases import build, check_parity
 
 import kgen
-from kgen import rules
+from kgen.launcher import rules
+from kgen.launcher.device import INTERPRETER_NUM_SMS
 from kgen.spec import load_layouts
 from kgen.targets import read_targets, target_dicts
 
@@ -90,8 +92,8 @@ def test_every_module_accepts_its_whole_domain_on_sm_90(layout, kv, groups):
                 assert launches, (group, batch, length)
                 constexprs, options = launches[0][1], launches[0][2]
                 rows = constexprs["BLOCK_H"] * constexprs["L_PAD"]
-                assert rows <= rules.max_rows_for(target, module._KERNEL_SHAPE, options["num_warps"])
-                assert rules.shared_bytes(target, module._KERNEL_SHAPE, rows, constexprs["BLOCK_N"],
+                assert rows <= rules.max_rows_for(target, module.LAUNCHER.identity.kernel_shape, options["num_warps"])
+                assert rules.shared_bytes(target, module.LAUNCHER.identity.kernel_shape, rows, constexprs["BLOCK_N"],
                                           options["num_stages"], options["num_warps"]) <= target["shared_bytes"]
 
 
@@ -106,11 +108,10 @@ def test_launch_params_are_what_the_launcher_runs(monkeypatch):
         def __getitem__(self, grid):
             return lambda *args, **kwargs: launched.append((self.name, kwargs))
 
-    monkeypatch.setattr(module, "_verify_prefix_stage", Recorder("_verify_prefix_stage"))
-    monkeypatch.setattr(module, "_verify_merge_stage", Recorder("_verify_merge_stage"))
+    patch_kernels(monkeypatch, module, prefix=Recorder("_verify_prefix_stage"), merge=Recorder("_verify_merge_stage"))
     case = build("qwen3_5_gqa256", [600, 90], [6, 3], 16, seed=5)
     module.launch(*case.launch_args())
-    expected = module.launch_params("interpreter", module._INTERPRETER_NUM_SMS, 16, 2, 6)
+    expected = module.launch_params("interpreter", INTERPRETER_NUM_SMS, 16, 2, 6)
     assert [name for name, _ in launched] == [name for name, _, _ in expected]
     for (_, kwargs), (_, constexprs, options) in zip(launched, expected, strict=True):
         assert {k: kwargs[k] for k in constexprs} == constexprs

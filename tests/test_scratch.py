@@ -3,6 +3,7 @@
 import pytest
 
 import kgen
+from kgen.launcher.device import INTERPRETER_NUM_SMS
 
 
 @pytest.mark.parametrize("batch", [1, 16, 64, 128])
@@ -17,11 +18,11 @@ def test_scratch_matches_what_the_launcher_allocates():
 
     module = kgen.load("gqa64", "bfloat16")
     case = build("gqa64", [40, 9, 3], [4, 2, 1], 8, seed=1)
-    module._SCRATCH.clear()
+    module.LAUNCHER.scratch.clear()
     module.launch(*case.launch_args())
-    allocated = sum(t.numel() * t.element_size() for bufs in module._SCRATCH.values() for t in bufs)
+    allocated = sum(t.numel() * t.element_size() for bufs in module.LAUNCHER.scratch.values() for t in bufs)
     predicted = module.scratch_bytes(case.q.shape[0], 8, 1, 3, case.max_len_extend, "interpreter",
-                                     module._INTERPRETER_NUM_SMS)
+                                     INTERPRETER_NUM_SMS)
     assert allocated == predicted
 
 
@@ -32,13 +33,13 @@ def test_a_float_scale_made_during_graph_capture_is_not_cached(monkeypatch):
     import torch
 
     module = kgen.load("gqa64", "float8_e4m3fn")
-    module._DEVICE_SCALES.clear()
+    module.LAUNCHER.device_scales.clear()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    during = module._device_scale(0.5, "cpu")
-    assert during.item() == 0.5 and not module._DEVICE_SCALES
+    during = module.LAUNCHER.device_scale(0.5, "cpu")
+    assert during.item() == 0.5 and not module.LAUNCHER.device_scales
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    eager = module._device_scale(0.5, "cpu")
-    assert eager is not during and module._device_scale(0.5, "cpu") is eager
+    eager = module.LAUNCHER.device_scale(0.5, "cpu")
+    assert eager is not during and module.LAUNCHER.device_scale(0.5, "cpu") is eager
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert module._device_scale(0.5, "cpu") is eager  # made eagerly, so filled: safe in a capture
+    assert module.LAUNCHER.device_scale(0.5, "cpu") is eager  # made eagerly, so filled: safe in a capture

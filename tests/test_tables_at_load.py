@@ -56,7 +56,7 @@ def test_the_rows_applied_at_load_are_the_rows_the_build_bakes(layout, kv, varia
     monkeypatch.delenv("KGEN_TABLES_DIR", raising=False)
     module = kgen.load(layout, kv, variant=variant, batch_invariant=invariant)
     plan = retable.planned_configs(layout, kv, "bfloat16", variant, invariant)
-    assert retable.module_configs(plan) == module._BLOCK_CONFIGS
+    assert retable.module_configs(plan) == module.LAUNCHER.block_configs
 
 
 def test_a_tuned_folder_changes_the_launcher_and_explain_without_a_build(tmp_path: Path, monkeypatch) -> None:
@@ -112,11 +112,12 @@ def test_a_row_a_module_cannot_run_is_an_error_at_load(monkeypatch) -> None:
     without it are refused when kgen.load applies them, saying what to do, never run on other code."""
     monkeypatch.delenv("KGEN_TABLE", raising=False)
     monkeypatch.delenv("KGEN_TABLES_DIR", raising=False)
-    without_gluon = types.SimpleNamespace(URI="verify_mla_absorbed_512_64__kv_bf16__q_bf16", _BLOCK_CONFIGS={})
+    launcher = types.SimpleNamespace(identity=types.SimpleNamespace(gluon_arch=None), block_configs={})
+    without_gluon = types.SimpleNamespace(URI="verify_mla_absorbed_512_64__kv_bf16__q_bf16", LAUNCHER=launcher)
     with pytest.raises(TableError, match=r"picks the Gluon prefix stage, which this module was built without: "
                                          r"rebuild it"):
         retable.apply_tables(without_gluon, "mla_absorbed_512_64", "bfloat16", "bfloat16", "grouped", False)
-    assert without_gluon._BLOCK_CONFIGS == {}  # nothing half-applied
+    assert without_gluon.LAUNCHER.block_configs == {}  # nothing half-applied
 
 
 def test_kgen_check_proves_the_rows_a_tables_dir_puts_in(tmp_path: Path, monkeypatch) -> None:

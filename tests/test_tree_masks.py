@@ -16,6 +16,8 @@ from case_tools import paged_mask, set_draft_masks, to_paged
 from kernel_cases import SMALL_SPLITS, build, check_parity, tolerance
 
 import kgen
+from kgen.launcher import rules
+from kgen.launcher.launches import NO_MASK
 from kgen.problems import chain_mask, eagle_tree
 from kgen.reference import relative_error
 from kgen.runtime.adapters import VLLMVerify, vllm_tree_mask
@@ -98,7 +100,7 @@ def test_long_drafts_split_over_row_blocks(monkeypatch, mask):
     """Drafts up to 64 past one program's rows (a 16-row budget here): the draft rows go to
     several programs, each looping over every draft-column tile its rows can see."""
     module = kgen.load(GQA64, "bfloat16")
-    monkeypatch.setattr(module, "MAX_ROWS", 16)
+    monkeypatch.setattr(rules, "MAX_ROWS", 16)
     prefix, drafts = [30, 0, 70], [64, 17, 40]
     config = {**SMALL_SPLITS, "block_h": 8}
     launched = module.launch_params("interpreter", 4, 8, 3, 64, config=config, has_mask=mask == "tree")
@@ -197,7 +199,7 @@ def test_the_chain_kernel_is_compiled_without_the_mask():
     tree = module.launch_params("sm_90", 132, 16, 64, 8, has_mask=True)[0][1]
     assert chain["HAS_MASK"] is False and chain["Custom_Mask"] is None and chain["stride_mask_row"] is None
     assert tree["HAS_MASK"] is True and "Custom_Mask" not in tree
-    assert {k: v for k, v in chain.items() if k not in ("HAS_MASK", *module._NO_MASK)} == {
+    assert {k: v for k, v in chain.items() if k not in ("HAS_MASK", *NO_MASK)} == {
         k: v for k, v in tree.items() if k != "HAS_MASK"}
 
 
@@ -216,8 +218,8 @@ def test_mask_path_has_no_host_sync(monkeypatch):
         monkeypatch.setattr(torch.Tensor, name, boom)
     assert module.why_not(*case.sglang_args()) == ""
     assert module.why_not_paged(*paged) == ""
-    module._mask_arguments(case.custom_mask, case.mask_indptr, False)
-    module._mask_arguments(paged[13], paged[14], True)
+    module.LAUNCHER.mask_arguments(case.custom_mask, case.mask_indptr, False)
+    module.LAUNCHER.mask_arguments(paged[13], paged[14], True)
 
 
 def test_a_tree_takes_the_gluon_stage_where_a_chain_does(monkeypatch):

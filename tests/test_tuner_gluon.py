@@ -118,7 +118,7 @@ def test_gluon_choices_must_be_gluon_configs(tmp_path: Path) -> None:
 @pytest.fixture()
 def mla_module(monkeypatch: pytest.MonkeyPatch):
     module = kgen.load(MLA, "bfloat16")
-    monkeypatch.setattr(module, "_HAS_GLUON", True)  # Triton 3.6's import, on whatever Triton runs the tests
+    monkeypatch.setattr(module.LAUNCHER, "gluon_enabled", True)  # as under Triton 3.6, on any Triton
     return module
 
 
@@ -286,13 +286,13 @@ def _backend(module) -> GpuBackend:
 
 
 def test_the_backend_refuses_a_gluon_config_the_module_would_run_as_triton(mla_module, monkeypatch) -> None:
-    monkeypatch.setattr(mla_module, "_device_info", lambda device_type, index: ("sm_90", 132, False))
+    monkeypatch.setattr(mla_module.LAUNCHER, "device_info", lambda device_type, index: ("sm_90", 132, False))
     backend = _backend(mla_module)
     assert set(backend.prefix_kernels(gluon_cfg()).values()) == {PREFIX_KERNELS["gluon"]}
     assert set(backend.prefix_kernels(gluon_cfg().model_copy(update={"gluon": None})).values()) == {
         PREFIX_KERNELS["triton"]}
     backend._require_lowering(gluon_cfg())  # launches the Gluon stage: nothing to refuse
-    monkeypatch.setattr(mla_module, "_HAS_GLUON", False)  # as under another Triton
+    monkeypatch.setattr(mla_module.LAUNCHER, "gluon_enabled", False)  # as under another Triton
     with pytest.raises(TuneError, match="_verify_prefix_stage.*bs64/P16384/L4"):
         backend.parity_error(gluon_cfg())
     # In a study the trial is pruned with that reason, before anything runs.

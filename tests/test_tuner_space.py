@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from kgen import rules
 from kgen.blockconfig import BlockConfig, SplitPolicy
+from kgen.launcher import rules
 from kgen.loader import load
 from kgen.spec import load_layouts
 from kgen.tuner.errors import TuneError
@@ -230,10 +230,8 @@ def test_launch_rows_are_the_generated_launchers() -> None:
     assert launch_rows(1, shape, 4) == (1, 16)  # rows padded to 16 for tl.dot
     assert launch_rows(4, shape, 4) == (4, 4)
     assert launch_rows(16, shape, 16) == (8, 16)  # halved to <= 128 rows
-    module = load("gqa128", "bfloat16")
-    assert (module.MIN_DOT, module.MAX_ROWS) == (rules.MIN_DOT, rules.MAX_ROWS)
     for block_h, draft in ((1, 4), (4, 4), (16, 16), (8, 4), (4, 2), (16, 1)):
-        assert module.row_blocking(block_h, 16, draft) == launch_rows(block_h, shape, draft)
+        assert rules.row_blocking(block_h, 16, draft) == launch_rows(block_h, shape, draft)
 
 
 @pytest.mark.parametrize(("arch", "layout", "kv", "group"), [
@@ -247,12 +245,12 @@ def test_the_space_turns_away_exactly_what_the_modules_fit_changes(arch: str, la
     exactly when the module runs it as written at every draft length of the study."""
     space = space_for(arch, layout, group, kv=kv, drafts=(1, 4))
     module = load(layout, kv)
-    target = module._TARGETS[arch]
-    assert space.shape.kernel == module._KERNEL_SHAPE
+    target = module.LAUNCHER.identity.targets[arch]
+    assert space.shape.kernel == module.LAUNCHER.identity.kernel_shape
     for block_h, block_n, warps, stages in itertools.product((1, 4, 16), (16, 64, 128), (2, 4, 8), (1, 2, 4)):
         c = cfg(block_h=min(block_h, group), block_n=block_n, num_warps=warps, num_stages=stages)
         launch = c.model_dump(exclude_none=True)
-        fitted = [module.fit_program(target, module._KERNEL_SHAPE, launch, group, d) for d in (1, 4)]
+        fitted = [rules.fit_program(target, module.LAUNCHER.identity.kernel_shape, launch, group, d) for d in (1, 4)]
         changed = any(f is None or f[4] for f in fitted)
         reason = space.why_not(c) or ""
         assert changed == reason.startswith(("duplicate: at L=", "no program fits")), (c.short(), reason)
@@ -366,7 +364,7 @@ def test_bad_spaces_file_names_file_and_field(tmp_path: Path) -> None:
     bad.write_text(text.replace("dot_multiple_of_nonkdim = false", "dot_multiple_of_nonkdim = false\nwarp_sise = 32"))
     with pytest.raises(TuneError, match=r"field 'family\.cuda\.warp_sise': unknown key"):
         load_spaces(bad)
-    # Limits live in kgen/tables/targets.json and the launch rules in kgen/rules.py only.
+    # Limits live in kgen/tables/targets.json and the launch rules in kgen/launcher/rules.py only.
     bad.write_text(text + "\n[kernel]\nmax_rows = 128\n")
     with pytest.raises(TuneError, match=r"field 'kernel': unknown key"):
         load_spaces(bad)

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from kgen.env import env_flag
+from kgen.launcher.switches import env_flag
 from kgen.runtime.adapters import SGLangVerify, dtype_name, get_chain
 from kgen.runtime.call import sglang_signature
 from kgen.runtime.gate import (

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from kgen.env import env_flag
+from kgen.launcher.switches import env_flag
 from kgen.runtime.adapters import VLLMVerify, dtype_name, get_chain
 from kgen.runtime.gate import GateDecision, GateQuery, gate_from_env
 

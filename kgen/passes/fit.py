@@ -1,6 +1,6 @@
 """fit: every program a module can launch fits its target's shared memory and registers.
 
-The module fits at run time with the launch rules it carries (kgen/rules.py), because the
+The module fits at run time with the launch rules it carries (kgen/launcher/rules.py), because the
 draft length is known only then. This pass runs the same rules over the whole accepted
 domain (every checked target, every config the module holds for it, every listed group,
 draft lengths 1..MAX_DRAFT_TOKENS, or the one draft length a batch-invariant module fits
@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 
 from kgen.blockconfig import BlockConfig
+from kgen.launcher.rules import fit_program, kernel_shape
 from kgen.passes.context import BuildContext
 from kgen.plan import BlockConfigs, Decision, Fit, Plan
-from kgen.rules import fit_program, kernel_shape
 from kgen.targets import read_targets, target_dicts
 
 NAME = "fit"

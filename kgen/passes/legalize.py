@@ -3,9 +3,9 @@ never next_power_of_2(0), and the limits that keep a program's registers bounded
 
 from __future__ import annotations
 
+from kgen.launcher.rules import MAX_DRAFT_SCORES, MAX_ROWS, MIN_DOT, next_pow2
 from kgen.passes.context import BuildContext
 from kgen.plan import Decision, Plan, Tiles
-from kgen.rules import MAX_DRAFT_SCORES, MAX_ROWS, MIN_DOT, next_pow2
 
 NAME = "legalize"
 # EAGLE chains are 1..8 tokens; trees (topk > 1) 8..64 (topk 4 with 3 steps gives up to 64).

@@ -1,14 +1,12 @@
 """render: the plan becomes source text through the templates of its lowering.
 
 The plan is the templates' context: they read its sections (``plan.specialization.has_pe``,
-``plan.tiles.block_d``, ...). Besides the plan they see only the kgen version, the launch
-rules' source and the switch parser's source. StrictUndefined makes a name the templates use but
-the plan lacks a build error.
+``plan.tiles.block_d``, ...). Besides the plan they see only the kgen version. StrictUndefined
+makes a name the templates use but the plan lacks a build error.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import pprint
 import textwrap
@@ -16,7 +14,6 @@ from pathlib import Path
 
 import jinja2
 
-from kgen import env, rules
 from kgen.errors import BuildError
 from kgen.passes.context import REPO_ROOT, BuildContext
 from kgen.plan import Decision, Output, Plan
@@ -64,32 +61,13 @@ def environment() -> jinja2.Environment:
     return env
 
 
-@functools.cache
-def rules_source() -> str:
-    """kgen/rules.py without its module docstring: the launch rules every module carries."""
-    text = Path(rules.__file__).read_text()
-    docstring = ast.parse(text).body[0]
-    lines = text.splitlines(keepends=True)
-    return "".join(lines[docstring.end_lineno:]).strip("\n")
-
-
-@functools.cache
-def env_source() -> str:
-    """kgen/env.py below its imports: the switch parser every module carries (it imports the
-    standard library names that parser uses itself)."""
-    text = Path(env.__file__).read_text()
-    last_import = [n for n in ast.parse(text).body if isinstance(n, ast.Import | ast.ImportFrom)][-1]
-    lines = text.splitlines(keepends=True)
-    return "".join(lines[last_import.end_lineno:]).strip("\n")
-
-
 def render(plan: Plan, ctx: BuildContext) -> Plan:
     for section in ("specialization", "tiles", "config", "fit"):
         plan.need(section, NAME)
     template = plan.need("lowering", NAME).kernel_template
     try:
         source = environment().get_template(template).render(
-            plan=plan, kgen_version=ctx.kgen_version, rules_source=rules_source(), env_source=env_source())
+            plan=plan, kgen_version=ctx.kgen_version)
     except jinja2.UndefinedError as exc:
         raise BuildError(f"{plan.uri}: template {template} uses something the plan lacks: {exc}") from None
     output = Output(source=source)

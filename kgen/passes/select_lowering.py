@@ -11,7 +11,7 @@ the Gluon kernel does not apply at run time, the Triton kernel serves.
 ``offered_lowering`` answers "does this module have a Gluon prefix stage" from the layout,
 dtypes and variant alone; the pass and the tuner's search space (kgen/tuner/space.py) both
 ask it. The pass also says, for the default config and each table row of the Gluon arch with
-a ``gluon`` section, whether the Gluon program fits the arch's shared memory (kgen/rules.py,
+a ``gluon`` section, whether the Gluon program fits the arch's shared memory (kgen/launcher/rules.py,
 ``gluon_shared_bytes``) and at which draft lengths it launches (``gluon_rows``): the
 launcher's own rules, so explain and launch agree. A module without the stage runs the
 Triton fields of such configs (rows are shared by the query dtypes of a KV dtype), and says
@@ -25,9 +25,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kgen import rules
 from kgen.blockconfig import BlockConfig
 from kgen.errors import TableError
+from kgen.launcher import rules
 from kgen.passes.context import BuildContext
 from kgen.passes.fit import ranges
 from kgen.plan import ConfigEntry, Decision, Lowering, Plan

@@ -76,7 +76,7 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                      "a tree's custom mask is read on the device by the draft tile alone (the prefix loop "
                      "reads none); HAS_MASK False compiles the causal chain with no mask parameter or code, so a "
                      "chain costs nothing for the trees. A draft longer than one program's rows goes to "
-                     "ROW_BLOCKS programs (kgen/rules.py, draft_row_blocks)"),
+                     "ROW_BLOCKS programs (kgen/launcher/rules.py, draft_row_blocks)"),
             Decision(NAME, "full tiles", "whole-tile loop + partial-tile loop" if unmasked_full_tiles else "one loop",
                      "MLA BF16: whole tiles in a loop without the -inf score select, then the partial tile; "
                      "measured faster than one loop on the H200 (docs/perf-notes.md, 'Whole tiles without the "

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, TypeVar
 
-from kgen.env import env_flag
+from kgen.launcher.switches import env_flag
 from kgen.runtime.attend import GeneralPath
 from kgen.runtime.call import PagedCall, VerifyCall, sglang_signature
 from kgen.runtime.call_checks import (

@@ -3,46 +3,20 @@
 The gate needs one short string per architecture (``gfx950``, ``gfx942``, ``sm_90``,
 ``sm_100``) because block-config tables are keyed by it (``kgen/tables/<arch>.json``).
 Detection is split in two: ``arch_from_properties`` is pure (tests feed it mocked device
-properties), ``detect_arch`` reads torch once per device and caches the answer so the hot
-path never queries the driver.
+properties; it lives in kgen/launcher/device.py, which every module's launcher asks too),
+``detect_arch`` reads torch once per device and caches the answer so the hot path never
+queries the driver.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 
+from kgen.launcher.device import arch_from_properties, arch_of
 
-def arch_from_properties(*, is_hip: bool, gcn_arch_name: str | None = None, major: int = 0, minor: int = 0) -> str:
-    """The table name of a device from its properties.
-
-    ROCm reports ``gcnArchName`` such as ``"gfx950:sramecc+:xnack-"``: the feature flags
-    after ``:`` do not change which kernels run, so they are dropped. CUDA reports a
-    compute capability, written ``sm_<major><minor>`` (9.0 -> ``sm_90``, 10.0 -> ``sm_100``).
-    """
-    if is_hip:
-        if not gcn_arch_name:
-            raise ValueError("a ROCm device must report gcnArchName (e.g. 'gfx950:sramecc+:xnack-')")
-        return gcn_arch_name.split(":", 1)[0].strip()
-    if major <= 0 or minor < 0:
-        raise ValueError(f"a CUDA device needs a compute capability, got {major}.{minor}")
-    return f"sm_{major}{minor}"
-
-
-def arch_of(props: Any, is_hip: bool | None = None) -> str:
-    """The table name of a device from ``torch.cuda.get_device_properties(...)`` (or a
-    stand-in with ``gcnArchName`` / ``major`` / ``minor``). ``is_hip`` defaults to this
-    torch build's (``torch.version.hip``)."""
-    if is_hip is None:
-        is_hip = getattr(torch.version, "hip", None) is not None
-    return arch_from_properties(
-        is_hip=is_hip,
-        gcn_arch_name=getattr(props, "gcnArchName", None),
-        major=getattr(props, "major", 0),
-        minor=getattr(props, "minor", 0),
-    )
+__all__ = ["arch_from_properties", "arch_of", "detect_arch"]
 
 
 @functools.lru_cache(maxsize=16)

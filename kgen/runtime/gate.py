@@ -34,7 +34,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, get_args
 
-from kgen.env import env_flag
+from kgen.launcher.switches import env_flag
 from kgen.spec import FP8_DTYPES, KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, layouts_for_architecture
 from kgen.targets import read_targets
 

@@ -3,7 +3,7 @@
 Modules, from data to decisions:
 
 - ``space``: the search space per arch family, read from ``spaces.toml``; before anything
-  is compiled, prunes every config the launch rules (``kgen/rules.py``, against the arch's
+  is compiled, prunes every config the launch rules (``kgen/launcher/rules.py``, against the arch's
   row of ``kgen/tables/targets.json``) would change or cannot fit;
 - ``workloads``: batch buckets and their timed workloads, read from ``workloads.toml``;
 - ``objective``: the Optuna objective around an injectable backend (``check`` + ``measure``)

@@ -32,12 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from kgen.bench.timing import Timer
 from kgen.blockconfig import BlockConfig
+from kgen.launcher.launches import GLUON_PREFIX_KERNEL, PREFIX_KERNEL
 from kgen.spec import FP8_DTYPES
 from kgen.tuner.errors import TuneError
 from kgen.tuner.objective import FatalDeviceError
 
 # The prefix-stage kernel a launch names (launch_params) for a config without / with a gluon section.
-PREFIX_KERNELS = {"triton": "_verify_prefix_stage", "gluon": "_gluon_prefix_stage"}
+PREFIX_KERNELS = {"triton": PREFIX_KERNEL, "gluon": GLUON_PREFIX_KERNEL}
 
 if TYPE_CHECKING:
     from kgen.spec import LayoutSpec
@@ -231,11 +232,11 @@ class GpuBackend:
 
     def prefix_kernels(self, config: BlockConfig) -> dict[Workload, str]:
         """The prefix-stage kernel ``launch`` runs for ``config`` on each workload, from the
-        module's ``launch_params`` on the device as the module sees it (its ``_device_info``)."""
+        module's ``launch_params`` on the device as the module sees it (its launcher's ``device_info``)."""
         import torch
 
         device = torch.device(self.device)
-        arch, num_sms, _ = self.module._device_info(device.type, device.index)
+        arch, num_sms, _ = self.module.LAUNCHER.device_info(device.type, device.index)
         cfg = self._cfg(config)
         return {w: self.module.launch_params(arch, num_sms, self.group_size, w.batch, w.draft, None, cfg,
                                              self.num_kv_heads)[0][0]

@@ -4,7 +4,7 @@
 overrides. This module turns it into a ``SearchSpace`` for one study (arch, layout, dtypes,
 group size, draft lengths), which suggests configs to Optuna and turns away, before anything
 is compiled, every config whose program the launcher would change: it runs the launch rules
-the generated modules carry (``kgen/rules.py``, ``fit``) against the arch's row of
+the generated modules carry (``kgen/launcher/rules.py``, ``fit``) against the arch's row of
 ``kgen/tables/targets.json`` (shared memory per block, warp size, matrix instruction), so the
 tuner and the launcher cannot disagree about what fits.
 
@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kgen import rules
 from kgen.blockconfig import (
     TARGETS_FILE,
     BlockConfig,
@@ -44,12 +43,13 @@ from kgen.blockconfig import (
     read_defaults,
 )
 from kgen.errors import TableError, read_validated
+from kgen.launcher import rules
+from kgen.launcher.rules import next_pow2, row_blocking
 from kgen.passes.fit import plan_kernel_shape
 from kgen.passes.legalize import legalize
 from kgen.passes.select_lowering import offered_lowering
 from kgen.passes.specialize import GQA_DRAFT_FIRST_ROWS, draft_tile_either, specialize
 from kgen.plan import Lowering, new_plan
-from kgen.rules import next_pow2, row_blocking
 from kgen.spec import FP8_DTYPES, LayoutSpec
 from kgen.targets import read_targets, target_dicts
 from kgen.tuner.errors import TuneError
@@ -341,7 +341,7 @@ class ProblemShape:
 
 
 def launch_rows(block_h: int, shape: ProblemShape, draft: int) -> tuple[int, int]:
-    """(BLOCK_H, L_PAD) of the launcher's row rule (kgen/rules.py, ``row_blocking``)."""
+    """(BLOCK_H, L_PAD) of the launcher's row rule (kgen/launcher/rules.py, ``row_blocking``)."""
     return row_blocking(block_h, shape.group_size, draft)
 
 
@@ -651,7 +651,7 @@ class SearchSpace:
         if self.gluon_axes:
             lines.append(f"  {LOWERING_AXIS:<{width}} {list(LOWERINGS)}")
             lines += [f"  {n:<{width}} {list(v)}" for n, v in self.gluon_axes.items()]
-        lines.append(f"  {self.size()} configs, {self.feasible_count()} run as written (kgen/rules.py fit"
+        lines.append(f"  {self.size()} configs, {self.feasible_count()} run as written (kgen/launcher/rules.py fit"
                      + (", gluon_rows, gluon_shared_bytes)" if self.gluon_axes else ")"))
         return "\n".join(lines)
 

@@ -4,11 +4,8 @@
 when its value is ``1``, ``true``, ``yes`` or ``on`` (any case, surrounding spaces ignored);
 unset, empty or anything else is off.
 
-One text, two users: kgen's own code imports ``env_flag`` from here, and every generated module
-carries the code below the imports verbatim (``kgen/passes/render.py``, ``env_source``), since a
-module imports only torch, triton and the standard library. So this file imports nothing but
-the standard library and nothing from kgen, and what follows its imports must run unchanged
-inside a generated module (which imports ``os`` and ``Mapping`` itself).
+kgen's own code and the launcher every generated module runs (``kgen.launcher``) read them
+through ``env_flag``; this file imports nothing but the standard library.
 
 ``TRITON_INTERPRET`` is Triton's switch, not kgen's: a generated module asks Triton whether it
 interprets (``triton.knobs.runtime.interpret``, what ``@triton.jit`` decided with) instead of

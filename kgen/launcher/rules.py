@@ -1,9 +1,8 @@
 """Launch rules: how a launch turns a block config into the program a GPU runs.
 
-One definition, three users: every generated module carries this file's source verbatim
-(the launcher template includes it, so a module stays self-contained), the tuner and
-``kgen check`` import it, and the ``fit`` pass calls ``fit_program`` to explain its choices. Standard
-library only, no kgen imports: the text must run unchanged inside a generated module.
+One definition, three users: the launcher every generated module runs (``kgen.launcher``),
+the tuner and ``kgen check`` import it, and the ``fit`` pass calls ``fit_program`` to explain its
+choices. Standard library only.
 
 A *target* is one row of ``kgen/tables/targets.json`` (shared memory per block, threads per
 warp, which matrix instruction Triton uses there). A *kernel shape* is what the layout
