@@ -298,3 +298,78 @@ def test_the_provider_names_flashinfer_kernels_in_the_json(fake: fake_flashinfer
         assert f'"{name}"' in text
     md = render_markdown(run)
     assert "## FlashInfer" in md and "FP8 KV only with FP8 queries" in md
+
+
+# ----------------------------------------------------------------- the command line
+
+
+def _parse(*argv: str):  # noqa: ANN202
+    import argparse
+
+    from kgen.bench.cli import add_bench_parser
+
+    parser = argparse.ArgumentParser(prog="kgen")
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["bench", *argv])
+
+
+def test_kernels_option_names_and_default(fake: fake_flashinfer.Log, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kgen.bench import cli
+    from kgen.bench.cases import ALL_KERNELS, KERNELS
+
+    assert cli.select_kernels(_parse()) == list(ALL_KERNELS)  # installed: a peer like any other
+    assert cli.select_kernels(_parse("--kernels", "grouped,flashinfer")) == ["grouped", *FLASHINFER_KERNELS]
+    assert cli.select_kernels(_parse("--kernels", "flashinfer_fa2_page16")) == ["flashinfer_fa2_page16"]
+    with pytest.raises(cli.BenchUsageError, match="flashinfer for the four"):
+        cli.select_kernels(_parse("--kernels", "flashinfer_fa4"))
+    assert cli.require_flashinfer(_parse()) is None
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    assert cli.select_kernels(_parse()) == list(KERNELS)  # not installed: left out of the default
+    assert "FlashInfer peer not run" in cli.require_flashinfer(_parse())
+    assert cli.require_flashinfer(_parse("--kernels", "grouped")) is None
+
+
+def test_asking_for_flashinfer_without_it_exits_2_naming_the_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from kgen.bench.cli import run_bench
+
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    assert run_bench(_parse("--kernels", "grouped,flashinfer_fa2", "--out", str(tmp_path))) == 2
+    err = capsys.readouterr().err
+    assert "--kernels flashinfer_fa2" in err and "pip install 'kgen[flashinfer]'" in err
+    assert not (tmp_path / "bench.json").exists()
+    assert run_bench(_parse("--list", "--kernels", "flashinfer", "--quick")) == 0  # listing needs no FlashInfer
+
+
+def test_execute_times_a_tree_against_the_chain_for_flashinfer_fa2(fake: fake_flashinfer.Log, tmp_path: Path) -> None:
+    """--mask tree,none through cli.execute: FlashInfer FA2 gets the tree and its causal other
+    side timed in alternation (mask_ab); FA3 and MLA say why they cannot."""
+    from kgen.bench import cli
+    from kgen.bench.timing import PairedTiming
+
+    class PairingTimer:
+        pairs = 0
+
+        def __call__(self, fn, n_sets):  # noqa: ANN001, ANN204
+            return fake_timer(fn, n_sets)
+
+        def pair(self, fn_a, fn_b, n_sets):  # noqa: ANN001, ANN202
+            PairingTimer.pairs += 1
+            fn_a(n_sets - 1)
+            fn_b(n_sets - 1)
+            return PairedTiming.from_samples([11.0] * 5, [10.0] * 5, n_sets, "fake")
+
+    args = _parse("--layout", f"{GQA}:16,{MLA}:16", "--kv-dtype", "bf16", "--batch", "2", "--prefix", "32",
+                  "--draft", "8", "--mask", "tree,none", "--kernels", "flashinfer", "--no-progress",
+                  "--flex-sweep", "none")  # fmt: skip
+    provider = DeviceProvider(device="cpu", l2_bytes=1 << 16, compile_flex=False, select_timer=fake_timer,
+                              loader=lambda *a: ReferenceModule())  # fmt: skip
+    run = cli.execute(args, cli.select_cases(args), provider, PairingTimer(), BenchMeta(gpu_name="cpu"), tmp_path)
+    gqa, mla = run.cases
+    for name in ("flashinfer_fa2", "flashinfer_fa2_page16"):
+        res = gqa.kernels[name]
+        assert res.status == "ok" and res.mask_ab is not None and res.mask_ab.mask == "none", res.note
+        assert res.mask_ab.ratio == pytest.approx(1.1) and res.mask_ab.max_rel_err < TOLERANCE_BF16
+    assert gqa.kernels["flashinfer_fa3"].status == "unsupported"
+    assert all(mla.kernels[n].status == "unsupported" for n in FLASHINFER_KERNELS)
+    assert "takes no custom mask" in mla.kernels["flashinfer_fa2"].note
