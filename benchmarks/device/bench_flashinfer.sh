@@ -14,14 +14,15 @@
 # The part defaults to all; further arguments go to every `kgen bench` call.
 #
 # Environment:
-#   KGEN_BENCH_TIME_LIMIT  seconds of measurement per part (default 150): cases left when it runs out are
-#                          written as "skipped", so the files come back inside a 10-minute device call
+#   KGEN_BENCH_TIME_LIMIT  seconds of measurement per part (default 200): cases left when it runs out are
+#                          written as "skipped", so two parts come back inside a 10-minute device call
 #   KGEN_BENCH_KV          KV dtypes (default bf16,fp8)
 #   KGEN_FLASHINFER_JIT    1: let FlashInfer compile kernels it has no prebuilt module for (minutes each);
 #                          default: those kernels are reported unsupported with the module's name
 #   KGEN_GIT_COMMIT        the commit measured (the device copy of the tree has no .git)
-#   OUT                    default bench-out; it receives PART/bench.json for each part run (render the
-#                          tables here with `kgen bench --from-json OUT/PART/bench.json --out DIR`),
+#   OUT                    default bench-out; it receives PART/bench.json and PART/bench.md for each part
+#                          run (bench.json alone when all four run in one call: the device tool returns 8
+#                          files; render the tables with `kgen bench --from-json OUT/PART/bench.json --out DIR`),
 #                          bench.log (every part's output) and env.log (it names the flashinfer installed
 #                          and how many prebuilt modules it found)
 # Exit status: 0 when every part ran clean; 1 when a kgen case FAILED (a FlashInfer kernel's failure is its
@@ -50,15 +51,17 @@ log="$OUT/bench.log"
 : >"$log"
 status=0
 kv="${KGEN_BENCH_KV:-bf16,fp8}"
+keep_md=1  # the device tool returns 8 files: two per part and the two logs fit three parts
+[ "${#parts[@]}" -le 3 ] || keep_md=0
 
-bench() {  # bench NAME ARGS...: one `kgen bench` run into $OUT/NAME (bench.json only: 8 files come back)
+bench() {  # bench NAME ARGS...: one `kgen bench` run into $OUT/NAME
     local name="$1"
     shift
     echo "== bench_flashinfer.sh: $name" | tee -a "$log"
     python3 -m kgen.bench --out "$OUT/$name" --no-progress --no-plots --kernels grouped,flashinfer \
-        --flex-sweep none --kv-dtype "$kv" --time-limit "${KGEN_BENCH_TIME_LIMIT:-150}" "$@" 2>&1 | tee -a "$log"
+        --flex-sweep none --kv-dtype "$kv" --time-limit "${KGEN_BENCH_TIME_LIMIT:-200}" "$@" 2>&1 | tee -a "$log"
     local run_status=${PIPESTATUS[0]}
-    rm -f "$OUT/$name/bench.md"
+    [ "$keep_md" = 1 ] || rm -f "$OUT/$name/bench.md"
     echo "== bench_flashinfer.sh: $name exited $run_status" | tee -a "$log"
     [ "$run_status" = 0 ] || [ "$status" = 2 ] || status=$run_status
 }
