@@ -14,13 +14,13 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 DEVICE = ROOT / "benchmarks" / "device"
-SCRIPTS = ("gpu_tests.sh", "tune.sh", "bench_of_record.sh")
+SCRIPTS = ("gpu_tests.sh", "tune.sh", "bench_of_record.sh", "bench_flashinfer.sh")
 
 
 def _run(args: list[str], tmp_path: Path, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
     # No wheels: a checkout's .whl/ holds the GPU machine's (another Python's) wheels.
     full_env = {**os.environ, "OUT": str(tmp_path / "out"), "KGEN_CACHE_DIR": str(tmp_path / "cache"),
-                "KGEN_WHEEL_DIR": str(tmp_path / "no-wheels"), **env}
+                "KGEN_WHEEL_DIR": str(tmp_path / "no-wheels"), "KGEN_FLASHINFER_AOT": str(tmp_path / "no-aot"), **env}
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run(["bash", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300)
 
@@ -91,3 +91,44 @@ def test_bench_of_record_measures_exactly_the_cases_of_its_baselines(tmp_path: P
     for part, baseline in (("headline", "h200.json"), ("matrix", "h200_matrix.json")):
         run = json.loads((ROOT / "benchmarks" / "baselines" / baseline).read_text())
         assert listed[part] == {case["key"] for case in run["cases"]}, part
+
+
+def test_bench_flashinfer_refuses_an_unknown_part(tmp_path: Path) -> None:
+    proc = _run([str(DEVICE / "bench_flashinfer.sh"), "gqa,trees,mla_g16"], tmp_path)
+    assert proc.returncode == 2 and "unknown part 'mla_g16'" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_bench_flashinfer_measures_the_cases_of_record(tmp_path: Path) -> None:
+    """`--list` through the script's `kgen bench` calls: each part selects its cases of record."""
+    proc = _run([str(DEVICE / "bench_flashinfer.sh"), "all", "--list"], tmp_path, KGEN_BENCH_KV="bf16")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    listed: dict[str, set[str]] = {}
+    part = None
+    for line in proc.stdout.splitlines():
+        if line.startswith("== bench_flashinfer.sh: ") and " exit" not in line:
+            part = line.rsplit(" ", 1)[1]
+            listed[part] = set()
+        elif part and line.startswith("  ") and "/" in line:
+            listed[part].add(line.split()[0])
+    gqa = {f"qwen3_5_gqa256/g{g}/bf16/bs64/p16384/L{n}" for g in (16, 4) for n in (4, 8, 16)}
+    assert listed["gqa"] == gqa
+    assert listed["mla"] == {f"mla_absorbed_512_64/g16/bf16/bs64/p16384/L{n}" for n in (4, 8, 16)}
+    assert listed["mla_g128"] == {"mla_absorbed_512_64/g128/bf16/bs16/p4096/L4"}
+    assert listed["trees"] == {f"qwen3_5_gqa256/g16/bf16/bs64/p16384/L{n}/mask-tree" for n in (8, 16, 64)}
+
+
+def test_env_copies_flashinfers_prebuilt_kernels_next_to_the_installed_package(tmp_path: Path) -> None:
+    """kgen_flashinfer_aot SITE: .fi-aot/ lands in SITE/flashinfer/data/aot/ where a flashinfer wheel
+    was installed there, and is left alone (with a word) where none was."""
+    aot = tmp_path / "aot" / "quantization"
+    aot.mkdir(parents=True)
+    (aot / "quantization.so").write_bytes(b"so")
+    site = tmp_path / "site"
+    script = f'source {DEVICE / "env.sh"} && KGEN_FLASHINFER_AOT={tmp_path / "aot"} kgen_flashinfer_aot {site}'
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "no flashinfer wheel" in proc.stderr and not site.exists()
+    (site / "flashinfer").mkdir(parents=True)
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (site / "flashinfer" / "data" / "aot" / "quantization" / "quantization.so").read_bytes() == b"so"

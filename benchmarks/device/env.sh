@@ -3,6 +3,9 @@
 #   - refuses to run outside the repository root (the scripts put $PWD on PYTHONPATH);
 #   - installs the wheels carried in $KGEN_WHEEL_DIR (default .whl/; the GPU image has no pydantic, optuna or
 #     SQLAlchemy; benchmarks/README.md lists them) into /tmp/kgen-site;
+#   - when flashinfer is among them (the FlashInfer peer of kgen bench), copies the prebuilt sm_90a
+#     kernels carried in $KGEN_FLASHINFER_AOT (default .fi-aot/) into its data/aot/, where FlashInfer
+#     loads them instead of compiling (benchmarks/README.md, "FlashInfer");
 #   - puts the checkout and /tmp/kgen-site on PYTHONPATH and sets PYTHONUNBUFFERED=1, so the
 #     logs hold everything printed up to a time limit's kill;
 #   - sets KGEN_CACHE_DIR (the tuner's study database) to /tmp/kgen-cache unless given, so
@@ -30,6 +33,7 @@ kgen_device_setup() {
             --target /tmp/kgen-site "$wheels"/*.whl \
             || { echo "benchmarks/device: installing the wheels of $wheels/ failed (see pip's message above)" >&2; exit 2; }
     fi
+    kgen_flashinfer_aot /tmp/kgen-site
     local commit="${KGEN_GIT_COMMIT:-}"
     if [ -z "$commit" ]; then
         commit="$(git rev-parse --short HEAD 2>/dev/null || echo 'unknown: pass KGEN_GIT_COMMIT=<sha>')"
@@ -40,5 +44,24 @@ kgen_device_setup() {
             2>/dev/null || echo "nvidia-smi: not available"
         python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__,
                     "cuda", torch.cuda.is_available())'
+        if [ -d /tmp/kgen-site/flashinfer ]; then
+            python3 -c 'import flashinfer; print("flashinfer", flashinfer.__version__, flashinfer.__file__)' 2>&1 | tail -n 1
+            echo "flashinfer prebuilt modules: $(find /tmp/kgen-site/flashinfer/data/aot -name '*.so' 2>/dev/null | wc -l)"
+        fi
     } 2>&1 | tee "$OUT/env.log"
+}
+
+# kgen_flashinfer_aot SITE: FlashInfer's prebuilt kernels (fetched by /work/shared/device/flashinfer/fetch.sh
+# next to its wheel) copied into SITE/flashinfer/data/aot/, where the flashinfer installed in SITE looks for
+# them. No $KGEN_FLASHINFER_AOT folder carried: nothing to do.
+kgen_flashinfer_aot() {
+    local site="$1" aot="${KGEN_FLASHINFER_AOT:-.fi-aot}"
+    [ -d "$aot" ] || return 0
+    if [ ! -d "$site/flashinfer" ]; then
+        echo "benchmarks/device: $aot/ is here but no flashinfer wheel was installed from ${KGEN_WHEEL_DIR:-.whl}/:" \
+            "the FlashInfer peer will not run" >&2
+        return 0
+    fi
+    mkdir -p "$site/flashinfer/data/aot" && cp -r "$aot"/. "$site/flashinfer/data/aot/" \
+        || { echo "benchmarks/device: copying $aot/ into flashinfer's data/aot/ failed" >&2; exit 2; }
 }

@@ -26,8 +26,17 @@ from kgen.errors import KgenError
 from kgen.spec import FP8_DTYPES, KV_DTYPES, LayoutSpec, canonical_dtype
 
 KGEN_KERNELS = ("grouped", "per_head")
+# Peers that read dense bf16 KV whatever the pool holds: one measurement serves a shape's BF16
+# and FP8 case.
 PEER_KERNELS = ("flex", "sdpa")
 KERNELS = KGEN_KERNELS + PEER_KERNELS
+# FlashInfer (kgen/bench/flashinfer.py), named ``flashinfer_<backend>[_page16]``: its FA2 or FA3
+# backend reading the case's pool with page size 1 (the token-slot pool itself) or 16 (a copy).
+# It reads the case's own KV dtype, so it is measured per case, never shared between dtypes.
+FLASHINFER_KERNELS = ("flashinfer_fa2", "flashinfer_fa3", "flashinfer_fa2_page16", "flashinfer_fa3_page16")
+FLASHINFER_ALIAS = "flashinfer"  # --kernels flashinfer: all four
+# Every kernel --kernels knows, in report order.
+ALL_KERNELS = KERNELS + FLASHINFER_KERNELS
 # Speed-ups and --compare verdicts are about this kernel: the one kgen exists to make.
 HEADLINE_KERNEL = "grouped"
 # The grouped kernel's batch-invariant module (--batch-invariant), as a loader's variant name.

@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from kgen.bench.cases import (
+    ALL_KERNELS,
+    FLASHINFER_ALIAS,
+    FLASHINFER_KERNELS,
     INDEX_DTYPES,
     KERNELS,
     MASKS,
@@ -63,8 +66,8 @@ from kgen.errors import KgenError
 DEFAULT_OUT = "bench-out"
 DESCRIPTION = (
     "Time the generated grouped-head verify kernel against the per-head split-KV kernel, "
-    "FlexAttention and SDPA on the same inputs, with the device-copy bandwidth as the ceiling. "
-    "Writes bench.json, bench.md and PNG plots into --out."
+    "FlexAttention, SDPA and (where it is installed) FlashInfer on the same inputs, with the "
+    "device-copy bandwidth as the ceiling. Writes bench.json, bench.md and PNG plots into --out."
 )
 EPILOG = """examples:
   kgen bench --quick                                  32 cases, a few minutes on an H200
@@ -82,6 +85,9 @@ EPILOG = """examples:
                                                       this build vs the earlier one, alternated graph replays
   kgen bench --batch-invariant --kernels grouped --layout qwen3_5_gqa256:16 --kv-dtype bf16 --batch 64 --prefix 16K
                                                       the batch-invariant modules vs the default ones, alternated
+  kgen bench --kernels grouped,flashinfer --layout qwen3_5_gqa256:16 --batch 64 --prefix 16K --draft 4
+                                                      FlashInfer FA2/FA3, pages of 1 and 16 (flashinfer_fa2,
+                                                      flashinfer_fa3, flashinfer_fa2_page16, flashinfer_fa3_page16)
   kgen bench --list                                   the cases, no GPU needed
   kgen bench --time-limit 500 --out a; kgen bench --resume a/bench.json --out a
                                                       a matrix longer than one sitting"""
@@ -149,7 +155,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         "--quick", action="store_true", help="the fast subset: batch 16,64 x prefix 1K,16K x L 4 (32 cases)"
     )
     sel.add_argument(
-        "--kernels", action="append", metavar="NAME", help=f"kernels to run (default all: {', '.join(KERNELS)})"
+        "--kernels",
+        action="append",
+        metavar="NAME",
+        help=f"kernels to run (default all: {', '.join(ALL_KERNELS)}; the FlashInfer ones only where flashinfer "
+        f"is installed); {FLASHINFER_ALIAS}: all four FlashInfer kernels, flashinfer_<fa2|fa3>[_page16]: its "
+        "backend on pages of 1 token (the token-slot pool) or 16 (a shuffled copy)",
     )
     sel.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
 
@@ -216,6 +227,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     )
     run.add_argument(
         "--flex-eager", action="store_true", help="run FlexAttention without torch.compile (debugging only: unfused)"
+    )
+    run.add_argument(
+        "--flashinfer-jit",
+        action="store_true",
+        help="let FlashInfer compile kernels it has no prebuilt module for (minutes each; default: such a kernel "
+        "is skipped with its name; KGEN_FLASHINFER_JIT=1 does the same)",
     )
     return parser
 
@@ -290,11 +307,39 @@ def batch_invariant_run(args: argparse.Namespace) -> bool:
 
 
 def select_kernels(args: argparse.Namespace) -> list[str]:
-    names = split_list(args.kernels) or list(KERNELS)
-    unknown = [n for n in names if n not in KERNELS]
+    """The kernels asked for (``flashinfer`` standing for its four), in report order; by default
+    all of them, FlashInfer's only where it is installed."""
+    names: list[str] = []
+    for name in split_list(args.kernels):
+        names += list(FLASHINFER_KERNELS) if name == FLASHINFER_ALIAS else [name]
+    unknown = [n for n in names if n not in ALL_KERNELS]
     if unknown:
-        raise BenchUsageError(f"unknown kernel(s) {unknown}; choose from {', '.join(KERNELS)}")
-    return [k for k in KERNELS if k in names]
+        raise BenchUsageError(f"unknown kernel(s) {unknown}; choose from {', '.join(ALL_KERNELS)}, or "
+                              f"{FLASHINFER_ALIAS} for the four FlashInfer ones")  # fmt: skip
+    if not names:
+        names = list(ALL_KERNELS) if flashinfer_missing() is None else list(KERNELS)
+    return [k for k in ALL_KERNELS if k in names]
+
+
+def flashinfer_missing() -> str | None:
+    """Why FlashInfer cannot run here (not installed), or None."""
+    from kgen.bench.flashinfer import flashinfer_missing as missing
+
+    return missing()
+
+
+def require_flashinfer(args: argparse.Namespace) -> str | None:
+    """FlashInfer kernels asked for by name need FlashInfer: a usage error naming the install
+    when it is missing. Without --kernels, the note that the FlashInfer peer is left out (None
+    when it runs or was not asked for)."""
+    wanted = [k for k in select_kernels(args) if k in FLASHINFER_KERNELS]
+    if args.kernels:
+        missing = flashinfer_missing() if wanted else None
+        if missing:
+            raise BenchEnvironmentError(f"--kernels {','.join(wanted)}: {missing}")
+        return None
+    missing = flashinfer_missing()
+    return f"FlashInfer peer not run: {missing}" if missing else None
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -519,6 +564,8 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path,
             finish: Callable[[BenchRun], BenchRun] | None = None) -> BenchRun:
     """The GPU run: the copy ceiling, then ``execute`` with the CUDA-graph timer and the
     device provider."""
+    # A bad --kernels, or FlashInfer asked for and missing, fails before anything is measured.
+    left_out = require_flashinfer(args)
     try:
         import torch
     except ImportError as exc:
@@ -532,7 +579,6 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path,
     from kgen.bench.timing import CudaGraphTimer, copy_ceiling_gbps
 
     started = time.monotonic()
-    select_kernels(args)  # a bad --kernels fails before the copy ceiling is measured
     timer = CudaGraphTimer(replays=args.replays, min_graph_us=args.min_graph_us)
     copy_bytes = int(args.copy_gib * (1 << 30))
     # Eager events, not a graph: a captured copy becomes a copy-engine memcpy node, which
@@ -540,8 +586,12 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path,
     copy_gbps = copy_ceiling_gbps(EagerTimer(iters=20, warmup=3), copy_bytes)
     meta = collect_meta(args, copy_gbps, copy_bytes)
     print(f"{meta.gpu_name} ({meta.arch}): copy ceiling {copy_gbps:.0f} GB/s; {len(cases)} cases", flush=True)
+    if left_out:
+        meta.notes.append(left_out)
+        print(left_out, flush=True)
     provider = DeviceProvider(l2_bytes=meta.l2_bytes or (50 << 20), seed=args.seed, compile_flex=not args.flex_eager,
-                              baseline_modules=baseline_modules_dir(args), batch_invariant=batch_invariant_run(args))
+                              baseline_modules=baseline_modules_dir(args), batch_invariant=batch_invariant_run(args),
+                              flashinfer_jit=args.flashinfer_jit)
     if finish is not None:
         finish(BenchRun(meta=meta))  # a resume from another GPU fails here, before any timing
     warm_up(args, cases, meta, started)

@@ -11,6 +11,7 @@
   each backend; the fastest correct candidate wins and the report names it.
 
 The peers run on dense gathered bf16 KV (``inputs.PeerInputs``); the gather is not timed.
+FlashInfer (``flashinfer_*``, ``kgen.bench.flashinfer``) reads the case's own paged pool instead.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-from kgen.bench.cases import BATCH_INVARIANT, HEADLINE_KERNEL, KGEN_KERNELS, Case, input_sets
+from kgen.bench.cases import BATCH_INVARIANT, FLASHINFER_KERNELS, HEADLINE_KERNEL, KGEN_KERNELS, Case, input_sets
 from kgen.bench.inputs import (
     CaseInputs,
     PeerInputs,
@@ -480,8 +481,9 @@ def _free_device_memory(device: torch.device | str) -> None:
 class DeviceProvider:
     """Builds one case's inputs and kernels on ``device`` for ``measure.run_matrix``.
 
-    Kernel names: ``grouped``, ``per_head``, ``flex``, ``sdpa``, and ``flex@<options>`` for
-    a FlexAttention kernel-options variant (the sweep). Everything is freed on exit.
+    Kernel names: ``grouped``, ``per_head``, ``flex``, ``sdpa``, ``flex@<options>`` for a
+    FlexAttention kernel-options variant (the sweep), and ``flashinfer_<backend>[_page16]``
+    (``kgen.bench.flashinfer``, imported only when asked for). Everything is freed on exit.
     """
 
     device: str = "cuda"
@@ -500,6 +502,8 @@ class DeviceProvider:
     # (layout, group, L == 1, options) -> why FlexAttention refused it: a refusal of a head
     # width holds for every batch and prefix, and each attempt costs a compile.
     flex_refused: dict[tuple[str, int, bool, str], str] = field(default_factory=dict)
+    # FlashInfer may compile kernels that are not prebuilt (--flashinfer-jit; minutes each).
+    flashinfer_jit: bool = False
 
     @contextlib.contextmanager
     def __call__(self, case: Case, names: frozenset[str]) -> Iterator[dict[str, KernelRun]]:
@@ -511,7 +515,10 @@ class DeviceProvider:
                 if name in KGEN_KERNELS:
                     runs[name] = kgen_run(case, inputs, name, self.loader, self.baseline_modules,
                                           self.batch_invariant)
-            peer_names = sorted(n for n in names if n not in KGEN_KERNELS)
+            flashinfer_names = sorted(n for n in names if n in FLASHINFER_KERNELS)
+            if flashinfer_names:
+                runs.update(self._flashinfer(case, inputs, flashinfer_names))
+            peer_names = sorted(n for n in names if n not in KGEN_KERNELS and n not in FLASHINFER_KERNELS)
             if peer_names:
                 runs.update(self._peers(case, inputs, peer_names))
             yield runs
@@ -529,8 +536,14 @@ class DeviceProvider:
             self.flex_refused[key] = f"{run.unsupported} (first refused at {case.key})"
         return run
 
+    def _flashinfer(self, case: Case, inputs: CaseInputs, names: list[str]) -> dict[str, KernelRun]:
+        """FlashInfer reads the case's own pool (and masks), not the dense peer inputs."""
+        from kgen.bench.flashinfer import flashinfer_runs
+
+        return flashinfer_runs(case, inputs, names, allow_jit=self.flashinfer_jit, seed=self.seed)
+
     def _peers(self, case: Case, inputs: CaseInputs, names: list[str]) -> dict[str, KernelRun]:
-        if case.masked:  # the peers' kernels here take the causal chain only
+        if case.masked:  # FlexAttention and SDPA are timed on the causal chain only
             return {name: KernelRun(unsupported=f"the peers are timed on the causal chain, not a {case.mask} mask")
                     for name in names}
         pin = build_peer_inputs(inputs)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kgen.bench import SCHEMA
-from kgen.bench.cases import HEADLINE_KERNEL, KERNELS, KGEN_KERNELS, LEGACY_INDEX_DTYPE, Case
+from kgen.bench.cases import ALL_KERNELS, FLASHINFER_KERNELS, HEADLINE_KERNEL, KGEN_KERNELS, LEGACY_INDEX_DTYPE, Case
 from kgen.bench.measure import CaseResult, KernelResult, SweepEntry
 from kgen.errors import KgenError, read_validated
 from kgen.spec import KV_DTYPES
@@ -32,12 +32,18 @@ BANDWIDTH_PNG = "bandwidth.png"
 SPEEDUP_PNG = "speedup.png"
 COMPARE_NAME = "compare.md"
 DEFAULT_THRESHOLD = 0.10
-KERNEL_COLORS = {"grouped": "tab:blue", "per_head": "tab:orange", "flex": "tab:green", "sdpa": "tab:red"}
+KERNEL_COLORS = {"grouped": "tab:blue", "per_head": "tab:orange", "flex": "tab:green", "sdpa": "tab:red",
+                 "flashinfer_fa2": "tab:purple", "flashinfer_fa3": "tab:brown", "flashinfer_fa2_page16": "tab:pink",
+                 "flashinfer_fa3_page16": "tab:olive"}  # fmt: skip
 KERNEL_TITLES = {
     "grouped": "kgen grouped",
     "per_head": "kgen per-head",
     "flex": "FlexAttention",
     "sdpa": "SDPA",
+    "flashinfer_fa2": "FlashInfer FA2",
+    "flashinfer_fa3": "FlashInfer FA3",
+    "flashinfer_fa2_page16": "FlashInfer FA2 page 16",
+    "flashinfer_fa3_page16": "FlashInfer FA3 page 16",
 }
 
 
@@ -144,7 +150,7 @@ def speedup_summary(cases: Sequence[CaseResult]) -> dict[str, tuple[float, int]]
     """Per other kernel: the geometric-mean speed-up of the grouped kernel and over how many
     cases it was measured."""
     out: dict[str, tuple[float, int]] = {}
-    for name in KERNELS:
+    for name in ALL_KERNELS:
         if name == HEADLINE_KERNEL:
             continue
         vals = [c.speedup[name] for c in cases if name in c.speedup]
@@ -280,7 +286,22 @@ def _ab_title(run: BenchRun) -> str | None:
     return None
 
 
-def _case_row(c: CaseResult, ab: bool = False, mode: bool = False) -> str:
+def flashinfer_best(c: CaseResult) -> tuple[str, KernelResult] | None:
+    """The fastest correct FlashInfer kernel of a case (name, result), or None."""
+    timed = [(n, r) for n in FLASHINFER_KERNELS if (r := c.kernels.get(n)) is not None and r.status == "ok" and r.timed]
+    return min(timed, key=lambda nr: nr[1].median_us) if timed else None  # type: ignore[arg-type, return-value]
+
+
+def _flashinfer_cells(c: CaseResult) -> list[str]:
+    """The case table's FlashInfer columns: the fastest correct variant and grouped's speed-up over it."""
+    best = flashinfer_best(c)
+    if best is None:
+        return ["-", "-"]
+    name, res = best
+    return [f"{_fmt(res.median_us)} ({name.removeprefix('flashinfer_')})", _fmt(c.speedup.get(name), 2)]
+
+
+def _case_row(c: CaseResult, ab: bool = False, mode: bool = False, fi: bool = False) -> str:
     k = c.kernels
     g = k.get("grouped")
     ratios = [_ratio_cell(g), _ratio_cell(k.get("per_head"))] if ab else []
@@ -295,6 +316,7 @@ def _case_row(c: CaseResult, ab: bool = False, mode: bool = False) -> str:
         _cell_choice(k.get("flex")),
         _cell_choice(k.get("sdpa")),
         *(_fmt(c.speedup.get(name), 2) for name in ("per_head", "flex", "sdpa")),
+        *(_flashinfer_cells(c) if fi else []),
         _fmt(g.scratch_bytes / (1 << 20), 1) if g and g.scratch_bytes is not None else "-",
         " / ".join(_fmt(k[n].max_rel_err, 4) for n in KGEN_KERNELS if n in k),
         c.status,
@@ -302,16 +324,18 @@ def _case_row(c: CaseResult, ab: bool = False, mode: bool = False) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _table_head(ab: str | None, mode: bool = False) -> list[str]:
+def _table_head(ab: str | None, mode: bool = False, fi: bool = False) -> list[str]:
     """The case table's header; with an A/B of index dtypes, the two ratio columns (median
-    over the alternations, p10–p90); with --batch-invariant, the batch-invariant / default one."""
+    over the alternations, p10–p90); with --batch-invariant, the batch-invariant / default one;
+    with FlashInfer results, its fastest correct variant and the speed-up over it."""
     ratios = [f"grouped {ab}", f"per-head {ab}"] if ab else []
     ratios += ["batch-invariant / default"] if mode else []
+    flashinfer = ["FlashInfer µs (best)", "× FlashInfer"] if fi else []
     names = ["batch", "prefix", "L", "kv_indices", "grouped µs (p10–p90)", "GB/s", "% copy", *ratios,
-             "per-head µs", "FlexAttention µs", "SDPA µs", "× per-head", "× flex", "× SDPA", "scratch MiB",
-             "max rel err (grouped / per-head)", "status"]  # fmt: skip
+             "per-head µs", "FlexAttention µs", "SDPA µs", "× per-head", "× flex", "× SDPA", *flashinfer,
+             "scratch MiB", "max rel err (grouped / per-head)", "status"]  # fmt: skip
     align = {"kv_indices": "---", "FlexAttention µs": "---", "SDPA µs": "---", "status": "---",
-             "max rel err (grouped / per-head)": "---"}  # fmt: skip
+             "max rel err (grouped / per-head)": "---", "FlashInfer µs (best)": "---"}  # fmt: skip
     return ["| " + " | ".join(names) + " |", "| " + " | ".join(align.get(n, "---:") for n in names) + " |"]
 
 
@@ -320,11 +344,42 @@ def _case_tables(run: BenchRun) -> list[str]:
     title = None
     ab = _ab_title(run)
     mode = any(g.mode_ab is not None for c in run.cases if (g := c.kernels.get(HEADLINE_KERNEL)) is not None)
+    fi = _has_flashinfer(run)
     for c in run.cases:
         if _group_title(c) != title:
             title = _group_title(c)
-            lines += ["", f"## {title}", "", *_table_head(ab, mode)]
-        lines.append(_case_row(c, ab is not None, mode))
+            lines += ["", f"## {title}", "", *_table_head(ab, mode, fi)]
+        lines.append(_case_row(c, ab is not None, mode, fi))
+    return lines
+
+
+def _has_flashinfer(run: BenchRun) -> bool:
+    return any(n in c.kernels for c in run.cases for n in FLASHINFER_KERNELS)
+
+
+def _flashinfer_table(run: BenchRun) -> list[str]:
+    """Every FlashInfer kernel of every case (µs, or its status), then each distinct reason a
+    kernel did not run, with how many cases it held for."""
+    if not _has_flashinfer(run):
+        return []
+    names = [n.removeprefix("flashinfer_") for n in FLASHINFER_KERNELS]
+    lines = ["", "## FlashInfer", "",
+             "`flashinfer_<backend>` reads the case's token-slot pool as pages of one token, `..._page16` a copy "
+             "in 16-token pages (shuffled page order); GQA layouts run BatchPrefillWithPagedKVCacheWrapper, "
+             "absorbed MLA BatchMLAPagedAttentionWrapper. µs per launch (max rel err).", "",
+             "| case | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]  # fmt: skip
+    reasons: dict[tuple[str, str], int] = {}
+    for c in run.cases:
+        cells = []
+        for name in FLASHINFER_KERNELS:
+            res = c.kernels.get(name)
+            cells.append(_cell_us(res) + (f" ({_fmt(res.max_rel_err, 4)})" if res and res.timed else ""))
+            if res is not None and res.status in ("unsupported", "error", "skipped") and res.note:
+                reasons[(name, res.note)] = reasons.get((name, res.note), 0) + 1
+        lines.append(f"| {c.key} | " + " | ".join(cells) + " |")
+    if reasons:
+        lines += ["", "Not run:", ""]
+        lines += [f"- {name} ({n} case{'s' if n > 1 else ''}): {note}" for (name, note), n in reasons.items()]
     return lines
 
 
@@ -375,9 +430,19 @@ _METHOD = [
 ]
 
 
+_FLASHINFER_METHOD = [
+    "- FlashInfer reads the case's own pool (FP8 too, with its scales) with the draft tokens' K/V written into it "
+    "as an engine writes them (FP8: quantized, and checked against a reference of the values stored), int32 "
+    "page tables converted once in set-up, `plan()` per input set in set-up and `run()` alone in the CUDA graph; "
+    "`× FlashInfer` is against its fastest correct variant of the case. It is measured per case, not shared "
+    "between KV dtypes.",
+]
+
+
 def render_markdown(run: BenchRun) -> str:
-    lines = _header(run) + _failures(run) + _case_tables(run) + _sweep_table(run) + _choices(run)
-    return "\n".join(lines + _METHOD) + "\n"
+    lines = _header(run) + _failures(run) + _case_tables(run) + _flashinfer_table(run) + _sweep_table(run)
+    method = _METHOD + (_FLASHINFER_METHOD if _has_flashinfer(run) else [])
+    return "\n".join(lines + _choices(run) + method) + "\n"
 
 
 # ---------------------------------------------------------------------------- plots
@@ -444,7 +509,7 @@ def plot_bandwidth(run: BenchRun, path: Path) -> Path:
     for row, kv, cases in panels:
         ax = axes[(row, kv)]
         batch, draft, sel = _slices(cases, "prefix", "batch", 64)
-        for name in KERNELS:
+        for name in ALL_KERNELS:
             timed = [(c.case.prefix, c.kernels[name]) for c in sel if name in c.kernels and c.kernels[name].timed]
             _plot(ax, [(x, r.pct_copy if use_pct else r.gbps) for x, r in timed], name, KERNEL_TITLES.get(name, name))
         _log2_axis(ax, (c.case.prefix for c in sel), "prefix length (tokens)")
@@ -465,7 +530,7 @@ def plot_speedup(run: BenchRun, path: Path) -> Path:
     for row, kv, cases in panels:
         ax = axes[(row, kv)]
         prefix, draft, sel = _slices(cases, "batch", "prefix", 16384)
-        for name in KERNELS:
+        for name in ALL_KERNELS:
             pts = [(c.case.batch, c.speedup[name]) for c in sel if name in c.speedup]
             _plot(ax, pts, name, f"vs {KERNEL_TITLES.get(name, name)}")
         plotted = bool(ax.lines)
