@@ -58,7 +58,7 @@ import torch
 from kgen.bench.cases import FLASHINFER_KERNELS, Case
 from kgen.bench.inputs import CaseInputs, case_seed, gather_rows, reference_subset
 from kgen.bench.measure import KernelRun, _short
-from kgen.env import env_flag
+from kgen.launcher.switches import env_flag
 from kgen.reference import relative_error
 
 FLASHINFER_VERSION = "0.7.2.post1"
