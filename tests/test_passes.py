@@ -483,7 +483,7 @@ def test_explain_one_pass_gives_its_whole_reasons():
 @pytest.mark.parametrize(("kv", "q", "offered"), [("bfloat16", "bfloat16", True), ("float8_e4m3fn", "bfloat16", False),
                                                   ("bfloat16", "float16", False)])
 def test_the_gluon_prefix_stage_is_offered_only_where_it_applies(ctx, kv, q, offered):
-    """kgen/templates/lowerings.json: absorbed MLA 512+64, 16-bit KV, q in the KV dtype; the
+    """kgen/templates/gluon/lowering.json: absorbed MLA 512+64, 16-bit KV, q in the KV dtype; the
     decision says which requirement a layout misses."""
     plan = _through(new_plan(SPECS["mla_absorbed_512_64"], kv, q), ctx, "select_lowering")
     decision = plan.decisions_of("select_lowering")[1]

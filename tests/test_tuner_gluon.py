@@ -38,7 +38,7 @@ LAYOUTS = load_layouts()
 SPACES = load_spaces()
 WORKLOADS = load_workloads()
 MLA = "mla_absorbed_512_64"
-TRITON_36 = "3.6.0"  # the Gluon prefix stage's Triton (kgen/templates/lowerings.json)
+TRITON_36 = "3.6.0"  # the Gluon prefix stage's Triton (kgen/templates/gluon/lowering.json)
 GLUON_AXES = {GLUON_PARAM + n for n in ("block_n", "num_stages", "lazy_rescale", *SPLIT_AXES)}
 
 

@@ -169,22 +169,14 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     out.add_argument(
         "--compare", metavar="BASELINE.json", help="exit 1 when a kgen kernel is more than --threshold slower than here"
     )
-    out.add_argument(
-        "--threshold",
-        type=float,
-        default=DEFAULT_THRESHOLD * 100,
-        metavar="PCT",
-        help="regression threshold in percent (default 10)",
-    )
+    out.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD * 100, metavar="PCT",
+                     help="regression threshold in percent (default 10)")
     out.add_argument(
         "--from-json", metavar="RESULT.json", help="no measurement: re-render (with --out) and --compare a saved result"
     )
-    out.add_argument(
-        "--resume",
-        metavar="RESULT.json",
-        help="keep the cases this earlier run measured (same GPU) and measure only the rest "
-        "(its skipped ones, or cases it did not have); writes the merged run",
-    )
+    out.add_argument("--resume", metavar="RESULT.json",
+                     help="keep the cases this earlier run measured (same GPU) and measure only the rest "
+                     "(its skipped ones, or cases it did not have); writes the merged run")
     out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -196,35 +188,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         "on all cases, or none (default with --quick)",
     )
     run.add_argument("--replays", type=int, default=15, help="graph replays per timing (default 15)")
-    run.add_argument(
-        "--min-graph-us",
-        type=float,
-        default=1000.0,
-        help="launches per graph are chosen to last at least this long (default 1000)",
-    )
-    run.add_argument(
-        "--time-limit",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="skip the cases left after this long and write what was measured (0: none)",
-    )
+    run.add_argument("--min-graph-us", type=float, default=1000.0,
+                     help="launches per graph are chosen to last at least this long (default 1000)")
+    run.add_argument("--time-limit", type=float, default=0.0, metavar="SECONDS",
+                     help="skip the cases left after this long and write what was measured (0: none)")
     run.add_argument("--copy-gib", type=float, default=2.0, help="size of the copy-ceiling copy")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument(
-        "--precompile-workers",
-        type=int,
-        default=-1,
-        metavar="N",
-        help="processes that compile every kernel before timing (default: cores - 4, at most 12; 0: none)",
-    )
-    run.add_argument(
-        "--precompile-timeout",
-        type=float,
-        default=240.0,
-        metavar="SECONDS",
-        help="longest wait for the precompile processes (default 240)",
-    )
+    run.add_argument("--precompile-workers", type=int, default=-1, metavar="N",
+                     help="processes that compile every kernel before timing (default: cores - 4, at most 12; 0: none)")
+    run.add_argument("--precompile-timeout", type=float, default=240.0, metavar="SECONDS",
+                     help="longest wait for the precompile processes (default 240)")
     run.add_argument(
         "--flex-eager", action="store_true", help="run FlexAttention without torch.compile (debugging only: unfused)"
     )

@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from unittest import mock
 
 import torch
 
@@ -139,15 +140,8 @@ def no_jit(allowed: bool) -> Iterator[None]:
     if allowed:
         yield
         return
-    old = os.environ.get("FLASHINFER_DISABLE_JIT")
-    os.environ["FLASHINFER_DISABLE_JIT"] = "1"
-    try:
+    with mock.patch.dict(os.environ, {"FLASHINFER_DISABLE_JIT": "1"}):
         yield
-    finally:
-        if old is None:
-            os.environ.pop("FLASHINFER_DISABLE_JIT", None)
-        else:
-            os.environ["FLASHINFER_DISABLE_JIT"] = old
 
 
 # ---------------------------------------------------------------------------- which kernels

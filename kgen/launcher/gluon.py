@@ -1,9 +1,20 @@
-"""Whether a module's Gluon prefix stage may run in this process."""
+"""Host side of the Gluon prefix-stage lowering (kgen/templates/gluon/, its lowering.json):
+whether it may run in this process, where it applies, what it compiles with, how it launches.
+
+The launcher asks each of a module's prefix lowerings in turn (``VerifyLauncher.prefix_launch``)
+before the Triton prefix stage, which serves every call they do not take.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import triton
 
+from . import rules
+from .identity import Kernels, ModuleIdentity
+from .launches import GLUON_PREFIX_KERNEL, LaunchSetup
 from .switches import env_flag
 
 
@@ -12,3 +23,60 @@ def gluon_stage_runs(written_for: str) -> bool:
     KGEN_NO_GLUON is off when the module is imported (an engine's switch; kgen bench runs under
     it to time the Triton chain). Elsewhere the Triton prefix stage serves every call."""
     return triton.__version__.startswith(f"{written_for}.") and not env_flag("KGEN_NO_GLUON")
+
+
+class GluonPrefixStage:
+    """The Gluon prefix stage: 64-row programs of two warpgroups, for table rows with a gluon
+    section on the stage's arch."""
+
+    kernel_name = GLUON_PREFIX_KERNEL
+
+    @staticmethod
+    def draft_rows(identity: ModuleIdentity, max_len: int, block_n: int) -> tuple[int, int] | None:
+        """(BLOCK_H, L_PAD) of a program for this draft, or None. Batch invariant, the program is
+        fitted for DRAFT_ROWS, and the module's longest draft must fit a key tile (never the
+        batch's: which kernel serves must not depend on it)."""
+        invariance = identity.invariance
+        if invariance is None:
+            return rules.gluon_rows(max_len, block_n)
+        if identity.max_draft_tokens > block_n:
+            return None
+        return rules.gluon_rows(invariance.draft_rows, block_n)
+
+    def prefix_launch(self, identity: ModuleIdentity, kernels: Kernels, enabled: bool, arch: str,
+                      config: Mapping[str, Any], group: int, max_len: int, page_size: int | None,
+                      has_mask: bool) -> tuple[Any, ...] | None:
+        """(kernel name, constexprs, compile options, split policy, launched early), or None where
+        the Triton kernel serves: the config has no gluon section, the GPU is not the stage's arch,
+        this Triton cannot run it, the call is the paged entry, the draft is longer than a key
+        tile or a program's rows, or the stages overflow shared memory. A custom mask (a tree, or
+        SGLang's chain at topk 1) runs in the Gluon stage's draft tile too. ``enabled``: the
+        launcher's switch (this Triton runs the stage, KGEN_NO_GLUON off)."""
+        gluon = config.get("gluon")
+        if gluon is None or not enabled or arch != identity.gluon_arch or page_size is not None:
+            return None
+        rows = self.draft_rows(identity, max_len, gluon["block_n"])
+        shared = rules.gluon_shared_bytes(identity.kernel_shape, gluon["block_n"], gluon["num_stages"])
+        if rows is None or shared > identity.targets[arch]["shared_bytes"]:
+            return None
+        block_h, l_pad = rows
+        constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": gluon["block_n"],
+                      "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale")),
+                      "HAS_MASK": has_mask}
+        options = {"num_warps": kernels.gluon_num_warps, "num_stages": 1}
+        # Gluon has no gdc_wait: this stage launches after the kernels before it, not early.
+        return self.kernel_name, constexprs, options, {"split": gluon.get("split", {})}, False
+
+    @staticmethod
+    def launch(kernels: Kernels, grid: tuple[int, ...], setup: LaunchSetup, common: tuple[Any, ...],
+               k_strides: tuple[int, int, int], mask_arguments: Mapping[str, Any]) -> None:
+        (q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, qk_scale, k_scale, v_scale,
+         split_ints, prefix_trim_len, draft_lookahead_len) = common
+        kernels.gluon_prefix[grid](
+            q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, qk_scale,
+            k_scale, v_scale, *split_ints, prefix_trim_len, draft_lookahead_len, q.stride(0), q.stride(1),
+            k_strides[0], k_strides[2], k_extend.stride(0), k_extend.stride(1), o.stride(0), o.stride(1),
+            partial_o.stride(0), partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0), partial_lse.stride(1),
+            Custom_Mask=mask_arguments["Custom_Mask"], Mask_Indptr=mask_arguments["Mask_Indptr"],
+            **setup.prefix_constexprs, **setup.prefix_options,
+        )

@@ -28,13 +28,6 @@ class InvariantVerifyLauncher(VerifyLauncher):
         a runtime argument, not ROW_BLOCKS)."""
         return self.identity.invariance.draft_rows
 
-    def gluon_draft_rows(self, max_len: int, block_n: int) -> tuple[int, int] | None:
-        """The Gluon program is fitted for DRAFT_ROWS, and the module's longest draft must fit a
-        key tile (never the batch's: which kernel serves must not depend on it)."""
-        if self.identity.max_draft_tokens > block_n:
-            return None
-        return rules.gluon_rows(self.identity.invariance.draft_rows, block_n)
-
     def split_setup(self, prefix: Mapping[str, Any], split_config: Mapping[str, Any], head_blocks: int,
                     batch: int, max_len: int, num_sms: int, num_kv_heads: int) -> dict[str, Any]:
         """A draft longer than L_PAD runs in row blocks of L_PAD rows, one program each, in both

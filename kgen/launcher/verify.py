@@ -20,6 +20,7 @@ import triton
 from . import rules
 from .device import INTERPRETER, device_info
 from .entries import CallShapes
+from .gluon import GluonPrefixStage
 from .identity import Kernels, ModuleIdentity
 from .launches import (
     GLUON_PREFIX_KERNEL,
@@ -58,6 +59,9 @@ class VerifyLauncher(CallShapes):
         self.check_indices = env_flag("KGEN_CHECK_INDICES")
         self.grid_dependency_control = HAS_GRID_DEPENDENCY_CONTROL
         self.gluon_enabled = kernels.gluon_prefix is not None
+        # The prefix stage's other lowerings (packages: kgen/templates/<folder>/ and their host side
+        # here), by kernel name, tried before the Triton prefix stage.
+        self.prefix_lowerings = {GLUON_PREFIX_KERNEL: GluonPrefixStage()} if identity.gluon_arch else {}
         self.device_info = device_info
         # Scratch and FP8 device scales, cached so that graph replays see one address.
         self.scratch: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -105,30 +109,6 @@ class VerifyLauncher(CallShapes):
         """The draft length a program is fitted for: the call's own."""
         return max_len
 
-    def gluon_draft_rows(self, max_len: int, block_n: int) -> tuple[int, int] | None:
-        return rules.gluon_rows(max_len, block_n)
-
-    def gluon_prefix(self, arch: str, config: Mapping[str, Any], group: int, max_len: int,
-                     page_size: int | None, has_mask: bool) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        """The Gluon prefix stage's (constexprs, split policy) for this launch, or None where the
-        Triton kernel serves: the config has no gluon section, the GPU is not the stage's arch,
-        this Triton cannot run it, the call is the paged entry, the draft is longer than a key
-        tile or a program's rows, or the stages overflow shared memory. A custom mask (a tree,
-        or SGLang's chain at topk 1) runs in the Gluon stage's draft tile too."""
-        gluon = config.get("gluon")
-        if (gluon is None or not self.gluon_enabled or arch != self.identity.gluon_arch
-                or page_size is not None):
-            return None
-        rows = self.gluon_draft_rows(max_len, gluon["block_n"])
-        shared_bytes = rules.gluon_shared_bytes(self.identity.kernel_shape, gluon["block_n"], gluon["num_stages"])
-        if rows is None or shared_bytes > self.target_of(arch)["shared_bytes"]:
-            return None
-        block_h, l_pad = rows
-        constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": gluon["block_n"],
-                      "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale")),
-                      "HAS_MASK": has_mask}
-        return constexprs, {"split": gluon.get("split", {})}
-
     def triton_prefix(self, arch: str, config: Mapping[str, Any], group: int, max_len: int,
                       page_size: int | None, has_mask: bool) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """The Triton prefix stage's (constexprs, compile options), or None when no program fits."""
@@ -153,15 +133,13 @@ class VerifyLauncher(CallShapes):
     def prefix_launch(self, arch: str, config: Mapping[str, Any], group: int, max_len: int,
                       page_size: int | None, has_mask: bool) -> tuple[Any, ...] | None:
         """(kernel name, constexprs, compile options, config of its split policy, launched early)
-        of the prefix stage: the Gluon one where it applies, else the Triton one; None when no
-        program fits."""
-        if self.identity.gluon_arch is not None:
-            gluon = self.gluon_prefix(arch, config, group, max_len, page_size, has_mask)
-            if gluon is not None:
-                constexprs, split_config = gluon
-                # Gluon has no gdc_wait: this stage launches after the kernels before it, not early.
-                options = {"num_warps": self.kernels.gluon_num_warps, "num_stages": 1}
-                return GLUON_PREFIX_KERNEL, constexprs, options, split_config, False
+        of the prefix stage: the first of the module's other lowerings that applies (the Gluon
+        stage), else the Triton one; None when no program fits."""
+        for lowering in self.prefix_lowerings.values():
+            chosen = lowering.prefix_launch(self.identity, self.kernels, self.gluon_enabled, arch, config, group,
+                                            max_len, page_size, has_mask)
+            if chosen is not None:
+                return chosen
         triton_prefix = self.triton_prefix(arch, config, group, max_len, page_size, has_mask)
         if triton_prefix is None:
             return None
@@ -340,8 +318,9 @@ class VerifyLauncher(CallShapes):
         mask_arguments = self.mask_arguments(custom_mask, mask_indptr, page_size is not None)
         common = (q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, *partials, sm_scale * LOG2E,
                   k_scale, v_scale, split_ints, prefix_trim_len, draft_lookahead_len)
-        if setup.prefix_kernel == GLUON_PREFIX_KERNEL:
-            self.launch_gluon_prefix(grid, setup, common, k_strides, mask_arguments)
+        if setup.prefix_kernel in self.prefix_lowerings:
+            self.prefix_lowerings[setup.prefix_kernel].launch(self.kernels, grid, setup, common, k_strides,
+                                                              mask_arguments)
         else:
             self.launch_triton_prefix(grid, setup, common, v_pool, v_extend, stride_table, k_strides, v_strides,
                                       mask_arguments)
@@ -375,19 +354,6 @@ class VerifyLauncher(CallShapes):
             **mask_arguments,
             DOT_DTYPE=triton.language.float32 if self.interpret else self.identity.prefix_dot_dtype,
             **setup.prefix_constexprs, **setup.prefix_options, **setup.prefix_pdl,
-        )
-
-    def launch_gluon_prefix(self, grid: tuple[int, ...], setup: LaunchSetup, common: tuple[Any, ...],
-                            k_strides: tuple[int, int, int], mask_arguments: Mapping[str, Any]) -> None:
-        (q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, qk_scale, k_scale, v_scale,
-         split_ints, prefix_trim_len, draft_lookahead_len) = common
-        self.kernels.gluon_prefix[grid](
-            q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, qk_scale,
-            k_scale, v_scale, *split_ints, prefix_trim_len, draft_lookahead_len, q.stride(0), q.stride(1),
-            k_strides[0], k_strides[2], k_extend.stride(0), k_extend.stride(1), o.stride(0), o.stride(1),
-            partial_o.stride(0), partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0), partial_lse.stride(1),
-            Custom_Mask=mask_arguments["Custom_Mask"], Mask_Indptr=mask_arguments["Mask_Indptr"],
-            **setup.prefix_constexprs, **setup.prefix_options,
         )
 
     def merge_grid(self, setup: LaunchSetup, num_q_heads: int, batch: int, merge_heads: int) -> tuple[int, ...]:

@@ -1,9 +1,10 @@
 """select_lowering: the kernel language the plan is rendered into.
 
-A lowering is one folder of templates (kgen/templates/<name>/kernel.py.j2 and what it
-includes) that turns the same plan into one kernel language. Triton renders every module.
-A layout may also get a second lowering of its prefix stage, written in Gluon for one arch
-and one Triton version (kgen/templates/lowerings.json says which layouts); the module then
+A lowering is one folder of templates that turns the same plan into one kernel language.
+Triton renders every module (kgen/templates/triton/kernel.py.j2). A layout may also get a
+second lowering of its prefix stage: a package, kgen/templates/<folder>/ with its
+lowering.json (which layouts, which arch and Triton version, its templates) and its host side
+in kgen/launcher/. The Gluon prefix stage (kgen/templates/gluon/) is one; the module then
 carries both kernels, and a block-config table row that measured the Gluon kernel faster
 (its config's ``gluon`` section) makes the launcher pick it. Everywhere else, and wherever
 the Gluon kernel does not apply at run time, the Triton kernel serves.
@@ -35,13 +36,15 @@ from kgen.spec import FP8_DTYPES
 
 NAME = "select_lowering"
 TRITON = "triton"
-LOWERINGS_FILE = Path(__file__).resolve().parents[1] / "templates" / "lowerings.json"
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+MANIFEST = "lowering.json"
 
 
 @functools.cache
 def second_lowerings() -> dict[str, Any]:
-    data = json.loads(LOWERINGS_FILE.read_text())
-    return {name: entry for name, entry in data.items() if isinstance(entry, dict)}
+    """Every lowering package's manifest (kgen/templates/*/lowering.json), by its name."""
+    manifests = (json.loads(path.read_text()) for path in sorted(TEMPLATES.glob(f"*/{MANIFEST}")))
+    return {entry["name"]: entry for entry in manifests}
 
 
 def _layout_facts(plan: Plan) -> dict[str, Any]:
@@ -58,7 +61,7 @@ def unmet(requires: dict[str, Any], facts: dict[str, Any]) -> list[str]:
 
 def offered_lowering(plan: Plan) -> tuple[Lowering, Decision]:
     """The lowering of a plan from its layout, KV dtype and variant alone, and the decision
-    about its Gluon prefix stage: offered where kgen/templates/lowerings.json's requirements
+    about its Gluon prefix stage: offered where kgen/templates/gluon/lowering.json's requirements
     hold, with the reason either way."""
     entry = second_lowerings()["gluon_prefix"]
     missing = unmet(entry["requires"], _layout_facts(plan))
@@ -68,7 +71,7 @@ def offered_lowering(plan: Plan) -> tuple[Lowering, Decision]:
         NAME, "gluon_prefix", entry["template"],
         f"{entry['why']}. Emitted beside the Triton kernel; launched on {entry['arch']} under Triton "
         f"{entry['triton']}.x for configs (the default, table rows) with a gluon section")
-    return Lowering(TRITON, gluon_prefix=entry["template"], gluon_arch=entry["arch"],
+    return Lowering(TRITON, gluon_prefix=entry["template"], gluon_imports=entry["imports"], gluon_arch=entry["arch"],
                     gluon_triton=entry["triton"]), decision
 
 

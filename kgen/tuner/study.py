@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from unittest import mock
 
 from kgen.blockconfig import BlockConfig
 from kgen.tuner.errors import TuneError
@@ -557,15 +558,8 @@ def _pinned_env(gpu: str | None) -> Iterator[None]:
     if gpu is None:
         yield
         return
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    try:
+    with mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": gpu}):
         yield
-    finally:
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 def run_workers(
