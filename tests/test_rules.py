@@ -58,11 +58,19 @@ def test_shared_memory_estimate_matches_what_triton_allocated(shape, rows, block
 
 
 def test_fit_keeps_what_fits_and_says_why_it_changes_the_rest():
-    assert rules.fit_program(TARGETS["sm_90"], GQA256, CONFIG, 16, 4) == (16, 4, 64, 3, [])
-    block_h, l_pad, block_n, stages, reasons = rules.fit_program(TARGETS["sm_90"], GQA256, CONFIG, 16, 5)
-    assert (block_h, l_pad) == (8, 8) and "registers" in reasons[0]  # 128 rows x 256 would spill
-    block_h, l_pad, block_n, stages, reasons = rules.fit_program(TARGETS["sm_89"], GQA256, CONFIG, 16, 4)
-    assert rules.shared_bytes(TARGETS["sm_89"], GQA256, block_h * l_pad, block_n, stages, 4) <= 101376
+    assert rules.fit_program(TARGETS["sm_90"], GQA256, CONFIG, 16, 4) == (16, 4, 64, 3, CONFIG["num_warps"], [])
+    # 128 rows x 256 would spill at 4 warps: sm_90 (wgmma) doubles the warps and keeps every row
+    # in one program (two stages then fit its shared memory); mma targets halve the head block.
+    wide = rules.fit_program(TARGETS["sm_90"], GQA256, CONFIG, 16, 5)
+    assert (wide.block_h, wide.l_pad, wide.num_warps, wide.num_stages) == (16, 8, 8, 2)
+    assert "num_warps 4 -> 8" in wide.reasons[0] and "shared memory" in wide.reasons[1]
+    halved = rules.fit_program(TARGETS["sm_80"], GQA256, CONFIG, 16, 5)
+    assert (halved.block_h, halved.l_pad, halved.num_warps) == (8, 8, 4) and "registers" in halved.reasons[0]
+    # MLA's 512-wide accumulator does not fit 128 rows even at 8 warps: its head block halves.
+    mla = rules.fit_program(TARGETS["sm_90"], MLA, CONFIG, 16, 8)
+    assert mla.num_warps == 4 and mla.block_h * mla.l_pad == 32
+    block_h, l_pad, block_n, stages, warps, reasons = rules.fit_program(TARGETS["sm_89"], GQA256, CONFIG, 16, 4)
+    assert rules.shared_bytes(TARGETS["sm_89"], GQA256, block_h * l_pad, block_n, stages, warps) <= 101376
     assert any("shared memory" in r for r in reasons)
 
 

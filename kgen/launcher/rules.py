@@ -9,6 +9,8 @@ warp, which matrix instruction Triton uses there). A *kernel shape* is what the 
 makes of a program's bytes: see ``kernel_shape``.
 """
 
+from typing import NamedTuple
+
 MIN_DOT = 16  # tl.dot needs M, N and K of at least 16
 MAX_ROWS = 128  # BLOCK_H x L_PAD rows: the largest tl.dot M any program uses
 # fp32 accumulator registers a thread may hold: rows x accumulator width / threads. Past
@@ -25,6 +27,20 @@ MAX_DRAFT_SCORES = 2048  # rows x columns of one draft tile: 64 x 32, 16 registe
 # compiles their looped programs too.
 FP8_LOOPED_DRAFT_WIDE_ACC = 512
 FP8_LOOPED_DRAFT_MAX_ROWS = 32
+# Warps a wgmma program may grow to so that its rows share one KV read: two warpgroups, each
+# a 64-row wgmma tile of the same K/V stage (docs/perf-notes.md, "Two warpgroups on one KV read").
+WIDE_MAX_WARPS = 8
+
+
+class FittedProgram(NamedTuple):
+    """A config's program made to fit a target (``fit_program``): ``reasons`` says what changed."""
+
+    block_h: int
+    l_pad: int
+    block_n: int
+    num_stages: int
+    num_warps: int
+    reasons: list[str]
 
 
 def cdiv(a, b):
@@ -128,17 +144,37 @@ def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
     return tiles + SHARED_MARGIN_BYTES
 
 
+def widened_warps(target, shape, config, rows):
+    """The warps a program of ``rows`` rows runs with: the config's, doubled (up to
+    WIDE_MAX_WARPS) on a wgmma target while its accumulator would not fit their registers and
+    twice the warps would hold it. The rows then stay in one program, which reads each K/V
+    tile once for all of them, instead of a halved head block reading the prefix again."""
+    num_warps = config["num_warps"]
+    if target["mma"] != "wgmma":
+        return num_warps
+    while (num_warps < WIDE_MAX_WARPS and rows > max_rows_for(target, shape, num_warps)
+           and rows <= max_rows_for(target, shape, 2 * num_warps)):
+        num_warps *= 2
+    return num_warps
+
+
 def fit_program(target, shape, config, group, max_len, grouped=True):
-    """(block_h, l_pad, block_n, num_stages, reasons): the config's program, made to fit the
-    target. In order: the accumulator's row budget halves the head block (and past one head,
-    splits the draft rows over programs); then, while the tile buffers overflow shared
-    memory, fewer stages (down to 2, then 1), then narrower tiles (down to MIN_DOT tokens),
-    then fewer heads, then fewer draft rows a program. ``reasons`` says what changed and why."""
-    num_warps, block_n, stages = config["num_warps"], config["block_n"], config["num_stages"]
+    """The config's program, made to fit the target (a FittedProgram). In order: a wgmma
+    program takes more warps where that keeps its rows in one program (``widened_warps``); the
+    accumulator's row budget halves the head block (and past one head, splits the draft rows
+    over programs); then, while the tile buffers overflow shared memory, fewer stages (down to
+    2, then 1), then narrower tiles (down to MIN_DOT tokens), then fewer heads, then fewer
+    draft rows a program. ``reasons`` says what changed and why."""
+    block_n, stages = config["block_n"], config["num_stages"]
+    wanted_h, wanted_l = row_blocking(config["block_h"], group, max_len, MAX_ROWS, grouped)
+    num_warps = widened_warps(target, shape, config, wanted_h * wanted_l)
+    reasons = []
+    if num_warps != config["num_warps"]:
+        reasons.append(f"num_warps {config['num_warps']} -> {num_warps}: {wanted_h * wanted_l} rows x "
+                       f"{shape['acc_width']} fp32 accumulator fit {ACC_REGISTERS_PER_THREAD} registers a thread "
+                       f"at {num_warps} warps, so every row shares one KV read")
     max_rows = max_rows_for(target, shape, num_warps)
     block_h, l_pad = row_blocking(config["block_h"], group, max_len, max_rows, grouped)
-    wanted_h, wanted_l = row_blocking(config["block_h"], group, max_len, MAX_ROWS, grouped)
-    reasons = []
     if block_h < wanted_h:
         reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_h * wanted_l} rows x {shape['acc_width']} fp32 "
                        f"accumulator exceed {ACC_REGISTERS_PER_THREAD} registers a thread at {num_warps} warps")
@@ -171,7 +207,7 @@ def fit_program(target, shape, config, group, max_len, grouped=True):
             reasons.append(f"nothing fits: {need} B of shared memory at the smallest program")
             return None
         reasons.append(f"{change}: {need} B of tile buffers exceed {limit} B of shared memory")
-    return block_h, l_pad, block_n, stages, reasons
+    return FittedProgram(block_h, l_pad, block_n, stages, num_warps, reasons)
 
 
 GLUON_ROWS = 64  # the Gluon prefix stage's program: one wgmma's 64 rows, two warpgroups

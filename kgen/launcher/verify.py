@@ -117,7 +117,7 @@ class VerifyLauncher(CallShapes):
                                    self.fitted_draft(max_len), grouped=self.identity.grouped)
         if fitted is None:
             return None
-        block_h, l_pad, block_n, num_stages, _ = fitted
+        block_h, l_pad, block_n = fitted.block_h, fitted.l_pad, fitted.block_n
         constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad,
                       "DRAFT_N": rules.draft_tile_columns(block_h * l_pad, l_pad, block_n)}
         if not self.invariant:
@@ -127,7 +127,7 @@ class VerifyLauncher(CallShapes):
         if self.identity.draft_first_rows is not None:
             constexprs["DRAFT_FIRST"] = self.draft_first(config, block_h * l_pad)
         constexprs["USE_PDL"] = self.use_pdl(arch, is_rocm)
-        return constexprs, {"num_warps": config["num_warps"], "num_stages": num_stages,
+        return constexprs, {"num_warps": fitted.num_warps, "num_stages": fitted.num_stages,
                             **backend_knobs(config, is_rocm)}
 
     def prefix_launch(self, arch: str, config: Mapping[str, Any], group: int, max_len: int,

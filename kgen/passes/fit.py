@@ -59,10 +59,9 @@ def _fit_decisions(plan: Plan, arch: str, target: dict, shape: dict) -> tuple[li
                 if fitted is None:
                     refusals.append(f"{arch} {label}, group {group}, draft length {length}")
                     continue
-                block_h, l_pad, block_n, stages, reasons = fitted
-                if reasons:
-                    key = (f"BLOCK_H {block_h} x L_PAD {l_pad}, BLOCK_N {block_n}, {stages} stages: "
-                           + "; ".join(reasons))
+                if fitted.reasons:
+                    key = (f"BLOCK_H {fitted.block_h} x L_PAD {fitted.l_pad}, BLOCK_N {fitted.block_n}, "
+                           f"{fitted.num_stages} stages, {fitted.num_warps} warps: " + "; ".join(fitted.reasons))
                     changes.setdefault(key, []).append(length)
             for key, lengths in changes.items():
                 decisions.append(Decision(NAME, f"{arch} group {group}", f"L {ranges(lengths)}",

@@ -378,11 +378,12 @@ def why_not(cfg: BlockConfig, shape: ProblemShape, profile: ArchProfile) -> str 
                 f"tiles and 1 stage exceed {profile.target['shared_bytes']} B of shared memory"
             )
         programs[draft] = fitted
-    for draft, (block_h, l_pad, block_n, stages, reasons) in programs.items():
-        if reasons:
+    for draft, fitted in programs.items():
+        if fitted.reasons:
             return (
-                f"duplicate: at L={draft} the launcher runs it on {profile.target_name} as BLOCK_H {block_h} x "
-                f"L_PAD {l_pad}, BLOCK_N {block_n}, {stages} stages ({'; '.join(reasons)})"
+                f"duplicate: at L={draft} the launcher runs it on {profile.target_name} as BLOCK_H {fitted.block_h} x "
+                f"L_PAD {fitted.l_pad}, BLOCK_N {fitted.block_n}, {fitted.num_stages} stages, {fitted.num_warps} "
+                f"warps ({'; '.join(fitted.reasons)})"
             )
     rows_per_draft = {d: launch_rows(cfg.block_h, shape, d) for d in shape.drafts}
     if all(bh != cfg.block_h for bh, _ in rows_per_draft.values()):
@@ -390,7 +391,8 @@ def why_not(cfg: BlockConfig, shape: ProblemShape, profile: ArchProfile) -> str 
         return f"duplicate: the launcher halves block_h {cfg.block_h} to {ran} (rows <= {rules.MAX_ROWS})"
     nonk = cfg.matrix_instr_nonkdim
     if profile.dot_multiple_of_nonkdim and nonk is not None:
-        for draft, (block_h, l_pad, block_n, _, _) in programs.items():
+        for draft, fitted in programs.items():
+            block_h, l_pad, block_n = fitted.block_h, fitted.l_pad, fitted.block_n
             if block_n % nonk or (block_h * l_pad) % nonk:
                 return (
                     f"block_n {block_n} and rows {block_h * l_pad} (L={draft}) must be multiples of "
