@@ -64,6 +64,8 @@ def test_fit_keeps_what_fits_and_says_why_it_changes_the_rest():
     wide = rules.fit_program(TARGETS["sm_90"], GQA256, CONFIG, 16, 5)
     assert (wide.block_h, wide.l_pad, wide.num_warps, wide.num_stages) == (16, 8, 8, 2)
     assert "num_warps 4 -> 8" in wide.reasons[0] and "shared memory" in wide.reasons[1]
+    fp8 = rules.fit_program(TARGETS["sm_90"], rules.kernel_shape(256, 256, 1, True), CONFIG, 16, 5)
+    assert (fp8.block_h, fp8.num_warps) == (8, 4)  # FP8 converts on its MMA warps: not widened
     halved = rules.fit_program(TARGETS["sm_80"], GQA256, CONFIG, 16, 5)
     assert (halved.block_h, halved.l_pad, halved.num_warps) == (8, 8, 4) and "registers" in halved.reasons[0]
     # MLA's 512-wide accumulator does not fit 128 rows even at 8 warps: its head block halves.

@@ -146,11 +146,13 @@ def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
 
 def widened_warps(target, shape, config, rows):
     """The warps a program of ``rows`` rows runs with: the config's, doubled (up to
-    WIDE_MAX_WARPS) on a wgmma target while its accumulator would not fit their registers and
-    twice the warps would hold it. The rows then stay in one program, which reads each K/V
-    tile once for all of them, instead of a halved head block reading the prefix again."""
+    WIDE_MAX_WARPS) on a wgmma target with 16-bit KV while its accumulator would not fit their
+    registers and twice the warps would hold it. The rows then stay in one program, which
+    reads each K/V tile once for all of them, instead of a halved head block reading the
+    prefix again. FP8 programs keep their warps: they convert each e4m3 tile on the same
+    warps, and widened they ran slower than two head blocks (docs/perf-notes.md)."""
     num_warps = config["num_warps"]
-    if target["mma"] != "wgmma":
+    if target["mma"] != "wgmma" or shape["kv_bytes"] != 2:
         return num_warps
     while (num_warps < WIDE_MAX_WARPS and rows > max_rows_for(target, shape, num_warps)
            and rows <= max_rows_for(target, shape, 2 * num_warps)):
