@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -176,3 +177,43 @@ if FLAG:
 '''
     found = [type(n).__name__ + (f" {n.name}" if hasattr(n, "name") else "") for n in host_code(ast.parse(source).body)]
     assert found == ["FunctionDef helper", "ClassDef Thing", "For", "Assign", "FunctionDef hidden"]
+
+
+VENDORED = """
+import sys
+import torch
+import verify_gqa64__kv_bf16__q_bf16 as m
+torch.manual_seed(0)
+P, L, H, D = 9, 2, 4, 64  # one request: 9 prefix tokens, a chain of 2, group 4, one KV head
+kb, vb = torch.randn(P, 1, D, dtype=torch.bfloat16), torch.randn(P, 1, D, dtype=torch.bfloat16)
+q, ke, ve = (torch.randn(L, n, D, dtype=torch.bfloat16) for n in (H, 1, 1))
+o = torch.zeros(L, H, D, dtype=torch.bfloat16)
+i32 = dict(dtype=torch.int32)
+ok = m.verify_shared_kv_fwd(q, ke, ve, o, kb, vb, torch.tensor([0, L], **i32), torch.tensor([0, P], **i32),
+                            torch.arange(P, dtype=torch.int64), None, True, None, L, 1.0, 1.0)
+k, v = torch.cat([kb, ke]).float()[:, 0], torch.cat([vb, ve]).float()[:, 0]
+s = torch.einsum("lhd,td->lht", q.float(), k) / D ** 0.5
+s[:, :, P:] = s[:, :, P:].masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1)[:, None, :], float("-inf"))
+ref = torch.einsum("lht,td->lhd", s.softmax(-1), v)
+print(ok, float((o.float() - ref).abs().max()))
+print(m.LAUNCHER.__class__.__module__)
+print(sorted(n for n in sys.modules if n.split(".")[0] in ("kgen", "pydantic", "jinja2")))
+"""
+
+
+def test_a_module_runs_vendored_with_the_launcher_alone(tmp_path):
+    """What an engine that vendors kernels copies: one generated module and kgen/launcher/ (under
+    an empty kgen/__init__.py). It imports nothing else of kgen, nor pydantic or Jinja."""
+    vendor = tmp_path / "vendor"
+    shutil.copytree(ROOT / "kgen" / "launcher", vendor / "kgen" / "launcher",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (vendor / "kgen" / "__init__.py").write_text("")
+    shutil.copy(GENERATED / "verify_gqa64__kv_bf16__q_bf16.py", vendor)
+    out = run_python(VENDORED, clean_env(PYTHONPATH=str(vendor)), tmp_path)
+    assert out.returncode == 0, out.stderr
+    verdict, cls_module, imported = out.stdout.splitlines()
+    ok, error = verdict.split()
+    assert ok == "True" and float(error) < 0.05, verdict  # bf16 output against a float32 reference
+    assert cls_module == "kgen.launcher.verify"
+    names = ast.literal_eval(imported)
+    assert names and all(n == "kgen" or n.startswith("kgen.launcher") for n in names), names
