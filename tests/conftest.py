@@ -22,13 +22,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _drop_module_scratch() -> None:
-    """Empty every generated module's scratch cache (``_SCRATCH``: split partials cached by shape
+    """Empty every generated module's scratch cache (``LAUNCHER.scratch``: split partials cached by shape
     so a CUDA graph replays one address). It only ever grows, one entry per (rows, heads,
     splits), so a worker that ran many shapes would keep all of them on the GPU."""
     import sys
 
     for module in list(sys.modules.values()):
-        scratch = getattr(module, "_SCRATCH", None)
+        scratch = getattr(getattr(module, "LAUNCHER", None), "scratch", None)
         if isinstance(scratch, dict) and hasattr(module, "verify_shared_kv_fwd"):
             scratch.clear()
 

@@ -72,7 +72,7 @@ def _gpu_arch() -> str:
     so that --collect-only on a CPU machine lists the H200's ids."""
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return "sm_90"
-    return kgen.load("gqa64")._device_info("cuda", torch.cuda.current_device())[0]
+    return kgen.load("gqa64").LAUNCHER.device_info("cuda", torch.cuda.current_device())[0]
 
 
 def _gpu_sms() -> int:

@@ -57,7 +57,7 @@ WORKLOAD = Workload(batch=2, prefix=40, draft=2)
 @pytest.fixture(scope="module")
 def module() -> Any:
     mod = kgen.load("gqa64", "bfloat16")
-    if not getattr(mod, "_INTERPRET", False):
+    if not mod.LAUNCHER.interpret:
         pytest.skip("generated modules were loaded for a GPU in this process: the GPU path covers this")
     return mod
 
