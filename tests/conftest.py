@@ -28,8 +28,11 @@ def _drop_module_scratch() -> None:
     import sys
 
     for module in list(sys.modules.values()):
-        scratch = getattr(getattr(module, "LAUNCHER", None), "scratch", None)
-        if isinstance(scratch, dict) and hasattr(module, "verify_shared_kv_fwd"):
+        # The module's own dict, never getattr: some modules (torch.classes) answer any name
+        # with an object whose attribute access raises.
+        launcher = getattr(module, "__dict__", {}).get("LAUNCHER")
+        scratch = getattr(launcher, "scratch", None)
+        if isinstance(scratch, dict):
             scratch.clear()
 
 
