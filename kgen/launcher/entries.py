@@ -66,11 +66,11 @@ class CallShapes:
             return f"no program fits {arch}'s shared memory for group {group} at draft length {max_len}"
         return ""
 
-    def why_not(self, q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,  # noqa: ANN001
-                kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,  # noqa: ANN001
-                sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True, sliding_window_size=-1,  # noqa: ANN001
-                sinks=None, window_kv_offsets=None, xai_temperature_len=-1, max_bs=None, *,  # noqa: ANN001
-                kv_len_adjust=0) -> str:  # noqa: ANN001
+    def why_not(self, q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
+                sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True, sliding_window_size=-1,
+                sinks=None, window_kv_offsets=None, xai_temperature_len=-1, max_bs=None, *,
+                kv_len_adjust=0) -> str:
         """Why this module cannot run these arguments ('' when it can). SGLang's signature."""
         reason = (checks.unsupported_features(logit_cap, sliding_window_size, sinks, window_kv_offsets,
                                               xai_temperature_len)
@@ -101,12 +101,12 @@ class CallShapes:
         """True when verify_shared_kv_fwd would run these arguments (same signature)."""
         return self.why_not(*args, **kwargs) == ""
 
-    def verify_shared_kv_fwd(self, q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr,  # noqa: ANN001
-                             kv_indptr, kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend,  # noqa: ANN001
-                             k_scale, v_scale, sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True,  # noqa: ANN001
-                             sliding_window_size=-1, sinks=None, window_kv_offsets=None,  # noqa: ANN001
-                             xai_temperature_len=-1, max_bs=None, *, kv_len_adjust=0,  # noqa: ANN001
-                             check_indices=False) -> bool:  # noqa: ANN001
+    def verify_shared_kv_fwd(self, q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr,
+                             kv_indptr, kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend,
+                             k_scale, v_scale, sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True,
+                             sliding_window_size=-1, sinks=None, window_kv_offsets=None,
+                             xai_temperature_len=-1, max_bs=None, *, kv_len_adjust=0,
+                             check_indices=False) -> bool:
         """SGLang's target-verify call. Writes o_extend and returns True, or returns False
         (o_extend untouched, nothing raised) when this module does not handle the input.
 
@@ -140,9 +140,9 @@ class CallShapes:
                     mask_indptr=mask_indptr, is_causal=is_causal, kv_len_adjust=kv_len_adjust)
         return True
 
-    def why_not_paged(self, q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table,  # noqa: ANN001
-                      prefix_lens, qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None,  # noqa: ANN001
-                      custom_mask=None, mask_indptr=None, is_causal=True) -> str:  # noqa: ANN001
+    def why_not_paged(self, q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table,
+                      prefix_lens, qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None,
+                      custom_mask=None, mask_indptr=None, is_causal=True) -> str:
         """Why verify_paged_fwd cannot run these arguments ('' when it can)."""
         reason = (self.common_reason(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, qo_indptr,
                                      max_len_extend, k_scale, v_scale, pool_ndim=4)
@@ -152,10 +152,10 @@ class CallShapes:
             reason = checks.mask_reason(custom_mask, mask_indptr, q_extend, block_table.shape[0], max_len_extend, True)
         return reason
 
-    def verify_paged_fwd(self, q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table,  # noqa: ANN001
-                         prefix_lens, qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None,  # noqa: ANN001
-                         custom_mask=None, mask_indptr=None, is_causal=True, config=None, *,  # noqa: ANN001
-                         check_indices=False) -> bool:  # noqa: ANN001
+    def verify_paged_fwd(self, q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table,
+                         prefix_lens, qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None,
+                         custom_mask=None, mask_indptr=None, is_causal=True, config=None, *,
+                         check_indices=False) -> bool:
         """vLLM-style paged cache ([blocks, page, H_kv, D] + block table): the kernel walks the
         pages itself. Returns False (o untouched) when this module does not handle the input.
 

@@ -9,7 +9,13 @@ warp, which matrix instruction Triton uses there). A *kernel shape* is what the 
 makes of a program's bytes: see ``kernel_shape``.
 """
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+# A row of kgen/tables/targets.json, what kernel_shape returns, and a block config as a dict.
+Target = Mapping[str, Any]
+KernelShape = Mapping[str, int]
+Config = Mapping[str, Any]
 
 MIN_DOT = 16  # tl.dot needs M, N and K of at least 16
 MAX_ROWS = 128  # BLOCK_H x L_PAD rows: the largest tl.dot M any program uses
@@ -43,16 +49,16 @@ class FittedProgram(NamedTuple):
     reasons: list[str]
 
 
-def cdiv(a, b):
+def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def next_pow2(x):
+def next_pow2(x: int) -> int:
     """Smallest power of two >= x, with next_pow2(0) == 1 (Triton 3.6's returns 0)."""
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
-def kernel_shape(k_width, acc_width, kv_bytes, v_separate):
+def kernel_shape(k_width: int, acc_width: int, kv_bytes: int, v_separate: bool) -> KernelShape:
     """Bytes per prefix token a program stages (K's padded width, plus V when it is its own
     buffer), bytes per 16-bit row of q and the accumulator's width."""
     return {
@@ -63,13 +69,14 @@ def kernel_shape(k_width, acc_width, kv_bytes, v_separate):
     }
 
 
-def draft_rows(block_h, max_len):
+def draft_rows(block_h: int, max_len: int) -> int:
     """L_PAD, the rows a program gives each of its BLOCK_H heads: a power of two that holds
     the draft and, with the other heads, makes at least MIN_DOT rows for tl.dot."""
     return max(next_pow2(cdiv(MIN_DOT, block_h)), next_pow2(max_len))
 
 
-def row_blocking(block_h, group, max_len, max_rows=MAX_ROWS, grouped=True):
+def row_blocking(block_h: int, group: int, max_len: int, max_rows: int = MAX_ROWS,
+                 grouped: bool = True) -> tuple[int, int]:
     """BLOCK_H (query heads a program owns) and L_PAD (draft rows per head, a power of two):
     at least MIN_DOT rows, at most max_rows, halving the head block until it fits. A draft
     longer than max_rows rows of one head is split over programs (``draft_row_blocks``)."""
@@ -83,13 +90,13 @@ def row_blocking(block_h, group, max_len, max_rows=MAX_ROWS, grouped=True):
         block_h //= 2
 
 
-def draft_row_blocks(l_pad, max_len):
+def draft_row_blocks(l_pad: int, max_len: int) -> int:
     """Programs that share one head block's draft rows: 1 while L_PAD holds the whole draft,
     else cdiv(L, L_PAD) (each takes L_PAD consecutive draft tokens)."""
     return max(1, cdiv(max_len, l_pad))
 
 
-def draft_tile_columns(rows, l_pad, block_n):
+def draft_tile_columns(rows: int, l_pad: int, block_n: int) -> int:
     """DRAFT_N, the draft tile's width: L_PAD (the program's whole draft in one tile), but no
     wider than the prefix tile's BLOCK_N and no more than MAX_DRAFT_SCORES scores for the
     program's rows; at least MIN_DOT for tl.dot. Beside its scores a draft tile holds the mask's
@@ -100,13 +107,13 @@ def draft_tile_columns(rows, l_pad, block_n):
     return max(MIN_DOT, min(l_pad, block_n, MAX_DRAFT_SCORES // rows))
 
 
-def draft_columns_loop(row_blocks, draft_n, l_pad):
+def draft_columns_loop(row_blocks: int, draft_n: int, l_pad: int) -> bool:
     """Whether a program walks its draft columns in a loop (the kernel's branch): its draft rows
     are split over programs, or its draft tile is narrower than its rows' draft."""
     return row_blocks > 1 or draft_n < l_pad
 
 
-def max_rows_for(target, shape, num_warps):
+def max_rows_for(target: Target, shape: KernelShape, num_warps: int) -> int:
     """The row budget of one program: MAX_ROWS, and no more accumulator than
     ACC_REGISTERS_PER_THREAD registers a thread (a power of two, at least MIN_DOT)."""
     threads = num_warps * target["warp_size"]
@@ -117,7 +124,8 @@ def max_rows_for(target, shape, num_warps):
     return rows
 
 
-def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
+def shared_bytes(target: Target, shape: KernelShape, rows: int, block_n: int, num_stages: int,
+                 num_warps: int) -> int:
     """Shared memory (LDS) Triton gives one prefix-stage program, from its tile buffers.
 
     A "measured" target (targets.json: sm_90) uses the allocation Triton 3.6 reported offline
@@ -144,7 +152,7 @@ def shared_bytes(target, shape, rows, block_n, num_stages, num_warps):
     return tiles + SHARED_MARGIN_BYTES
 
 
-def widened_warps(target, shape, config, rows):
+def widened_warps(target: Target, shape: KernelShape, config: Config, rows: int) -> int:
     """The warps a program of ``rows`` rows runs with: the config's, doubled (up to
     WIDE_MAX_WARPS) on a wgmma target with 16-bit KV while its accumulator would not fit their
     registers and twice the warps would hold it. The rows then stay in one program, which
@@ -160,7 +168,8 @@ def widened_warps(target, shape, config, rows):
     return num_warps
 
 
-def fit_program(target, shape, config, group, max_len, grouped=True):
+def fit_program(target: Target, shape: KernelShape, config: Config, group: int, max_len: int,
+                grouped: bool = True) -> FittedProgram | None:
     """The config's program, made to fit the target (a FittedProgram). In order: a wgmma
     program takes more warps where that keeps its rows in one program (``widened_warps``); the
     accumulator's row budget halves the head block (and past one head, splits the draft rows
@@ -216,14 +225,14 @@ GLUON_ROWS = 64  # the Gluon prefix stage's program: one wgmma's 64 rows, two wa
 GLUON_MAX_ROW_BLOCK = 64  # L_PAD past this leaves no head per program
 
 
-def gluon_shared_bytes(shape, block_n, num_stages):
+def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int) -> int:
     """Shared memory of the Gluon prefix stage: q (16-bit), NUM_STAGES gathered K tiles and
     the 16-bit P tile (measured with Triton 3.6 for sm_90: these buffers plus 512 bytes)."""
     return (GLUON_ROWS * shape["q_row_bytes"] + num_stages * block_n * shape["kv_row_bytes"]
             + GLUON_ROWS * block_n * 2 + SHARED_MARGIN_BYTES)
 
 
-def gluon_rows(max_len, block_n):
+def gluon_rows(max_len: int, block_n: int) -> tuple[int, int] | None:
     """(BLOCK_H, L_PAD) of a Gluon program, or None when the draft does not fit one tile of
     draft keys or one program's 64 rows (the Triton kernel serves it)."""
     l_pad = next_pow2(max_len)
