@@ -8,10 +8,12 @@ skipping it: the integration tests must run against the engines' real code.
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 from kgen.launcher.switches import env_flag
 
@@ -29,3 +31,24 @@ def import_engine(engine: str, module: str) -> ModuleType:
         if env_flag("KGEN_REQUIRE_ENGINES"):
             pytest.fail(why, pytrace=False)
         pytest.skip(why)
+
+
+def import_vllm(*modules: str) -> ModuleType:
+    """vLLM and ``modules`` of it as a CPU machine runs its kernels in the interpreter:
+    ``vllm.triton_utils`` turns Triton off when it finds no active GPU driver, except with empty
+    visible devices (its Ray case), so ``CUDA_VISIBLE_DEVICES=""`` while vLLM is first imported
+    (when no GPU is there; unset again after). Fails when vLLM turned Triton off anyway."""
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if saved is None and not torch.cuda.is_available():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # read once, when vllm.triton_utils is imported
+    try:
+        module = import_engine("vllm", "vllm")
+        for name in modules:
+            import_engine("vllm", name)
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    from vllm.triton_utils import HAS_TRITON
+
+    assert HAS_TRITON, "vLLM turned Triton off: its kernels would not run"
+    return module

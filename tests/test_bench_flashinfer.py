@@ -315,9 +315,9 @@ def _parse(*argv: str):  # noqa: ANN202
 
 def test_kernels_option_names_and_default(fake: fake_flashinfer.Log, monkeypatch: pytest.MonkeyPatch) -> None:
     from kgen.bench import cli
-    from kgen.bench.cases import ALL_KERNELS, KERNELS
+    from kgen.bench.cases import FLASHINFER_KERNELS, KERNELS
 
-    assert cli.select_kernels(_parse()) == list(ALL_KERNELS)  # installed: a peer like any other
+    assert cli.select_kernels(_parse()) == [*KERNELS, *FLASHINFER_KERNELS]  # installed: a peer like any other
     assert cli.select_kernels(_parse("--kernels", "grouped,flashinfer")) == ["grouped", *FLASHINFER_KERNELS]
     assert cli.select_kernels(_parse("--kernels", "flashinfer_fa2_page16")) == ["flashinfer_fa2_page16"]
     with pytest.raises(cli.BenchUsageError, match="flashinfer for the four"):

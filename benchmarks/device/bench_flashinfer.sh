@@ -17,6 +17,8 @@
 #   KGEN_BENCH_TIME_LIMIT  seconds of measurement per part (default 200): cases left when it runs out are
 #                          written as "skipped", so two parts come back inside a 10-minute device call
 #   KGEN_BENCH_KV          KV dtypes (default bf16,fp8)
+#   KGEN_BENCH_KERNELS     the kernels of every part (default grouped,flashinfer; e.g. grouped,engines for
+#                          SGLang's and vLLM's own Triton kernels, whose engines must be importable there)
 #   KGEN_FLASHINFER_JIT    1: let FlashInfer compile kernels it has no prebuilt module for (minutes each);
 #                          default: those kernels are reported unsupported with the module's name
 #   KGEN_GIT_COMMIT        the commit measured (the device copy of the tree has no .git)
@@ -58,7 +60,7 @@ bench() {  # bench NAME ARGS...: one `kgen bench` run into $OUT/NAME
     local name="$1"
     shift
     echo "== bench_flashinfer.sh: $name" | tee -a "$log"
-    python3 -m kgen.bench --out "$OUT/$name" --no-progress --no-plots --kernels grouped,flashinfer \
+    python3 -m kgen.bench --out "$OUT/$name" --no-progress --no-plots --kernels "${KGEN_BENCH_KERNELS:-grouped,flashinfer}" \
         --flex-sweep none --kv-dtype "$kv" --time-limit "${KGEN_BENCH_TIME_LIMIT:-200}" "$@" 2>&1 | tee -a "$log"
     local run_status=${PIPESTATUS[0]}
     [ "$keep_md" = 1 ] || rm -f "$OUT/$name/bench.md"

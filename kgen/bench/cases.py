@@ -35,8 +35,13 @@ KERNELS = KGEN_KERNELS + PEER_KERNELS
 # It reads the case's own KV dtype, so it is measured per case, never shared between dtypes.
 FLASHINFER_KERNELS = ("flashinfer_fa2", "flashinfer_fa3", "flashinfer_fa2_page16", "flashinfer_fa3_page16")
 FLASHINFER_ALIAS = "flashinfer"  # --kernels flashinfer: all four
+# The engines' own Triton verify kernels (kgen/bench/engine_kernels.py): SGLang's Triton backend
+# and vLLM's. Asked for by name (or ENGINE_ALIAS), never by default: each needs its engine
+# installed, and they read their pools as the engine does (per case, like FlashInfer).
+ENGINE_KERNELS = ("sglang_triton", "vllm_triton")
+ENGINE_ALIAS = "engines"  # --kernels engines: both
 # Every kernel --kernels knows, in report order.
-ALL_KERNELS = KERNELS + FLASHINFER_KERNELS
+ALL_KERNELS = KERNELS + FLASHINFER_KERNELS + ENGINE_KERNELS
 # Speed-ups and --compare verdicts are about this kernel: the one kgen exists to make.
 HEADLINE_KERNEL = "grouped"
 # The grouped kernel's batch-invariant module (--batch-invariant), as a loader's variant name.

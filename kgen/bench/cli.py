@@ -23,6 +23,8 @@ from typing import Any
 
 from kgen.bench.cases import (
     ALL_KERNELS,
+    ENGINE_ALIAS,
+    ENGINE_KERNELS,
     FLASHINFER_ALIAS,
     FLASHINFER_KERNELS,
     INDEX_DTYPES,
@@ -88,6 +90,9 @@ EPILOG = """examples:
   kgen bench --kernels grouped,flashinfer --layout qwen3_5_gqa256:16 --batch 64 --prefix 16K --draft 4
                                                       FlashInfer FA2/FA3, pages of 1 and 16 (flashinfer_fa2,
                                                       flashinfer_fa3, flashinfer_fa2_page16, flashinfer_fa3_page16)
+  kgen bench --kernels grouped,engines --layout qwen3_5_gqa256:16 --batch 64 --prefix 16K --draft 4
+                                                      SGLang's and vLLM's own Triton verify kernels
+                                                      (sglang_triton, vllm_triton; each needs its engine)
   kgen bench --list                                   the cases, no GPU needed
   kgen bench --time-limit 500 --out a; kgen bench --resume a/bench.json --out a
                                                       a matrix longer than one sitting"""
@@ -158,9 +163,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         "--kernels",
         action="append",
         metavar="NAME",
-        help=f"kernels to run (default all: {', '.join(ALL_KERNELS)}; the FlashInfer ones only where flashinfer "
-        f"is installed); {FLASHINFER_ALIAS}: all four FlashInfer kernels, flashinfer_<fa2|fa3>[_page16]: its "
-        "backend on pages of 1 token (the token-slot pool) or 16 (a shuffled copy)",
+        help=f"kernels to run (default all but the engines': {', '.join(DEFAULT_KERNELS)}; the FlashInfer ones "
+        f"only where flashinfer is installed); {FLASHINFER_ALIAS}: all four FlashInfer kernels, "
+        "flashinfer_<fa2|fa3>[_page16]: its backend on pages of 1 token (the token-slot pool) or 16 (a shuffled "
+        f"copy); {ENGINE_ALIAS}: {' and '.join(ENGINE_KERNELS)}, SGLang's and vLLM's own Triton verify kernels "
+        "(each needs its engine installed)",
     )
     sel.add_argument("--list", action="store_true", help="print the cases and exit (no GPU needed)")
 
@@ -279,18 +286,24 @@ def batch_invariant_run(args: argparse.Namespace) -> bool:
     return True
 
 
+ALIASES = {FLASHINFER_ALIAS: FLASHINFER_KERNELS, ENGINE_ALIAS: ENGINE_KERNELS}
+# What runs without --kernels: every kernel but the engines' (FlashInfer's where installed).
+DEFAULT_KERNELS = KERNELS + FLASHINFER_KERNELS
+
+
 def select_kernels(args: argparse.Namespace) -> list[str]:
-    """The kernels asked for (``flashinfer`` standing for its four), in report order; by default
-    all of them, FlashInfer's only where it is installed."""
+    """The kernels asked for (``flashinfer`` and ``engines`` standing for theirs), in report
+    order; by default ``DEFAULT_KERNELS``, FlashInfer's only where it is installed."""
     names: list[str] = []
     for name in split_list(args.kernels):
-        names += list(FLASHINFER_KERNELS) if name == FLASHINFER_ALIAS else [name]
+        names += list(ALIASES.get(name, (name,)))
     unknown = [n for n in names if n not in ALL_KERNELS]
     if unknown:
         raise BenchUsageError(f"unknown kernel(s) {unknown}; choose from {', '.join(ALL_KERNELS)}, or "
-                              f"{FLASHINFER_ALIAS} for the four FlashInfer ones")  # fmt: skip
+                              f"{FLASHINFER_ALIAS} for the four FlashInfer ones, {ENGINE_ALIAS} for the engines' "
+                              "two")  # fmt: skip
     if not names:
-        names = list(ALL_KERNELS) if flashinfer_missing() is None else list(KERNELS)
+        names = list(DEFAULT_KERNELS) if flashinfer_missing() is None else list(KERNELS)
     return [k for k in ALL_KERNELS if k in names]
 
 

@@ -11,7 +11,8 @@
   each backend; the fastest correct candidate wins and the report names it.
 
 The peers run on dense gathered bf16 KV (``inputs.PeerInputs``); the gather is not timed.
-FlashInfer (``flashinfer_*``, ``kgen.bench.flashinfer``) reads the case's own paged pool instead.
+FlashInfer (``flashinfer_*``, ``kgen.bench.flashinfer``) and the engines' Triton kernels
+(``sglang_triton``, ``vllm_triton``: ``kgen.bench.engine_kernels``) read the case's own pool instead.
 """
 
 from __future__ import annotations
@@ -34,7 +35,15 @@ from typing import Any
 
 import torch
 
-from kgen.bench.cases import BATCH_INVARIANT, FLASHINFER_KERNELS, HEADLINE_KERNEL, KGEN_KERNELS, Case, input_sets
+from kgen.bench.cases import (
+    BATCH_INVARIANT,
+    ENGINE_KERNELS,
+    FLASHINFER_KERNELS,
+    HEADLINE_KERNEL,
+    KGEN_KERNELS,
+    Case,
+    input_sets,
+)
 from kgen.bench.inputs import (
     CaseInputs,
     PeerInputs,
@@ -482,8 +491,9 @@ class DeviceProvider:
     """Builds one case's inputs and kernels on ``device`` for ``measure.run_matrix``.
 
     Kernel names: ``grouped``, ``per_head``, ``flex``, ``sdpa``, ``flex@<options>`` for a
-    FlexAttention kernel-options variant (the sweep), and ``flashinfer_<backend>[_page16]``
-    (``kgen.bench.flashinfer``, imported only when asked for). Everything is freed on exit.
+    FlexAttention kernel-options variant (the sweep), ``flashinfer_<backend>[_page16]``
+    (``kgen.bench.flashinfer``) and ``sglang_triton`` / ``vllm_triton``
+    (``kgen.bench.engine_kernels``), each imported only when asked for. Everything is freed on exit.
     """
 
     device: str = "cuda"
@@ -518,7 +528,11 @@ class DeviceProvider:
             flashinfer_names = sorted(n for n in names if n in FLASHINFER_KERNELS)
             if flashinfer_names:
                 runs.update(self._flashinfer(case, inputs, flashinfer_names))
-            peer_names = sorted(n for n in names if n not in KGEN_KERNELS and n not in FLASHINFER_KERNELS)
+            engine_names = sorted(n for n in names if n in ENGINE_KERNELS)
+            if engine_names:
+                runs.update(self._engines(inputs, engine_names))
+            own_pool = (*KGEN_KERNELS, *FLASHINFER_KERNELS, *ENGINE_KERNELS)
+            peer_names = sorted(n for n in names if n not in own_pool)
             if peer_names:
                 runs.update(self._peers(case, inputs, peer_names))
             yield runs
@@ -541,6 +555,12 @@ class DeviceProvider:
         from kgen.bench.flashinfer import flashinfer_runs
 
         return flashinfer_runs(case, inputs, names, allow_jit=self.flashinfer_jit, seed=self.seed)
+
+    def _engines(self, inputs: CaseInputs, names: list[str]) -> dict[str, KernelRun]:
+        """The engines' Triton kernels read the case's own pool (and masks), as the engines do."""
+        from kgen.bench.engine_kernels import engine_runs
+
+        return engine_runs(inputs, names, seed=self.seed)
 
     def _peers(self, case: Case, inputs: CaseInputs, names: list[str]) -> dict[str, KernelRun]:
         if case.masked:  # FlexAttention and SDPA are timed on the causal chain only

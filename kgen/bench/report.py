@@ -21,7 +21,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kgen.bench import SCHEMA
-from kgen.bench.cases import ALL_KERNELS, FLASHINFER_KERNELS, HEADLINE_KERNEL, KGEN_KERNELS, LEGACY_INDEX_DTYPE, Case
+from kgen.bench.cases import (
+    ALL_KERNELS,
+    ENGINE_KERNELS,
+    FLASHINFER_KERNELS,
+    HEADLINE_KERNEL,
+    KGEN_KERNELS,
+    LEGACY_INDEX_DTYPE,
+    Case,
+)
 from kgen.bench.measure import CaseResult, KernelResult, SweepEntry
 from kgen.errors import KgenError, read_validated
 from kgen.spec import KV_DTYPES
@@ -34,7 +42,8 @@ COMPARE_NAME = "compare.md"
 DEFAULT_THRESHOLD = 0.10
 KERNEL_COLORS = {"grouped": "tab:blue", "per_head": "tab:orange", "flex": "tab:green", "sdpa": "tab:red",
                  "flashinfer_fa2": "tab:purple", "flashinfer_fa3": "tab:brown", "flashinfer_fa2_page16": "tab:pink",
-                 "flashinfer_fa3_page16": "tab:olive"}  # fmt: skip
+                 "flashinfer_fa3_page16": "tab:olive", "sglang_triton": "tab:gray",
+                 "vllm_triton": "tab:cyan"}  # fmt: skip
 KERNEL_TITLES = {
     "grouped": "kgen grouped",
     "per_head": "kgen per-head",
@@ -44,6 +53,8 @@ KERNEL_TITLES = {
     "flashinfer_fa3": "FlashInfer FA3",
     "flashinfer_fa2_page16": "FlashInfer FA2 page 16",
     "flashinfer_fa3_page16": "FlashInfer FA3 page 16",
+    "sglang_triton": "SGLang Triton",
+    "vllm_triton": "vLLM Triton",
 }
 
 
@@ -357,23 +368,38 @@ def _has_flashinfer(run: BenchRun) -> bool:
     return any(n in c.kernels for c in run.cases for n in FLASHINFER_KERNELS)
 
 
-def _flashinfer_table(run: BenchRun) -> list[str]:
-    """Every FlashInfer kernel of every case (µs, or its status), then each distinct reason a
-    kernel did not run, with how many cases it held for."""
-    if not _has_flashinfer(run):
+FLASHINFER_INTRO = (
+    "`flashinfer_<backend>` reads the case's token-slot pool as pages of one token, `..._page16` a copy in "
+    "16-token pages (shuffled page order); GQA layouts run BatchPrefillWithPagedKVCacheWrapper, absorbed MLA "
+    "BatchMLAPagedAttentionWrapper. µs per launch (max rel err)."
+)
+ENGINE_INTRO = (
+    "What SGLang's and vLLM's Triton backends run for a verify step (kgen/bench/engine_kernels.py): "
+    "`sglang_triton` is SGLang's extend_attention_fwd on the case's own call; `vllm_triton` is vLLM's "
+    "unified_attention (GQA) or its Triton MLA decode kernel over a copy in 16-token pages. µs per launch "
+    "(max rel err), and the grouped kernel's speed-up over it."
+)
+
+
+def _own_pool_table(run: BenchRun, title: str, intro: str, names: Sequence[str], speedups: bool) -> list[str]:
+    """Every kernel of ``names`` in every case (µs, or its status; with ``speedups`` grouped's
+    speed-up beside it), then each distinct reason a kernel did not run, with how many cases it
+    held for. Empty when the run has none of them."""
+    if not any(n in c.kernels for c in run.cases for n in names):
         return []
-    names = [n.removeprefix("flashinfer_") for n in FLASHINFER_KERNELS]
-    lines = ["", "## FlashInfer", "",
-             "`flashinfer_<backend>` reads the case's token-slot pool as pages of one token, `..._page16` a copy "
-             "in 16-token pages (shuffled page order); GQA layouts run BatchPrefillWithPagedKVCacheWrapper, "
-             "absorbed MLA BatchMLAPagedAttentionWrapper. µs per launch (max rel err).", "",
-             "| case | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]  # fmt: skip
+    heads = [n.removeprefix("flashinfer_") for n in names]
+    if speedups:
+        heads = [h for n in names for h in (n, f"× {KERNEL_TITLES.get(n, n)}")]
+    lines = ["", f"## {title}", "", intro, "",
+             "| case | " + " | ".join(heads) + " |", "| --- |" + " ---: |" * len(heads)]  # fmt: skip
     reasons: dict[tuple[str, str], int] = {}
     for c in run.cases:
         cells = []
-        for name in FLASHINFER_KERNELS:
+        for name in names:
             res = c.kernels.get(name)
             cells.append(_cell_us(res) + (f" ({_fmt(res.max_rel_err, 4)})" if res and res.timed else ""))
+            if speedups:
+                cells.append(_fmt(c.speedup.get(name), 2))
             if res is not None and res.status in ("unsupported", "error", "skipped") and res.note:
                 reasons[(name, res.note)] = reasons.get((name, res.note), 0) + 1
         lines.append(f"| {c.key} | " + " | ".join(cells) + " |")
@@ -437,11 +463,24 @@ _FLASHINFER_METHOD = [
     "`× FlashInfer` is against its fastest correct variant of the case. It is measured per case, not shared "
     "between KV dtypes.",
 ]
+_ENGINE_METHOD = [
+    "- The engines' Triton kernels: `sglang_triton` takes the call kgen's SGLang entry takes (the case's pool, "
+    "its int64 kv_indices, the draft K/V apart, a masked case's custom mask); `vllm_triton` reads a copy of the "
+    "pool in 16-token pages with the draft tokens written in (FP8: quantized, checked against the values "
+    "stored), int32 block tables, and the split-K scratch vLLM's metadata builder reserves. Each is measured "
+    "per case.",
+]
 
 
 def render_markdown(run: BenchRun) -> str:
-    lines = _header(run) + _failures(run) + _case_tables(run) + _flashinfer_table(run) + _sweep_table(run)
-    method = _METHOD + (_FLASHINFER_METHOD if _has_flashinfer(run) else [])
+    lines = [
+        *_header(run), *_failures(run), *_case_tables(run),
+        *_own_pool_table(run, "FlashInfer", FLASHINFER_INTRO, FLASHINFER_KERNELS, speedups=False),
+        *_own_pool_table(run, "The engines' Triton kernels", ENGINE_INTRO, ENGINE_KERNELS, speedups=True),
+        *_sweep_table(run),
+    ]  # fmt: skip
+    engines = any(n in c.kernels for c in run.cases for n in ENGINE_KERNELS)
+    method = _METHOD + (_FLASHINFER_METHOD if _has_flashinfer(run) else []) + (_ENGINE_METHOD if engines else [])
     return "\n".join(lines + _choices(run) + method) + "\n"
 
 
