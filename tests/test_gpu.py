@@ -165,3 +165,33 @@ def test_draft_tile_placement_on_the_gpu(kv, group, draft, placement):
     module = kgen.load("qwen3_5_gqa256", kv)
     config = {**module.select_config("sm_90", group, 8), "draft_tile": placement}
     check_parity(case, "qwen3_5_gqa256", kv, config=config)
+
+
+@pytest.mark.parametrize("layout", ["qwen3_5_gqa256", "mla_absorbed_512_64"])
+def test_two_streams_and_two_graphs_at_once_share_no_partials(layout):
+    """One module, the same shapes, launched on two streams at once, eagerly and as two graphs
+    replayed at once: split partials are per stream and per graph, so each answer is its own."""
+    module = kgen.load(layout, "bfloat16")
+    cases = [make_case(SPECS[layout], [8192] * 16, [4] * 16, 16, device="cuda", seed=s) for s in (1, 2)]
+    streams = [torch.cuda.Stream() for _ in cases]
+    for case in cases:  # warm-up on the default stream: compile
+        assert module.verify_shared_kv_fwd(*case.sglang_args())
+    torch.cuda.synchronize()
+    graphs = []
+    for case, stream in zip(cases, streams, strict=True):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            module.verify_shared_kv_fwd(*case.sglang_args())
+        graphs.append(graph)
+    for run in ("eager", "graphs"):
+        for case in cases:
+            case.o.fill_(float("nan"))
+        torch.cuda.synchronize()
+        for _ in range(10):
+            for case, stream, graph in zip(cases, streams, graphs, strict=True):
+                with torch.cuda.stream(stream):
+                    graph.replay() if run == "graphs" else module.verify_shared_kv_fwd(*case.sglang_args())
+        torch.cuda.synchronize()
+        for i, case in enumerate(cases):
+            err = relative_error(case.o, case.reference(torch.float64))
+            assert err <= tolerance(case), f"{run}, stream {i}: relative error {err:.2e}"

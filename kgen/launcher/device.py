@@ -52,3 +52,16 @@ def device_info(device_type: str, index: int | None) -> tuple[str, int, bool]:
     props = torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device())
     is_hip = getattr(torch.version, "hip", None) is not None
     return arch_of(props, is_hip), props.multi_processor_count, is_hip
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (never on a machine without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def stream_key(device: torch.device) -> int:
+    """The current stream of ``device`` as a cache key: its CUDA handle (0 for a CPU tensor, the
+    interpreter's, which has one stream)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.current_stream(device).cuda_stream

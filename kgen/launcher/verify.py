@@ -18,7 +18,7 @@ import torch
 import triton
 
 from . import rules
-from .device import INTERPRETER, device_info
+from .device import INTERPRETER, capturing, device_info, stream_key
 from .entries import CallShapes
 from .gluon import GluonPrefixStage
 from .identity import Kernels, ModuleIdentity
@@ -63,7 +63,7 @@ class VerifyLauncher(CallShapes):
         # here), by kernel name, tried before the Triton prefix stage.
         self.prefix_lowerings = {GLUON_PREFIX_KERNEL: GluonPrefixStage()} if identity.gluon_arch else {}
         self.device_info = device_info
-        # Scratch and FP8 device scales, cached so that graph replays see one address.
+        # Scratch (by stream) and FP8 device scales, cached so that graph replays see one address.
         self.scratch: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self.device_scales: dict[tuple[float, str], torch.Tensor] = {}
         self.cached_setup = functools.lru_cache(maxsize=4096)(self._table_setup)
@@ -226,21 +226,35 @@ class VerifyLauncher(CallShapes):
 
     def scratch_buffers(self, device: torch.device, rows: int, num_q_heads: int,
                         splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 partials [rows, H_q, splits, D_v] and log2-sum-exp [rows, H_q, splits], cached by
-        shape so graph replays see one address. In the default mode a row is a q token and a
-        split one of the grid's; batch invariant, a draft position and a request's scratch slot."""
-        key = (str(device), rows, num_q_heads, splits)
+        """fp32 partials [rows, H_q, splits, D_v] and log2-sum-exp [rows, H_q, splits]. In the
+        default mode a row is a q token and a split one of the grid's; batch invariant, a draft
+        position and a request's scratch slot.
+
+        Eager calls get them cached by stream and shape: replays see one address, and calls on
+        two streams at once never share partials. A CUDA-graph capture gets partials of its own,
+        made fresh and never cached: a graph owns them (its capture reuses the memory from one
+        call to the next, as it reuses any freed tensor), so two graphs replayed at once on two
+        streams do not share them either, and no eager call reads memory only a replay fills."""
+        if capturing():
+            return self.new_partials(device, rows, num_q_heads, splits)
+        key = (str(device), stream_key(device), rows, num_q_heads, splits)
         buffers = self.scratch.get(key)
         if buffers is None:
-            v_width = self.identity.v_head_dim
-            partial_o = torch.empty((rows, num_q_heads, splits, v_width), dtype=torch.float32, device=device)
-            partial_lse = torch.empty((rows, num_q_heads, splits), dtype=torch.float32, device=device)
-            buffers = self.scratch[key] = (partial_o, partial_lse)
+            buffers = self.scratch[key] = self.new_partials(device, rows, num_q_heads, splits)
         return buffers
+
+    def new_partials(self, device: torch.device, rows: int, num_q_heads: int,
+                     splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uninitialized partials and log2-sum-exp of ``scratch_buffers``' shapes."""
+        partial_o = torch.empty((rows, num_q_heads, splits, self.identity.v_head_dim), dtype=torch.float32,
+                                device=device)  # fmt: skip
+        partial_lse = torch.empty((rows, num_q_heads, splits), dtype=torch.float32, device=device)
+        return partial_o, partial_lse
 
     def scratch_bytes(self, num_tokens: int, num_q_heads: int, num_kv_heads: int, batch: int, max_len: int,
                       arch: str, num_sms: int, config: Mapping[str, Any] | None = None) -> int:
-        """Bytes of scratch (fp32 partials + log2-sum-exp) the launcher allocates for these shapes."""
+        """Bytes of scratch (fp32 partials + log2-sum-exp) the launcher allocates for these shapes:
+        once per stream that launches them eagerly, and once in each CUDA graph that captures them."""
         setup = self.launch_setup(arch, num_sms, num_q_heads // num_kv_heads, batch, max_len, None, config,
                                   num_kv_heads)
         return 4 * num_tokens * num_q_heads * setup.max_splits * (self.identity.v_head_dim + 1)
@@ -256,7 +270,7 @@ class VerifyLauncher(CallShapes):
         tensor = self.device_scales.get(key)
         if tensor is None:
             tensor = torch.full((1,), float(value), dtype=torch.float32, device=device)
-            if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            if not capturing():
                 self.device_scales[key] = tensor
         return tensor
 
