@@ -205,3 +205,24 @@ def test_the_provider_runs_the_engine_kernels_and_the_report_gives_them_a_sectio
     assert '"sglang_triton"' in run_to_json(run)
     md = render_markdown(run)
     assert "## The engines' Triton kernels" in md and "× SGLang Triton" in md and "× vLLM Triton" in md
+
+
+def test_asking_for_an_engine_kernel_without_the_engine_exits_2_naming_the_install(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from kgen.bench import cli
+
+    def parse(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser(prog="kgen")
+        cli.add_bench_parser(parser.add_subparsers(dest="command"))
+        return parser.parse_args(["bench", *argv])
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    assert cli.run_bench(parse("--kernels", "grouped,engines", "--out", str(tmp_path))) == 2
+    err = capsys.readouterr().err
+    assert "--kernels vllm_triton: vllm is not installed; pip install vllm==" in err
+    assert not (tmp_path / "bench.json").exists()
+    assert cli.select_kernels(parse("--kernels", "engines")) == list(ENGINE_KERNELS)
+    assert "sglang_triton" not in cli.select_kernels(parse())  # never in a default run

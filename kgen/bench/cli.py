@@ -328,6 +328,17 @@ def require_flashinfer(args: argparse.Namespace) -> str | None:
     return f"FlashInfer peer not run: {missing}" if missing else None
 
 
+def require_engines(args: argparse.Namespace) -> None:
+    """An engine kernel asked for needs its engine installed: a usage error naming the install
+    when it is missing (another release is the kernel's own "unsupported" row)."""
+    from kgen.bench.engine_kernels import ENGINE_OF
+
+    for kernel in (k for k in select_kernels(args) if k in ENGINE_KERNELS):
+        engine = ENGINE_OF[kernel]
+        if engine.missing():
+            raise BenchEnvironmentError(f"--kernels {kernel}: {engine.package} is not installed; {engine.install}")
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """Run ``kgen bench`` with parsed arguments; returns the exit code."""
     try:
@@ -550,8 +561,9 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path,
             finish: Callable[[BenchRun], BenchRun] | None = None) -> BenchRun:
     """The GPU run: the copy ceiling, then ``execute`` with the CUDA-graph timer and the
     device provider."""
-    # A bad --kernels, or FlashInfer asked for and missing, fails before anything is measured.
+    # A bad --kernels, or FlashInfer or an engine asked for and missing, fails before anything is measured.
     left_out = require_flashinfer(args)
+    require_engines(args)
     try:
         import torch
     except ImportError as exc:

@@ -32,6 +32,8 @@ unsupported, with the install command.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -67,6 +69,15 @@ class Engine:
     def install(self) -> str:
         return f"pip install {self.package}=={self.version}"
 
+    def missing(self) -> bool:
+        """Whether the package is not installed, without importing it (a cheap check for the CLI)."""
+        if self.package in sys.modules:
+            return sys.modules[self.package] is None
+        try:
+            return importlib.util.find_spec(self.package) is None
+        except (ImportError, ValueError):
+            return True
+
     def load(self, *modules: str) -> list[ModuleType]:
         """``modules`` of the installed release; ImportError naming the install command."""
         try:
@@ -82,6 +93,7 @@ class Engine:
 
 SGLANG = Engine("sglang", SGLANG_VERSION)
 VLLM = Engine("vllm", VLLM_VERSION)
+ENGINE_OF = {"sglang_triton": SGLANG, "vllm_triton": VLLM}
 
 
 @dataclass
