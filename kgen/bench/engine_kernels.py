@@ -43,9 +43,10 @@ import torch
 from kgen.bench.cases import ENGINE_KERNELS, Case
 from kgen.bench.inputs import CaseInputs, reference_subset
 from kgen.bench.measure import KernelRun, _short
-from kgen.bench.pools import PagedKV, one_latent_scale, paged_copy, pool_reference, token_pool
+from kgen.bench.pools import Launch, PagedKV, one_latent_scale, paged_copy, pool_reference, token_pool
 from kgen.integrations.sglang import SUPPORTED_VERSION as SGLANG_VERSION
 from kgen.integrations.vllm import VLLM_VERSION
+from kgen.launcher.device import INTERPRETER_NUM_SMS
 from kgen.reference import relative_error
 
 SGLANG_EXTEND = "sglang.kernels.ops.attention.extend_attention"
@@ -96,22 +97,14 @@ VLLM = Engine("vllm", VLLM_VERSION)
 ENGINE_OF = {"sglang_triton": SGLANG, "vllm_triton": VLLM}
 
 
-@dataclass
-class Launch:
-    """``fn(i)`` runs set i into ``outs[i]``."""
-
-    fn: Callable[[int], object]
-    outs: list[torch.Tensor]
-
-
 def _nan_outputs(inputs: CaseInputs) -> list[torch.Tensor]:
     return [torch.full_like(s.o, float("nan")) for s in inputs.sets]
 
 
 def _num_sms(device: torch.device) -> int:
-    """The SM count vLLM's MLA split rule reads (4 on the CPU, the interpreter's stand-in)."""
+    """The SM count vLLM's MLA split rule reads (on the CPU, the interpreter's stand-in GPU's)."""
     if device.type != "cuda":
-        return 4
+        return INTERPRETER_NUM_SMS
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 

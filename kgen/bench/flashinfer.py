@@ -59,7 +59,7 @@ import torch
 from kgen.bench.cases import FLASHINFER_KERNELS, Case
 from kgen.bench.inputs import CaseInputs
 from kgen.bench.measure import KernelRun, _short
-from kgen.bench.pools import PagedKV, TokenPool, one_latent_scale, page1, paged_copy, pool_reference, token_pool
+from kgen.bench.pools import Launch, PagedKV, TokenPool, one_latent_scale, page1, paged_copy, pool_reference, token_pool
 from kgen.launcher.switches import env_flag
 from kgen.reference import relative_error
 
@@ -225,14 +225,6 @@ def flashinfer_mask(inputs: CaseInputs, mask: str) -> torch.Tensor | None:
 
 
 # ---------------------------------------------------------------------------- launches
-
-
-@dataclass
-class Launch:
-    """``fn(i)`` runs set i's planned wrapper into ``outs[i]``."""
-
-    fn: Callable[[int], object]
-    outs: list[torch.Tensor]
 
 
 def _int32(n: int, device: torch.device) -> torch.Tensor:

@@ -56,6 +56,7 @@ from kgen.bench.inputs import (
 )
 from kgen.bench.measure import VARIANT_SEP, KernelRun, _short
 from kgen.bench.timing import EagerTimer, Timer
+from kgen.launcher.device import INTERPRETER, INTERPRETER_NUM_SMS
 from kgen.reference import relative_error
 
 # (layout, kv_dtype, variant) -> module; the variant BATCH_INVARIANT is the grouped kernel's batch-invariant module.
@@ -85,7 +86,7 @@ def _default_loader(layout: str, kv_dtype: str, variant: str) -> ModuleType:
 def device_facts(device: torch.device) -> tuple[str, int]:
     """(arch, multiprocessor count) as the generated modules name them."""
     if device.type != "cuda":
-        return "interpreter", 4
+        return INTERPRETER, INTERPRETER_NUM_SMS
     from kgen.runtime.device import arch_of
 
     props = torch.cuda.get_device_properties(device)

@@ -12,7 +12,7 @@ token are the token-slot pool itself (``page1``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -190,3 +190,11 @@ def one_latent_scale(inputs: CaseInputs) -> tuple[float, float]:
     v_scale with sm_scale * k_scale / v_scale is the same function exactly (scores sm * k_scale
     * q.k, output V * v_scale)."""
     return inputs.sm_scale * inputs.k_scale / inputs.v_scale, inputs.v_scale
+
+
+@dataclass
+class Launch:
+    """A peer's timed launch on its own outputs: ``fn(i)`` runs input set i into ``outs[i]``."""
+
+    fn: Callable[[int], object]
+    outs: list[torch.Tensor]
