@@ -43,7 +43,7 @@ import torch
 from kgen.bench.cases import ENGINE_KERNELS, Case
 from kgen.bench.inputs import CaseInputs, reference_subset
 from kgen.bench.measure import KernelRun, _short
-from kgen.bench.pools import Launch, PagedKV, one_latent_scale, paged_copy, pool_reference, token_pool
+from kgen.bench.pools import Launch, PagedKV, as_bytes, one_latent_scale, paged_copy, pool_reference, token_pool
 from kgen.integrations.sglang import SUPPORTED_VERSION as SGLANG_VERSION
 from kgen.integrations.vllm import VLLM_VERSION
 from kgen.launcher.device import INTERPRETER_NUM_SMS
@@ -136,9 +136,7 @@ def sglang_launch(inputs: CaseInputs, mask: str) -> Launch:
 def _side_by_side(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One [pages, page_size, H_kv, D_k + D_v] cache holding each token's K then V, and its two
     views: the layout ``TritonAttentionImpl.forward`` splits (FP8 rows move as bytes)."""
-    raw = torch.cat([k.view(torch.uint8) if k.element_size() == 1 else k,
-                     v.view(torch.uint8) if v.element_size() == 1 else v], dim=-1)  # fmt: skip
-    kv = raw.view(k.dtype)
+    kv = torch.cat([as_bytes(k), as_bytes(v)], dim=-1).view(k.dtype)
     return kv[..., : k.shape[-1]], kv[..., k.shape[-1] :]
 
 

@@ -21,7 +21,7 @@ from kgen.bench.cases import Case
 from kgen.bench.inputs import CaseInputs, case_seed, gather_rows, reference_subset
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """FP8 rows move as bytes (indexing and cat kernels for FP8 types are not on every torch build)."""
     return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
 
@@ -35,7 +35,7 @@ def _stored(rows: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tenso
 
 
 def _cat_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.cat([_as_bytes(a), _as_bytes(b)]).view(a.dtype)
+    return torch.cat([as_bytes(a), as_bytes(b)]).view(a.dtype)
 
 
 @dataclass
@@ -129,8 +129,8 @@ def _page_rows(src: torch.Tensor, tokens: Sequence[torch.Tensor], dst: Sequence[
     """A [total_rows, ...] copy of ``src`` rows: row ``dst[s]`` gets ``src[tokens[s]]``; the
     padding of the last pages gets other rows of the pool (finite values a kernel must not read)."""
     filler = torch.randint(src.shape[0], (total_rows,), generator=gen).to(src.device)
-    out = _as_bytes(gather_rows(src, filler))
-    raw = _as_bytes(src)
+    out = as_bytes(gather_rows(src, filler))
+    raw = as_bytes(src)
     for toks, rows in zip(tokens, dst, strict=True):
         out[rows.reshape(-1)] = raw[toks.reshape(-1)]
     return out.view(src.dtype)

@@ -355,7 +355,7 @@ def _case_tables(run: BenchRun) -> list[str]:
     title = None
     ab = _ab_title(run)
     mode = any(g.mode_ab is not None for c in run.cases if (g := c.kernels.get(HEADLINE_KERNEL)) is not None)
-    fi = _has_flashinfer(run)
+    fi = _has_any(run, FLASHINFER_KERNELS)
     for c in run.cases:
         if _group_title(c) != title:
             title = _group_title(c)
@@ -364,8 +364,9 @@ def _case_tables(run: BenchRun) -> list[str]:
     return lines
 
 
-def _has_flashinfer(run: BenchRun) -> bool:
-    return any(n in c.kernels for c in run.cases for n in FLASHINFER_KERNELS)
+def _has_any(run: BenchRun, names: Sequence[str]) -> bool:
+    """Whether any case of the run holds a result of one of ``names``."""
+    return any(n in c.kernels for c in run.cases for n in names)
 
 
 FLASHINFER_INTRO = (
@@ -385,7 +386,7 @@ def _own_pool_table(run: BenchRun, title: str, intro: str, names: Sequence[str],
     """Every kernel of ``names`` in every case (µs, or its status; with ``speedups`` grouped's
     speed-up beside it), then each distinct reason a kernel did not run, with how many cases it
     held for. Empty when the run has none of them."""
-    if not any(n in c.kernels for c in run.cases for n in names):
+    if not _has_any(run, names):
         return []
     heads = [n.removeprefix("flashinfer_") for n in names]
     if speedups:
@@ -479,8 +480,8 @@ def render_markdown(run: BenchRun) -> str:
         *_own_pool_table(run, "The engines' Triton kernels", ENGINE_INTRO, ENGINE_KERNELS, speedups=True),
         *_sweep_table(run),
     ]  # fmt: skip
-    engines = any(n in c.kernels for c in run.cases for n in ENGINE_KERNELS)
-    method = _METHOD + (_FLASHINFER_METHOD if _has_flashinfer(run) else []) + (_ENGINE_METHOD if engines else [])
+    method = [*_METHOD, *(_FLASHINFER_METHOD if _has_any(run, FLASHINFER_KERNELS) else []),
+              *(_ENGINE_METHOD if _has_any(run, ENGINE_KERNELS) else [])]  # fmt: skip
     return "\n".join(lines + _choices(run) + method) + "\n"
 
 
