@@ -219,10 +219,15 @@ def test_asking_for_an_engine_kernel_without_the_engine_exits_2_naming_the_insta
         cli.add_bench_parser(parser.add_subparsers(dest="command"))
         return parser.parse_args(["bench", *argv])
 
-    monkeypatch.setitem(sys.modules, "vllm", None)
-    assert cli.run_bench(parse("--kernels", "grouped,engines", "--out", str(tmp_path))) == 2
-    err = capsys.readouterr().err
-    assert "--kernels vllm_triton: vllm is not installed; pip install vllm==" in err
+    # Each engine hidden in turn, then both: every missing one is named, whatever is installed.
+    for hidden in (["vllm"], ["sglang"], ["sglang", "vllm"]):
+        with monkeypatch.context() as patch:
+            for package in hidden:
+                patch.setitem(sys.modules, package, None)
+            assert cli.run_bench(parse("--kernels", "grouped,engines", "--out", str(tmp_path))) == 2
+            err = capsys.readouterr().err
+        for package in hidden:
+            assert f"{package}_triton: {package} is not installed; pip install {package}==" in err
     assert not (tmp_path / "bench.json").exists()
     assert cli.select_kernels(parse("--kernels", "engines")) == list(ENGINE_KERNELS)
     assert "sglang_triton" not in cli.select_kernels(parse())  # never in a default run

@@ -329,14 +329,14 @@ def require_flashinfer(args: argparse.Namespace) -> str | None:
 
 
 def require_engines(args: argparse.Namespace) -> None:
-    """An engine kernel asked for needs its engine installed: a usage error naming the install
-    when it is missing (another release is the kernel's own "unsupported" row)."""
+    """An engine kernel asked for needs its engine installed: one usage error naming every
+    missing engine's install (another release is the kernel's own "unsupported" row)."""
     from kgen.bench.engine_kernels import ENGINE_OF
 
-    for kernel in (k for k in select_kernels(args) if k in ENGINE_KERNELS):
-        engine = ENGINE_OF[kernel]
-        if engine.missing():
-            raise BenchEnvironmentError(f"--kernels {kernel}: {engine.package} is not installed; {engine.install}")
+    missing = [f"--kernels {kernel}: {ENGINE_OF[kernel].package} is not installed; {ENGINE_OF[kernel].install}"
+               for kernel in select_kernels(args) if kernel in ENGINE_KERNELS and ENGINE_OF[kernel].missing()]
+    if missing:
+        raise BenchEnvironmentError("; ".join(missing))
 
 
 def run_bench(args: argparse.Namespace) -> int:
