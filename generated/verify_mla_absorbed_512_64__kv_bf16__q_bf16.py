@@ -43,6 +43,7 @@ try:  # the Gluon prefix stage (below) is written for Triton 3.6.x; elsewhere th
     from triton.experimental.gluon.language.nvidia.hopper import (
         async_copy,
         fence_async_shared,
+        mbarrier,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
@@ -615,25 +616,41 @@ def _verify_merge_stage(
 
 
 # ---------------------------------------------------------------------------------------
-# Hopper lowering of the prefix stage (Gluon, sm_90, Triton 3.6.x).
+# Hopper lowering of the prefix stage (Gluon, sm_90, Triton 3.6.x): warp-specialized.
 #
-# What the tile language could not express, written out: one program is 64 rows (BLOCK_H
-# heads x L_PAD draft tokens) and two warpgroups (8 warps). Both warpgroups run wgmma over
-# the same 64 rows; each owns half of the score tile's columns and half of the 64 x 512 fp32
-# accumulator (128 registers a thread), so neither holds the whole accumulator.
+# One program is 64 rows (BLOCK_H heads x L_PAD draft tokens) of one split of one request, and
+# three warpgroups in two partitions:
+#   producer  (worker partition, GLUON_PRODUCER_WARPS warps at GLUON_PRODUCER_REGISTERS
+#             registers a thread): gathers each prefix tile's K rows through the request's
+#             kv_indices with cp.async into the stage ring, then the draft rows. It issues every
+#             global load of the loop; the consumers issue none.
+#   consumers (default partition, GLUON_NUM_WARPS = 8 warps, two warpgroups, the registers the
+#             producer gave up): per tile, S = q_nope.k_nope^T + q_pe.k_pe^T with each warpgroup
+#             owning half of the tile's keys (wgmma, q and K from shared memory); the online
+#             softmax (the row max crosses both warpgroups); P (16-bit) to shared memory; then
+#             acc += P.V with each warpgroup owning 256 of the 512 output columns (V is the K
+#             tile's latent columns: a view of the same stage, no V copy).
+# setmaxnreg: the kernel starts at GLUON_MAX_REGISTERS registers a thread for all 12 warps (the
+# whole register file); the producer drops to its share and the consumers take the rest
+# (232 at 40 for the producer), so the 64 x 512 fp32 accumulator (128 a thread) stays in
+# registers without spills.
 #
-# Per prefix tile of GLUON_BLOCK_N tokens:
-#   1. every thread issues cp.async copies of its share of the tile's gathered K rows
-#      (16 bytes each) into the next free stage; the token slots were loaded one
-#      iteration earlier, so no index load sits on the critical path;
-#   2. S = q_nope.k_nope^T + q_pe.k_pe^T (wgmma, q and K from shared memory);
-#   3. online softmax on S in registers (the row max crosses both warpgroups);
-#   4. P (16-bit) goes to shared memory, a barrier, then acc += P.V with V the K tile's
-#      latent columns (a view of the same stage: no V copy).
-# Barriers: one at the top of each tile (its copies have landed, and every warp is done
-# with the stage and P of the tile before), one after P is stored.
+# Shared memory (64-token tiles, 2 stages: 229,888 B of sm_90's 232,448):
+#   q_nope_smem [64, 512], q_pe_smem [64, 64]   written once by the consumers, read by S's wgmma
+#   k_nope_stages / k_pe_stages [NUM_STAGES, BLOCK_N, 512 | 64]   the ring: written by the
+#             producer's cp.async, read by both consumer warpgroups' wgmma (S, then P.V)
+#   p_smem [64, BLOCK_N]   P of the tile: each warpgroup writes its half, both read all of it
+#   ready[NUM_STAGES], empty[NUM_STAGES]   the ring's mbarriers (pipeline.py.j2 says how they count)
+# Barriers of the consumers alone (bar.sync over their 256 threads): after q is stored, after P
+# is stored (both halves in place before either P.V reads it), and before a stage is released
+# (both warpgroups' P.V on it waited).
 # ---------------------------------------------------------------------------------------
-GLUON_NUM_WARPS = tl.constexpr(8)  # two warpgroups, each owning half of S's and the accumulator's columns
+GLUON_NUM_WARPS = tl.constexpr(8)  # the default partition: two consumer warpgroups
+GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup of cp.async gathers
+# Its address arithmetic is a few 64-bit row offsets a thread (ptxas: no spills at 40).
+GLUON_PRODUCER_REGISTERS = tl.constexpr(40)
+# 12 warps x 32 threads x 168 = 64,512 of the 65,536 registers: what setmaxnreg redistributes.
+GLUON_MAX_REGISTERS = tl.constexpr(168)
 
 if _HAS_GLUON:
 
@@ -644,37 +661,96 @@ if _HAS_GLUON:
         split_len = gl.maximum(gl.cdiv(gl.cdiv(prefix_len, num_splits), block_n) * block_n, block_n)
         return split_len, gl.maximum(gl.cdiv(prefix_len, split_len), 1)
 
+# ---- the stage ring -----------------------------------------------------------------
+    # NUM_STAGES shared-memory stages, each one tile of BLOCK_N gathered K rows, and two
+    # mbarriers a stage:
+    #   ready[s]  initialised to the producer's thread count; each producer thread arrives once
+    #             its own copies into stage s have landed (cp.async.mbarrier.arrive.noinc), so
+    #             the phase completes when the whole tile is in shared memory;
+    #   empty[s]  initialised to 1; one consumer thread arrives once both consumer warpgroups
+    #             are done with stage s (their last wgmma on it waited, then a barrier of theirs).
+    # Tile t lives in stage t % NUM_STAGES and is that stage's round t // NUM_STAGES. A fresh
+    # mbarrier counts as having completed a phase of parity 1, so the producer's first round
+    # waits on parity 1 and passes at once.
+
+    @gluon.jit
+    def _gluon_ring_slot(t, NUM_STAGES: gl.constexpr):
+        """(stage, parity of the phase that completes when round t // NUM_STAGES is done)."""
+        return t % NUM_STAGES, (t // NUM_STAGES) & 1
+
     @gluon.jit
     def _gluon_slots(table_words, tok, INDEX_WORDS: gl.constexpr):
         """Pool slots of prefix tokens `tok` (int32): table entries read as 32-bit words (an
-        int64 entry is its low word), as the Triton kernel reads them."""
+        int64 entry is its low word), as the Triton kernel reads them. An empty split (an empty
+        prefix) has no last token to clamp to: its tokens are -1 and read nothing."""
         return gl.load(table_words + INDEX_WORDS * tok, mask=tok >= 0, other=0)
 
     @gluon.jit
-    def _gluon_copy_rows(nope_dst, pe_dst, src, row_nope, row_pe, NOPE_LOAD: gl.constexpr, PE_LOAD: gl.constexpr,
-                         mask_nope=None, mask_pe=None):
-        """cp.async one tile of K rows (element offsets row_nope / row_pe, the same rows in the
-        two load layouts) into a stage: latent columns and PE columns, 16 bytes a copy."""
-        cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, NOPE_LOAD))
-        async_copy.async_copy_global_to_shared(nope_dst, src + row_nope[:, None] + cols[None, :], mask=mask_nope)
-        cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, PE_LOAD))
-        async_copy.async_copy_global_to_shared(pe_dst, src + NOPE_DIM + row_pe[:, None] + cols_pe[None, :],
-                                               mask=mask_pe)
+    def _gluon_copy_rows(nope_dst, pe_dst, src, row, ROW_LOAD: gl.constexpr, in_rows=None):
+        """cp.async one tile of K rows (element offsets `row`) into a stage: the latent columns and
+        the PE columns, 16 bytes a copy."""
+        cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, ROW_LOAD))
+        async_copy.async_copy_global_to_shared(nope_dst, src + row[:, None] + cols[None, :], mask=in_rows)
+        cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, ROW_LOAD))
+        async_copy.async_copy_global_to_shared(pe_dst, src + NOPE_DIM + row[:, None] + cols_pe[None, :], mask=in_rows)
+
+    @gluon.jit
+    def _gluon_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty, split_start,
+                        split_end, num_tiles, draft_tiles, head_off, stride_k_slot, q_start, q_len, ke_head,
+                        stride_ke_tok, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr):
+        """The producer partition (GLUON_PRODUCER_WARPS warps, GLUON_PRODUCER_REGISTERS registers a
+        thread): tiles 0 .. num_tiles - 1 of the split gathered from the pool through the table,
+        then (draft_tiles == 1, the request's last split) the draft rows from K_Extend. It waits
+        on `empty` of a stage before refilling it and never touches the consumers' buffers.
+
+        Tokens past the split read its last token again: finite data, which the consumers score
+        -inf (no predicate on the copies). The next tile's slots load while this tile waits for
+        its stage, so the table read is off the path from `empty` to the copies."""
+        # One layout for the latent and the PE columns: 8 lanes cover one row's 128 bytes (one
+        # line) a copy, so a thread owns BLOCK_N / (4 * warps) rows and holds only their slots.
+        ROW_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ROW_LOAD))
+        last = split_end - 1
+        slots = _gluon_slots(table_words, gl.minimum(split_start + offs_n, last), INDEX_WORDS)
+        for t in range(num_tiles):
+            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+            mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
+            row = slots.to(gl.int64) * stride_k_slot + head_off  # int64: a pool can pass 2**31 elements
+            _gluon_copy_rows(k_nope_stages.index(stage), k_pe_stages.index(stage), K_Buffer, row, ROW_LOAD)
+            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+            slots = _gluon_slots(table_words, gl.minimum(split_start + (t + 1) * BLOCK_N + offs_n, last), INDEX_WORDS)
+        for t in range(num_tiles, num_tiles + draft_tiles):
+            # The draft tile: draft token j is row j; rows past the draft are zeros.
+            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+            mbarrier.wait(empty.index(stage), parity ^ 1)
+            row = (q_start + offs_n) * stride_ke_tok + ke_head
+            _gluon_copy_rows(k_nope_stages.index(stage), k_pe_stages.index(stage), K_Extend, row, ROW_LOAD,
+                             in_rows=(offs_n < q_len)[:, None])
+            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+
+    # ---- the consumers ------------------------------------------------------------------
+
+    @gluon.jit
+    def _gluon_scores(q_nope, q_pe, k_nope, k_pe, ROWS: gl.constexpr, S_LAYOUT: gl.constexpr,
+                      BLOCK_N: gl.constexpr):
+        """S = q.K^T of one staged tile (wgmma, q and K from shared memory), waited."""
+        s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_pe, k_pe.permute((1, 0)), s, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
     @gluon.jit
     def _gluon_attend_tile(q_nope, q_pe, k_nope, k_pe, p_smem, m_i, l_cols, acc, visible, qk_scale,
                            ROWS: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
                            BLOCK_N: gl.constexpr, LAZY_RESCALE: gl.constexpr):
-        """One tile of the online softmax (log2 domain). Column c of the tile is visible to
-        row r where visible[r, c] (broadcast to the tile). Returns the updated (m_i, l_cols, acc).
+        """One tile of the online softmax (log2 domain) on a landed stage. Column c of the tile is
+        visible to row r where visible[r, c] (broadcast to the tile). Returns (m_i, l_cols, acc)
+        with this tile's P.V waited: the stage may be released once both warpgroups return.
 
         l_cols holds each row's sum-exp per score column, summed over columns once at the end:
         a per-tile row sum would cross the two warpgroups through shared memory (the row max
         must, since both halves of P share one reference)."""
-        s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
-        s = warpgroup_mma(q_pe, k_pe.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        s = _gluon_scores(q_nope, q_pe, k_nope, k_pe, ROWS, S_LAYOUT, BLOCK_N)
         s = gl.where(visible, s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         if LAZY_RESCALE:
@@ -698,6 +774,120 @@ if _HAS_GLUON:
         acc = warpgroup_mma(p_smem, k_nope, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         return m_new, l_cols, acc
+
+    @gluon.jit
+    def _gluon_stage_landed(ready, t, NUM_STAGES: gl.constexpr):
+        """Wait until tile t is in its stage; then its bytes may be read by wgmma."""
+        stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+        mbarrier.wait(ready.index(stage), parity)
+        # The producer's cp.async wrote through the generic proxy; wgmma reads through the async one.
+        fence_async_shared()
+        return stage
+
+    @gluon.jit
+    def _gluon_release_stage(empty, stage):
+        """Hand a stage back to the producer: the barrier first, so that both warpgroups' P.V on
+        it are done before the one thread that arrives does."""
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(stage), count=1)
+
+    @gluon.jit
+    def _gluon_consumers(Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_nope_smem, q_pe_smem,
+                         k_nope_stages, k_pe_stages, p_smem, ready, empty, q_start, q_len, kv_head, head_block,
+                         batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
+                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_q_tok, stride_q_head, stride_o_tok,
+                         stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head,
+                         GROUP: gl.constexpr, BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr):
+        """The default partition: q into shared memory, the split's tiles as the producer lands
+        them, the draft tile on the request's last split, then o or the split's partial."""
+        ROWS: gl.constexpr = BLOCK_H * L_PAD
+        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                            instr_shape=[16, BLOCK_N // 2, 16])
+        O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                            instr_shape=[16, NOPE_DIM // 2, 16])
+        # q's load layouts: 8 elements (16 bytes) a thread, a warp per row of latent columns, a
+        # quarter warp per row of PE columns.
+        NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GLUON_NUM_WARPS, 1], [1, 0])
+        PE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_NUM_WARPS, 1], [1, 0])
+
+        # q into shared memory, the consumers' only global loads. Row r is (head head_block *
+        # BLOCK_H + r // L_PAD, draft token r % L_PAD); padding rows (past the group or
+        # the draft) are zeros.
+        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, NOPE_LOAD))
+        head = head_block * BLOCK_H + rows // L_PAD
+        q_row = ((q_start + rows % L_PAD) * stride_q_tok
+                 + (kv_head * GROUP + head).to(gl.int64) * stride_q_head)
+        cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, NOPE_LOAD))
+        row_ok = (head < GROUP) & (rows % L_PAD < q_len)
+        q_nope_smem.store(gl.load(Q + q_row[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0))
+        rows_pe = gl.arange(0, ROWS, layout=gl.SliceLayout(1, PE_LOAD))
+        head_pe = head_block * BLOCK_H + rows_pe // L_PAD
+        q_row_pe = ((q_start + rows_pe % L_PAD) * stride_q_tok
+                    + (kv_head * GROUP + head_pe).to(gl.int64) * stride_q_head)
+        cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, PE_LOAD))
+        ok_pe = (head_pe < GROUP) & (rows_pe % L_PAD < q_len)
+        q_pe_smem.store(gl.load(Q + NOPE_DIM + q_row_pe[:, None] + cols_pe[None, :], mask=ok_pe[:, None], other=0.0))
+        fence_async_shared()  # q's generic-proxy stores, read by wgmma
+        gl.thread_barrier()  # all of q is in shared memory
+
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+        l_cols = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        acc = gl.zeros([ROWS, NOPE_DIM], gl.float32, layout=O_LAYOUT)
+        tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        for t in range(num_tiles):
+            stage = _gluon_stage_landed(ready, t, NUM_STAGES)
+            visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
+            m_i, l_cols, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(stage),
+                                                  k_pe_stages.index(stage), p_smem, m_i, l_cols, acc, visible,
+                                                  qk_scale * k_scale, ROWS, S_LAYOUT, O_LAYOUT, BLOCK_N, LAZY_RESCALE)
+            _gluon_release_stage(empty, stage)
+        # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
+        acc = acc * v_scale
+
+        if draft_tiles > 0:
+            # The draft tile (the producer's tile num_tiles): draft token j (zero rows past the
+            # draft) is seen where the request's custom mask says (a tree: SGLang's [L, P + L]
+            # bytes at mask_indptr[b], only the draft columns read), else by draft positions >= j.
+            stage = _gluon_stage_landed(ready, num_tiles, NUM_STAGES)
+            draft_pos = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) % L_PAD
+            if HAS_MASK:
+                mask_row = (Custom_Mask + gl.load(Mask_Indptr + batch).to(gl.int64)
+                            + draft_pos.to(gl.int64) * (prefix_len + q_len) + prefix_len)
+                bits = gl.load(mask_row[:, None] + tile_cols[None, :],
+                               mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
+                visible = bits != 0
+            else:
+                # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
+                visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
+            m_i, l_cols, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(stage),
+                                                  k_pe_stages.index(stage), p_smem, m_i, l_cols, acc, visible,
+                                                  qk_scale, ROWS, S_LAYOUT, O_LAYOUT, BLOCK_N, False)
+
+        rows_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))
+        cols_o = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
+        head_o = head_block * BLOCK_H + rows_o // L_PAD
+        draft_o = rows_o % L_PAD
+        ok_o = (head_o < GROUP) & (draft_o < q_len)
+        q_head_o = (kv_head * GROUP + head_o).to(gl.int64)
+        q_tok_o = q_start + draft_o
+        l_i = gl.convert_layout(gl.sum(l_cols, 1), gl.SliceLayout(1, O_LAYOUT))
+        # A row that sees nothing (an empty prefix and a masked-out draft row) writes zeros.
+        l_safe = gl.where(ok_o & (l_i > 0), l_i, 1.0)
+        out = acc / l_safe[:, None]
+        if num_written == 1:
+            # One split holds the whole request: write o here; the merge skips it.
+            o_ptr = Out + q_tok_o[:, None] * stride_o_tok + q_head_o[:, None] * stride_o_head + cols_o[None, :]
+            gl.store(o_ptr, out.to(Out.dtype.element_ty), mask=ok_o[:, None])
+        else:
+            m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT))
+            po_ptr = (Partial_O + q_tok_o[:, None] * stride_po_tok + q_head_o[:, None] * stride_po_head
+                      + split * stride_po_split + cols_o[None, :])
+            gl.store(po_ptr, out, mask=ok_o[:, None])
+            gl.store(Partial_Lse + q_tok_o * stride_pl_tok + q_head_o * stride_pl_head + split,
+                     m_o + gl.log2(l_safe), mask=ok_o)
+
+    # ---- the kernel ---------------------------------------------------------------------
 
     @gluon.jit(do_not_specialize=["max_splits", "min_tokens_per_split", "prefix_trim_len", "draft_lookahead_len",
                                   "stride_pl_head"])
@@ -747,14 +937,6 @@ if _HAS_GLUON:
         k_scale / v_scale are the 16-bit pool's scales (floats), on the prefix only."""
         ROWS: gl.constexpr = BLOCK_H * L_PAD
         gl.static_assert(ROWS == 64, "a program is one wgmma's 64 rows (rules.GLUON_ROWS)")
-        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                            instr_shape=[16, BLOCK_N // 2, 16])
-        O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                            instr_shape=[16, NOPE_DIM // 2, 16])
-        # Copy layouts: 8 elements (16 bytes) a thread, a warp per row of latent columns, a
-        # quarter warp per row of PE columns.
-        NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GLUON_NUM_WARPS, 1], [1, 0])
-        PE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_NUM_WARPS, 1], [1, 0])
         # 128-byte swizzle: conflict-free wgmma reads of 64-element (128-byte) column blocks.
         TILE_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         P_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], Q.dtype.element_ty)
@@ -781,131 +963,30 @@ if _HAS_GLUON:
                                                       TILE_SMEM)
             k_pe_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [NUM_STAGES, BLOCK_N, PE_DIM], TILE_SMEM)
             p_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, BLOCK_N], P_SMEM)
+            ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(NUM_STAGES):
+                mbarrier.init(ready.index(i), count=GLUON_PRODUCER_WARPS * 32)  # every producer thread's copies
+                mbarrier.init(empty.index(i), count=1)  # one consumer thread, after both warpgroups' barrier
 
-            # q into shared memory. Row r is (head head_block * BLOCK_H + r // L_PAD, draft token
-            # r % L_PAD); padding rows (past the group or the draft) are zeros.
-            rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, NOPE_LOAD))
-            head = head_block * BLOCK_H + rows // L_PAD
-            q_row = ((q_start + rows % L_PAD) * stride_q_tok
-                     + (kv_head * GROUP + head).to(gl.int64) * stride_q_head)
-            cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, NOPE_LOAD))
-            row_ok = (head < GROUP) & (rows % L_PAD < q_len)
-            q_nope_smem.store(gl.load(Q + q_row[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0))
-            rows_pe = gl.arange(0, ROWS, layout=gl.SliceLayout(1, PE_LOAD))
-            head_pe = head_block * BLOCK_H + rows_pe // L_PAD
-            q_row_pe = ((q_start + rows_pe % L_PAD) * stride_q_tok
-                        + (kv_head * GROUP + head_pe).to(gl.int64) * stride_q_head)
-            cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, PE_LOAD))
-            ok_pe = (head_pe < GROUP) & (rows_pe % L_PAD < q_len)
-            q_pe_smem.store(gl.load(Q + NOPE_DIM + q_row_pe[:, None] + cols_pe[None, :], mask=ok_pe[:, None],
-                                    other=0.0))
-
-            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-            l_cols = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
-            acc = gl.zeros([ROWS, NOPE_DIM], gl.float32, layout=O_LAYOUT)
-
+            num_tiles = gl.cdiv(split_end - split_start, BLOCK_N)
+            draft_tiles = (split == num_written - 1).to(gl.int32)  # the request's last split adds the draft tile
             INDEX_WORDS: gl.constexpr = Kv_Table.dtype.element_ty.primitive_bitwidth // 32
             table_words = Kv_Table.to(gl.pointer_type(gl.int32)) + table_start * INDEX_WORDS
-            head_off = kv_head.to(gl.int64) * stride_k_head
-            offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, NOPE_LOAD))
-            offs_n_pe = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, PE_LOAD))
-            num_tiles = gl.cdiv(split_end - split_start, BLOCK_N)
-            tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-            # Prologue: tiles 0 .. NUM_STAGES - 2 in flight. Tokens past the split read its last
-            # token again: finite data, scored -inf (no predicate on the copies).
-            for i in gl.static_range(NUM_STAGES - 1):
-                if i < num_tiles:
-                    first = split_start + i * BLOCK_N
-                    slots = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS)
-                    slots_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS)
-                    _gluon_copy_rows(
-                        k_nope_stages.index(i), k_pe_stages.index(i), K_Buffer,
-                        slots.to(gl.int64) * stride_k_slot + head_off, slots_pe.to(gl.int64) * stride_k_slot + head_off,
-                        NOPE_LOAD, PE_LOAD)
-                async_copy.commit_group()
-            first = split_start + (NUM_STAGES - 1) * BLOCK_N
-            # Held as 32-bit slots (half the registers of 64-bit offsets) until their copies are issued.
-            next_slots = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS)
-            next_slots_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS)
-            for t in range(num_tiles):
-                # Tile t's copies are the oldest group in flight: NUM_STAGES - 1 groups were
-                # committed before this iteration.
-                async_copy.wait_group(NUM_STAGES - 2)
-                fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-                # One barrier: every thread's copies of tile t have landed, and every warp is
-                # past tile t - 1, so its stage (the next to fill) and P may be overwritten.
-                gl.thread_barrier()
-                ahead = t + NUM_STAGES - 1
-                if ahead < num_tiles:
-                    _gluon_copy_rows(k_nope_stages.index(ahead % NUM_STAGES), k_pe_stages.index(ahead % NUM_STAGES),
-                                     K_Buffer, next_slots.to(gl.int64) * stride_k_slot + head_off,
-                                     next_slots_pe.to(gl.int64) * stride_k_slot + head_off, NOPE_LOAD, PE_LOAD)
-                async_copy.commit_group()  # an empty group past the end keeps the count above uniform
-                # The slots of the tile after it, loaded now and used one iteration later.
-                first = split_start + (ahead + 1) * BLOCK_N
-                next_slots = _gluon_slots(table_words, gl.minimum(first + offs_n, split_end - 1), INDEX_WORDS)
-                next_slots_pe = _gluon_slots(table_words, gl.minimum(first + offs_n_pe, split_end - 1), INDEX_WORDS)
-                stage = t % NUM_STAGES
-                visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
-                m_i, l_cols, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(stage),
-                                                      k_pe_stages.index(stage), p_smem, m_i, l_cols, acc, visible,
-                                                      qk_scale * k_scale, ROWS, S_LAYOUT, O_LAYOUT, BLOCK_N,
-                                                      LAZY_RESCALE)
-            async_copy.wait_group(0)
-            # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
-            acc = acc * v_scale
-
-            if split == num_written - 1:
-                # The draft tile, in stage 0: draft token j (masked past the draft: zero rows) is
-                # seen where the request's custom mask says (a tree: SGLang's [L, P + L] bytes at
-                # mask_indptr[b], only the draft columns read), else by draft positions >= j.
-                gl.thread_barrier()
-                j = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, NOPE_LOAD))
-                j_pe = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, PE_LOAD))
-                ke_head = kv_head.to(gl.int64) * stride_ke_head
-                _gluon_copy_rows(k_nope_stages.index(0), k_pe_stages.index(0), K_Extend,
-                                 (q_start + j) * stride_ke_tok + ke_head, (q_start + j_pe) * stride_ke_tok + ke_head,
-                                 NOPE_LOAD, PE_LOAD, mask_nope=(j < q_len)[:, None], mask_pe=(j_pe < q_len)[:, None])
-                async_copy.commit_group()
-                async_copy.wait_group(0)
-                fence_async_shared()
-                gl.thread_barrier()
-                draft_pos = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) % L_PAD
-                if HAS_MASK:
-                    mask_row = (Custom_Mask + gl.load(Mask_Indptr + batch).to(gl.int64)
-                                + draft_pos.to(gl.int64) * (prefix_len + q_len) + prefix_len)
-                    bits = gl.load(mask_row[:, None] + tile_cols[None, :],
-                                   mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
-                    visible = bits != 0
-                else:
-                    # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
-                    visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
-                m_i, l_cols, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(0),
-                                                      k_pe_stages.index(0), p_smem, m_i, l_cols, acc, visible, qk_scale,
-                                                   ROWS, S_LAYOUT, O_LAYOUT, BLOCK_N, False)
-
-            rows_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))
-            cols_o = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
-            head_o = head_block * BLOCK_H + rows_o // L_PAD
-            draft_o = rows_o % L_PAD
-            ok_o = (head_o < GROUP) & (draft_o < q_len)
-            q_head_o = (kv_head * GROUP + head_o).to(gl.int64)
-            q_tok_o = q_start + draft_o
-            l_i = gl.convert_layout(gl.sum(l_cols, 1), gl.SliceLayout(1, O_LAYOUT))
-            # A row that sees nothing (an empty prefix and a masked-out draft row) writes zeros.
-            l_safe = gl.where(ok_o & (l_i > 0), l_i, 1.0)
-            out = acc / l_safe[:, None]
-            if num_written == 1:
-                # One split holds the whole request: write o here; the merge skips it.
-                o_ptr = Out + q_tok_o[:, None] * stride_o_tok + q_head_o[:, None] * stride_o_head + cols_o[None, :]
-                gl.store(o_ptr, out.to(Out.dtype.element_ty), mask=ok_o[:, None])
-            else:
-                po_ptr = (Partial_O + q_tok_o[:, None] * stride_po_tok + q_head_o[:, None] * stride_po_head
-                          + split * stride_po_split + cols_o[None, :])
-                gl.store(po_ptr, out, mask=ok_o[:, None])
-                m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT))
-                gl.store(Partial_Lse + q_tok_o * stride_pl_tok + q_head_o * stride_pl_head + split,
-                         m_o + gl.log2(l_safe), mask=ok_o)
+            gl.warp_specialize([
+                (_gluon_consumers, (
+                    Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_nope_smem, q_pe_smem, k_nope_stages,
+                    k_pe_stages, p_smem, ready, empty, q_start, q_len, kv_head, head_block,
+                    batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale,
+                    k_scale, v_scale, draft_lookahead_len, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
+                    stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H,
+                    L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK)),
+                (_gluon_producer, (
+                    K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty, split_start,
+                    split_end, num_tiles, draft_tiles, kv_head.to(gl.int64) * stride_k_head, stride_k_slot,
+                    q_start, q_len, kv_head.to(gl.int64) * stride_ke_head, stride_ke_tok, BLOCK_N, NUM_STAGES,
+                    INDEX_WORDS)),
+            ], [GLUON_PRODUCER_WARPS], [GLUON_PRODUCER_REGISTERS])
 
 
 # ---------------------------------------------------------------------------------------
@@ -974,7 +1055,8 @@ LAUNCHER = VerifyLauncher(
         gluon_arch="sm_90",
     ),
     Kernels(prefix=_verify_prefix_stage, merge=_verify_merge_stage,
-            gluon_prefix=_gluon_prefix_stage if _HAS_GLUON else None, gluon_num_warps=GLUON_NUM_WARPS.value),
+            gluon_prefix=_gluon_prefix_stage if _HAS_GLUON else None, gluon_num_warps=GLUON_NUM_WARPS.value,
+            gluon_max_registers=GLUON_MAX_REGISTERS.value),
     _BLOCK_CONFIGS,
     _DEFAULT_CONFIG,
 )

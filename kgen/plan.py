@@ -181,7 +181,7 @@ class Lowering:
     and a second lowering of the prefix stage that table rows may pick, if the layout has one."""
 
     name: str
-    gluon_prefix: str | None = None  # template of the Gluon prefix stage, e.g. "gluon/mla_prefix_stage.py.j2"
+    gluon_prefix: str | None = None  # template of the Gluon prefix stage, e.g. "gluon/mla_ws_prefix_stage.py.j2"
     gluon_imports: str | None = None  # its guarded imports, at the module's top ("gluon/imports.py.j2")
     gluon_arch: str | None = None  # the one arch it is written for
     gluon_triton: str | None = None  # the Triton minor version it is written for ("3.6")

@@ -98,7 +98,7 @@ def test_a_gluon_row_launches_the_gluon_stage_with_its_own_choices(module: Modul
     assert name == GLUON
     assert constexprs == {"GROUP": 16, "BLOCK_H": 16, "L_PAD": 4, "BLOCK_N": 32, "NUM_STAGES": 3,
                           "LAZY_RESCALE": False, "HAS_MASK": False, "Custom_Mask": None, "Mask_Indptr": None}
-    assert options == {"num_warps": 8, "num_stages": 1}
+    assert options == {"num_warps": 8, "num_stages": 1, "maxnreg": 168}
     # The Gluon section's split policy sizes the grid, not the row's Triton one (max 64 splits).
     assert module.LAUNCHER.launch_setup("sm_90", 132, 16, 4, 4, None, None).max_splits == 8
     assert prefix(module, batch=16)[0] == TRITON  # the Triton row of the next bucket
@@ -189,7 +189,7 @@ def test_explain_shows_the_lowering_and_the_gluon_rows(tmp_path: Path, monkeypat
                                 "metadata": {"arch": "sm_90"}, "entries": list(GLUON_TABLE)}))
     monkeypatch.setenv("KGEN_TABLE", str(path))
     text = explain(MLA, "bf16", group=16, arch="sm_90", verbose=True)
-    assert "gluon_prefix = gluon/mla_prefix_stage.py.j2" in text
+    assert "gluon_prefix = gluon/mla_ws_prefix_stage.py.j2" in text
     assert "sm_90 row group 16 batch 1-8 = Gluon at L 1-32, Triton at L 33-64" in text
     assert "sm_90 group 16 batch 1..8: BLOCK_H=16 BLOCK_N=64 warps=8 stages=2" in text and "gluon(BLOCK_N=32" in text
 
@@ -225,3 +225,52 @@ def test_kgen_check_compiles_a_gluon_row_offline_for_sm90(built: Path) -> None:
     assert any(kind.startswith("wgmma.mma_async") for kind in result["mma"]), ("the Gluon stage runs wgmma",
                                                                               result["mma"])
 
+
+
+def _warp_roles(job: dict) -> dict:
+    """In a spawned worker: compile one Gluon variant for sm_90a and read how its warps split
+    the work from the PTX (register reallocation, the ring's barrier operations, wgmma)."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    module = check.load_module_file(Path(job["module_path"]))
+    kernel = getattr(module, job["kernel"])
+    names = kernel.arg_names
+    source = GluonASTSource(fn=kernel, signature=dict(job["signature"]),
+                            constexprs={(names.index(k),): check._decode(v) for k, v in job["constexprs"].items()},
+                            attrs={(names.index(n),): [["tt.divisibility", 16]] for n in job["divisible"]})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(job["options"])).asm["ptx"]
+    return {"setmaxnreg": sorted({(k, int(n)) for k, n in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)",
+                                                                       ptx)}),
+            "copy_arrivals": ptx.count("cp.async.mbarrier.arrive.noinc"),
+            "waits": ptx.count("mbarrier.try_wait.parity"),
+            "wgmma": ptx.count("wgmma.mma_async")}
+
+
+def test_the_gluon_stage_is_warp_specialized(built: Path) -> None:
+    """The compiled stage has a producer and two consumer warpgroups: the producer gives
+    registers up (setmaxnreg.dec to GLUON_PRODUCER_REGISTERS), the consumers take what it left
+    (64,512 registers less the producer's 128 threads' share, over 256 threads), copies signal
+    the ring's `ready` barriers, and both sides wait on the ring."""
+    module = check.load_module_file(built)
+    if not module._HAS_GLUON:
+        pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
+    infos = check.find_modules(generated=built.parent)
+    enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
+    variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == 4)
+    assert variant.options["maxnreg"] == module.GLUON_MAX_REGISTERS.value
+    with check._compile_environment(), ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"), initializer=check._worker_init) as pool:
+        roles = pool.submit(_warp_roles, check._job(variant)).result()
+    threads = 32 * module.GLUON_NUM_WARPS.value
+    producer = module.GLUON_PRODUCER_REGISTERS.value
+    consumers = (module.GLUON_MAX_REGISTERS.value * (threads + 32 * module.GLUON_PRODUCER_WARPS.value)
+                 - producer * 32 * module.GLUON_PRODUCER_WARPS.value) // threads // 8 * 8
+    assert ("inc", producer) in roles["setmaxnreg"] or ("dec", producer) in roles["setmaxnreg"], roles
+    assert any(n == consumers for _, n in roles["setmaxnreg"]), (consumers, roles)
+    # The producer's prefix tiles and its draft tile each signal `ready`; the consumers wait on
+    # `ready`, the producer on `empty`.
+    assert roles["copy_arrivals"] == 2 and roles["waits"] >= 4 and roles["wgmma"] > 0, roles

@@ -489,7 +489,7 @@ def test_the_gluon_prefix_stage_is_offered_only_where_it_applies(ctx, kv, q, off
     decision = plan.decisions_of("select_lowering")[1]
     assert (plan.lowering.gluon_prefix is not None) is offered
     if offered:
-        assert decision.value == "gluon/mla_prefix_stage.py.j2" and "sm_90" in decision.why
+        assert decision.value == "gluon/mla_ws_prefix_stage.py.j2" and "sm_90" in decision.why
     else:
         assert decision.value is None and ("kv_storage" in decision.why or "q_dtype_is_kv_dtype" in decision.why)
 

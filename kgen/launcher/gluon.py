@@ -26,8 +26,8 @@ def gluon_stage_runs(written_for: str) -> bool:
 
 
 class GluonPrefixStage:
-    """The Gluon prefix stage: 64-row programs of two warpgroups, for table rows with a gluon
-    section on the stage's arch."""
+    """The Gluon prefix stage: 64-row programs, warp-specialized (a producer warpgroup and two
+    consumer warpgroups), for table rows with a gluon section on the stage's arch."""
 
     kernel_name = GLUON_PREFIX_KERNEL
 
@@ -63,7 +63,7 @@ class GluonPrefixStage:
         constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": gluon["block_n"],
                       "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale")),
                       "HAS_MASK": has_mask}
-        options = {"num_warps": kernels.gluon_num_warps, "num_stages": 1}
+        options = {"num_warps": kernels.gluon_num_warps, "num_stages": 1, "maxnreg": kernels.gluon_max_registers}
         # Gluon has no gdc_wait: this stage launches after the kernels before it, not early.
         return self.kernel_name, constexprs, options, {"split": gluon.get("split", {})}, False
 

@@ -227,7 +227,8 @@ GLUON_MAX_ROW_BLOCK = 64  # L_PAD past this leaves no head per program
 
 def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int) -> int:
     """Shared memory of the Gluon prefix stage: q (16-bit), NUM_STAGES gathered K tiles and
-    the 16-bit P tile (measured with Triton 3.6 for sm_90: these buffers plus 512 bytes)."""
+    the 16-bit P tile, plus the margin (measured with Triton 3.6 for sm_90: the ring's mbarriers
+    and Triton's own add 548-580 bytes to these buffers)."""
     return (GLUON_ROWS * shape["q_row_bytes"] + num_stages * block_n * shape["kv_row_bytes"]
             + GLUON_ROWS * block_n * 2 + SHARED_MARGIN_BYTES)
 
