@@ -243,8 +243,8 @@ def _warp_roles(job: dict) -> dict:
                             constexprs={(names.index(k),): check._decode(v) for k, v in job["constexprs"].items()},
                             attrs={(names.index(n),): [["tt.divisibility", 16]] for n in job["divisible"]})
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(job["options"])).asm["ptx"]
-    return {"setmaxnreg": sorted({(k, int(n)) for k, n in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)",
-                                                                       ptx)}),
+    reallocations = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
+    return {"setmaxnreg": sorted({(kind, int(n)) for kind, n in reallocations}),
             "copy_arrivals": ptx.count("cp.async.mbarrier.arrive.noinc"),
             "waits": ptx.count("mbarrier.try_wait.parity"),
             "wgmma": ptx.count("wgmma.mma_async")}
