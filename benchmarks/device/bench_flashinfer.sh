@@ -5,6 +5,7 @@
 #   gqa       Qwen3.5 GQA 256, group 16 (L 4, 8, 16) and group 4 (L 4, 16; L 8 comes along), batch 64, prefix 16K
 #   mla       absorbed MLA 512+64, group 16, batch 64, prefix 16K, L 4, 8, 16
 #   mla_g128  absorbed MLA 512+64, group 128, batch 16, prefix 4K, L 4
+#   mla_small absorbed MLA 512+64, group 16, batch 16, prefix 1K, L 4 (a small batch)
 #   trees     GQA 256 group 16, batch 64, prefix 16K, a random EAGLE tree (--mask tree) of 8, 16 and 64 tokens
 #
 # Usage, from the repository root, with .whl/ (the flashinfer and apache-tvm-ffi wheels next to kgen's) and
@@ -36,12 +37,12 @@ case "$parts_arg" in
     -*) parts_arg=all ;;
     *) [ $# -gt 0 ] && shift ;;
 esac
-[ "$parts_arg" = all ] && parts_arg=gqa,mla,mla_g128,trees
+[ "$parts_arg" = all ] && parts_arg=gqa,mla,mla_g128,mla_small,trees
 IFS=, read -r -a parts <<<"$parts_arg"
 for part in "${parts[@]}"; do
     case "$part" in
-        gqa | mla | mla_g128 | trees) ;;
-        *) echo "bench_flashinfer.sh: unknown part '$part': give all, or some of gqa,mla,mla_g128,trees" \
+        gqa | mla | mla_g128 | mla_small | trees) ;;
+        *) echo "bench_flashinfer.sh: unknown part '$part': give all, or some of gqa,mla,mla_g128,mla_small,trees" \
                "(then kgen bench options)" >&2
            exit 2 ;;
     esac
@@ -73,6 +74,7 @@ for part in "${parts[@]}"; do
         gqa) bench gqa --layout qwen3_5_gqa256:16,qwen3_5_gqa256:4 --batch 64 --prefix 16K --draft 4,8,16 "$@" ;;
         mla) bench mla --layout mla_absorbed_512_64:16 --batch 64 --prefix 16K --draft 4,8,16 "$@" ;;
         mla_g128) bench mla_g128 --layout mla_absorbed_512_64:128 --batch 16 --prefix 4K --draft 4 "$@" ;;
+        mla_small) bench mla_small --layout mla_absorbed_512_64:16 --batch 16 --prefix 1K --draft 4 "$@" ;;
         trees) bench trees --layout qwen3_5_gqa256:16 --batch 64 --prefix 16K --draft 8,16,64 --mask tree "$@" ;;
     esac
 done
