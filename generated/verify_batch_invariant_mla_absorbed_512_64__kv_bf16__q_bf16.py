@@ -623,35 +623,37 @@ def _verify_merge_stage(
 # Hopper lowering of the prefix stage (Gluon, sm_90, Triton 3.6.x): warp-specialized.
 #
 # One program is 64 rows (BLOCK_H heads x L_PAD draft tokens) of one split of one request, and
-# three warpgroups in two partitions:
-#   producer  (worker partition, GLUON_PRODUCER_WARPS warps at GLUON_PRODUCER_REGISTERS
-#             registers a thread): gathers each prefix tile's K rows through the request's
+# three warpgroups, each a partition of its own:
+#   scorer    (default partition, 4 warps): per tile, S = q_nope.k_nope^T + q_pe.k_pe^T over
+#             all of the tile's keys (wgmma, q and K from shared memory), the online softmax,
+#             P (16-bit) into the stage's PE slot (dead once S is computed) and the rescale
+#             factor into alpha_smem, then acc[:, :256] += P.V[:, :256].
+#   second PV (worker, 4 warps): per tile, once P is in place, acc[:, 256:] = alpha x acc +
+#             P.V[:, 256:], so its half of P.V runs while the scorer computes the next tile's S.
+#   producer  (worker, 4 warps): gathers each prefix tile's K rows through the request's
 #             kv_indices with cp.async into the stage ring, then the draft rows. It issues every
-#             global load of the loop; the consumers issue none.
-#   consumers (default partition, GLUON_NUM_WARPS = 8 warps, two warpgroups, the registers the
-#             producer gave up): per tile, S = q_nope.k_nope^T + q_pe.k_pe^T with each warpgroup
-#             owning half of the tile's keys (wgmma, q and K from shared memory); the online
-#             softmax (the row max crosses both warpgroups); P (16-bit) to shared memory; then
-#             acc += P.V with each warpgroup owning 256 of the 512 output columns (V is the K
-#             tile's latent columns: a view of the same stage, no V copy).
-# setmaxnreg: the kernel starts at GLUON_MAX_REGISTERS registers a thread for all 12 warps (the
-# whole register file); the producer drops to its share and the consumers take the rest
-# (232 at 40 for the producer), so the 64 x 512 fp32 accumulator (128 a thread) stays in
-# registers without spills.
+#             global load of the loop; the other two issue none.
+# V is the K tile's latent columns (a view of the same stage, no V copy). Each accumulator half
+# is 64 x 256 fp32, 128 registers a thread; setmaxnreg gives the scorer the most (it also holds
+# S and P), the producer the fewest (GLUON_*_REGISTERS).
 #
-# Shared memory (64-token tiles, 2 stages: 229,888 B of sm_90's 232,448):
-#   q_nope_smem [64, 512], q_pe_smem [64, 64]   written once by the consumers, read by S's wgmma
+# Shared memory (64-token tiles, 2 stages: 221,696 B of sm_90's 232,448):
+#   q_nope_smem [64, 512], q_pe_smem [64, 64]   written once by the scorer, read by S's wgmma
 #   k_nope_stages / k_pe_stages [NUM_STAGES, BLOCK_N, 512 | 64]   the ring: written by the
-#             producer's cp.async, read by both consumer warpgroups' wgmma (S, then P.V)
-#   p_smem [64, BLOCK_N]   P of the tile: each warpgroup writes its half, both read all of it
-#   ready[NUM_STAGES], empty[NUM_STAGES]   the ring's mbarriers (pipeline.py.j2 says how they count)
-# Barriers of the consumers alone (bar.sync over their 256 threads): after q is stored, after P
-# is stored (both halves in place before either P.V reads it), and before a stage is released
-# (both warpgroups' P.V on it waited).
+#             producer's cp.async; k_nope is read by S's wgmma and by both P.V halves; k_pe by
+#             S's wgmma, then overwritten with the tile's P by the scorer
+#   alpha_smem [NUM_STAGES, 64]   the tile's rescale factor per row, scorer -> second PV
+#   row_stats_smem [2, 64]        the rows' final max and sum-exp, scorer -> second PV
+#   ready, empty [NUM_STAGES]     the ring's mbarriers (pipeline.py.j2 says how they count;
+#             `empty` completes when the scorer and the second PV both released the stage)
+#   p_ready [NUM_STAGES]          the tile's P and alpha are in place (one scorer thread)
+#   stats_ready [1]               the rows' max and sum-exp are in place (one scorer thread)
 # ---------------------------------------------------------------------------------------
-GLUON_NUM_WARPS = tl.constexpr(8)  # the default partition: two consumer warpgroups
+GLUON_NUM_WARPS = tl.constexpr(4)  # the default partition: the scorer warpgroup
 GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup of cp.async gathers
-# Its address arithmetic is a few 64-bit row offsets a thread (ptxas: no spills at 40).
+# Registers a thread of the workers: the second PV (its accumulator half and the rescale) and the
+# producer (a few 64-bit row offsets); the scorer takes what they leave (ptxas: no spills).
+GLUON_SECOND_PV_REGISTERS = tl.constexpr(208)
 GLUON_PRODUCER_REGISTERS = tl.constexpr(40)
 # 12 warps x 32 threads x 168 = 64,512 of the 65,536 registers: what setmaxnreg redistributes.
 GLUON_MAX_REGISTERS = tl.constexpr(168)
@@ -741,52 +743,12 @@ if _HAS_GLUON:
                              in_rows=(offs_n < q_len)[:, None])
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
 
-    # ---- the consumers ------------------------------------------------------------------
+    # ---- both P.V warpgroups --------------------------------------------------------------
 
-    @gluon.jit
-    def _gluon_scores(q_nope, q_pe, k_nope, k_pe, ROWS: gl.constexpr, S_LAYOUT: gl.constexpr,
-                      BLOCK_N: gl.constexpr):
-        """S = q.K^T of one staged tile (wgmma, q and K from shared memory), waited."""
-        s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
-        s = warpgroup_mma(q_pe, k_pe.permute((1, 0)), s, is_async=True)
-        return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-
-    @gluon.jit
-    def _gluon_attend_tile(q_nope, q_pe, k_nope, k_pe, p_smem, m_i, l_cols, acc, visible, qk_scale,
-                           ROWS: gl.constexpr, S_LAYOUT: gl.constexpr, O_LAYOUT: gl.constexpr,
-                           BLOCK_N: gl.constexpr, LAZY_RESCALE: gl.constexpr):
-        """One tile of the online softmax (log2 domain) on a landed stage. Column c of the tile is
-        visible to row r where visible[r, c] (broadcast to the tile). Returns (m_i, l_cols, acc)
-        with this tile's P.V waited: the stage may be released once both warpgroups return.
-
-        l_cols holds each row's sum-exp per score column, summed over columns once at the end:
-        a per-tile row sum would cross the two warpgroups through shared memory (the row max
-        must, since both halves of P share one reference)."""
-        s = _gluon_scores(q_nope, q_pe, k_nope, k_pe, ROWS, S_LAYOUT, BLOCK_N)
-        s = gl.where(visible, s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        if LAZY_RESCALE:
-            # A row's max moves only when it grows by more than 2**8 (p stays <= 256, exact in
-            # fp32), so most tiles skip the 64 x 512 accumulator multiply.
-            grow = m_new > m_i + 8.0
-            m_new = gl.where(grow, m_new, m_i)
-        # A row that has seen nothing yet keeps a finite reference (no -inf - -inf).
-        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_ref)
-        p = gl.exp2(s - m_ref[:, None])
-        l_cols = l_cols * alpha[:, None] + p
-        p_smem.store(p.to(p_smem.dtype))
-        fence_async_shared()  # generic-proxy stores, read next by wgmma through the async proxy
-        gl.thread_barrier()  # both warpgroups' halves of P are in shared memory
-        if LAZY_RESCALE:
-            if gl.max(grow.to(gl.int32), 0) > 0:
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-        else:
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
-        acc = warpgroup_mma(p_smem, k_nope, acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        return m_new, l_cols, acc
+    @gluon.constexpr_function
+    def _gluon_acc_layout():
+        """One warpgroup's accumulator half: 64 rows x 256 columns, wgmma's register layout."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NOPE_DIM // 2, 16])
 
     @gluon.jit
     def _gluon_stage_landed(ready, t, NUM_STAGES: gl.constexpr):
@@ -799,35 +761,110 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _gluon_release_stage(empty, stage):
-        """Hand a stage back to the producer: the barrier first, so that both warpgroups' P.V on
-        it are done before the one thread that arrives does."""
+        """Hand this warpgroup's use of a stage back: its warps' barrier first, so that its whole
+        P.V on the stage is done before the one thread that arrives does."""
         gl.thread_barrier()
         mbarrier.arrive(empty.index(stage), count=1)
 
     @gluon.jit
-    def _gluon_consumers(Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_nope_smem, q_pe_smem,
-                         k_nope_stages, k_pe_stages, p_smem, ready, empty, q_start, q_len, kv_head, head_block,
-                         first_row, table_start, tokens_per_split, slots_per_request,
-                         batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
-                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_q_tok, stride_q_head, stride_o_tok,
-                         stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head,
-                         GROUP: gl.constexpr, BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
-                         NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr):
-        """The default partition: q into shared memory, the split's tiles as the producer lands
-        them, the draft tile on the request's last split, then o or the split's partial."""
+    def _gluon_p_view(k_pe_stages, stage, ROWS: gl.constexpr, BLOCK_N: gl.constexpr):
+        """A stage's PE slot seen as the tile's P [ROWS, BLOCK_N] (16-bit): the same bytes
+        (BLOCK_N x 64 = 64 x BLOCK_N), free once S of the tile is computed."""
+        P_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], k_pe_stages.dtype)
+        return k_pe_stages.index(stage)._reinterpret(k_pe_stages.dtype, [ROWS, BLOCK_N], P_SMEM)
+
+    @gluon.jit
+    def _gluon_store_rows(Out, Partial_O, acc, l_i, q_start, q_len, kv_head, head_block, col0,
+                          first_row, slot,
+                          num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
+                          GROUP: gl.constexpr, BLOCK_H: gl.constexpr, L_PAD: gl.constexpr):
+        """One warpgroup's 256 columns (from col0) of the rows' output: o itself when one split
+        holds the request, else the split's normalized fp32 partial. A row that sees nothing (an
+        empty prefix and a masked-out draft row) writes zeros."""
+        ACC: gl.constexpr = _gluon_acc_layout()
         ROWS: gl.constexpr = BLOCK_H * L_PAD
-        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                            instr_shape=[16, BLOCK_N // 2, 16])
-        O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                            instr_shape=[16, NOPE_DIM // 2, 16])
+        rows_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, ACC))
+        cols_o = col0 + gl.arange(0, NOPE_DIM // 2, layout=gl.SliceLayout(0, ACC))
+        head_o = head_block * BLOCK_H + rows_o // L_PAD
+        draft_o = first_row + rows_o % L_PAD
+        ok_o = (head_o < GROUP) & (draft_o < q_len)
+        q_head_o = (kv_head * GROUP + head_o).to(gl.int64)
+        q_tok_o = q_start + draft_o
+        l_safe = gl.where(ok_o & (l_i > 0), l_i, 1.0)
+        out = acc / l_safe[:, None]
+        if num_written == 1:
+            o_ptr = Out + q_tok_o[:, None] * stride_o_tok + q_head_o[:, None] * stride_o_head + cols_o[None, :]
+            gl.store(o_ptr, out.to(Out.dtype.element_ty), mask=ok_o[:, None])
+        else:
+            # Scratch is [draft position, head, slot, column]: this request's splits own their slots.
+            po_ptr = (Partial_O + draft_o[:, None] * stride_po_tok + q_head_o[:, None] * stride_po_head
+                      + slot * stride_po_split + cols_o[None, :])
+            gl.store(po_ptr, out, mask=ok_o[:, None])
+
+    # ---- the scorer -----------------------------------------------------------------------
+
+    @gluon.jit
+    def _gluon_score_tile(q_nope, q_pe, k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, stage, m_i, l_i,
+                          acc, visible, qk_scale, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                          LAZY_RESCALE: gl.constexpr):
+        """One tile on a landed stage: S, the online softmax (log2 domain; column c is visible to
+        row r where visible[r, c]), P and alpha handed to the second PV, then this warpgroup's
+        half of P.V, waited, and the stage released. Returns (m_i, l_i, acc)."""
+        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_N, 16])
+        ACC: gl.constexpr = _gluon_acc_layout()
+        k_nope = k_nope_stages.index(stage)
+        s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_pe, k_pe_stages.index(stage).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        s = gl.where(visible, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        if LAZY_RESCALE:
+            # A row's max moves only when it grows by more than 2**8 (p stays <= 256, exact in
+            # fp32), so most tiles rescale by exactly 1.
+            m_new = gl.where(m_new > m_i + 8.0, m_new, m_i)
+        # A row that has seen nothing yet keeps a finite reference (no -inf - -inf).
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_ref)
+        p = gl.exp2(s - m_ref[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        p_smem = _gluon_p_view(k_pe_stages, stage, ROWS, BLOCK_N)
+        p_smem.store(p.to(p_smem.dtype))  # S's wgmma on this stage's PE slot has completed
+        alpha_smem.index(stage).store(alpha)
+        fence_async_shared()  # P is read next by wgmma, through the async proxy
+        gl.thread_barrier()  # all of P and alpha are stored
+        mbarrier.arrive(p_ready.index(stage), count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, ACC))[:, None]
+        acc = warpgroup_mma(p_smem, k_nope.slice(0, NOPE_DIM // 2, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _gluon_release_stage(empty, stage)
+        return m_new, l_i, acc
+
+    @gluon.jit
+    def _gluon_scorer(Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_nope_smem, q_pe_smem,
+                      k_nope_stages, k_pe_stages, alpha_smem, row_stats_smem, ready, empty, p_ready, stats_ready,
+                      q_start, q_len, kv_head, head_block,
+                      first_row, slot,
+                      batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
+                      qk_scale, k_scale, v_scale, draft_lookahead_len, stride_q_tok, stride_q_head, stride_o_tok,
+                      stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head,
+                      GROUP: gl.constexpr, BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
+                      NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr):
+        """The default partition: q into shared memory, every tile's S and softmax, the first
+        256 columns of P.V, the draft tile on the request's last split, then its half of o or
+        of the split's partial and the partial's log2-sum-exp."""
+        ROWS: gl.constexpr = BLOCK_H * L_PAD
+        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_N, 16])
+        ACC: gl.constexpr = _gluon_acc_layout()
         # q's load layouts: 8 elements (16 bytes) a thread, a warp per row of latent columns, a
         # quarter warp per row of PE columns.
         NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GLUON_NUM_WARPS, 1], [1, 0])
         PE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_NUM_WARPS, 1], [1, 0])
 
-        # q into shared memory, the consumers' only global loads. Row r is (head head_block *
-        # BLOCK_H + r // L_PAD, draft token first_row + r % L_PAD); padding rows (past the group or
-        # the draft) are zeros.
+        # q into shared memory. Row r is (head head_block * BLOCK_H + r // L_PAD, draft token
+        # first_row + r % L_PAD); padding rows (past the group or the draft) are zeros.
         rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, NOPE_LOAD))
         head = head_block * BLOCK_H + rows // L_PAD
         q_row = ((q_start + first_row + rows % L_PAD) * stride_q_tok
@@ -841,21 +878,21 @@ if _HAS_GLUON:
                     + (kv_head * GROUP + head_pe).to(gl.int64) * stride_q_head)
         cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, PE_LOAD))
         ok_pe = (head_pe < GROUP) & (first_row + rows_pe % L_PAD < q_len)
-        q_pe_smem.store(gl.load(Q + NOPE_DIM + q_row_pe[:, None] + cols_pe[None, :], mask=ok_pe[:, None], other=0.0))
+        q_pe = gl.load(Q + NOPE_DIM + q_row_pe[:, None] + cols_pe[None, :], mask=ok_pe[:, None], other=0.0)
+        q_pe_smem.store(q_pe)
         fence_async_shared()  # q's generic-proxy stores, read by wgmma
         gl.thread_barrier()  # all of q is in shared memory
 
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-        l_cols = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        acc = gl.zeros([ROWS, NOPE_DIM], gl.float32, layout=O_LAYOUT)
+        l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+        acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
         tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         for t in range(num_tiles):
             stage = _gluon_stage_landed(ready, t, NUM_STAGES)
             visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
-            m_i, l_cols, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(stage),
-                                                  k_pe_stages.index(stage), p_smem, m_i, l_cols, acc, visible,
-                                                  qk_scale * k_scale, ROWS, S_LAYOUT, O_LAYOUT, BLOCK_N, LAZY_RESCALE)
-            _gluon_release_stage(empty, stage)
+            m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
+                                              empty, stage, m_i, l_i, acc, visible, qk_scale * k_scale, ROWS,
+                                              BLOCK_N, LAZY_RESCALE)
         # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
         acc = acc * v_scale
 
@@ -874,34 +911,71 @@ if _HAS_GLUON:
             else:
                 # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
                 visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
-            m_i, l_cols, acc = _gluon_attend_tile(q_nope_smem, q_pe_smem, k_nope_stages.index(stage),
-                                                  k_pe_stages.index(stage), p_smem, m_i, l_cols, acc, visible,
-                                                  qk_scale, ROWS, S_LAYOUT, O_LAYOUT, BLOCK_N, False)
+            m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
+                                              empty, stage, m_i, l_i, acc, visible, qk_scale, ROWS, BLOCK_N, False)
 
-        rows_o = gl.arange(0, ROWS, layout=gl.SliceLayout(1, O_LAYOUT))
-        cols_o = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, O_LAYOUT))
-        head_o = head_block * BLOCK_H + rows_o // L_PAD
-        draft_o = first_row + rows_o % L_PAD
-        ok_o = (head_o < GROUP) & (draft_o < q_len)
-        q_head_o = (kv_head * GROUP + head_o).to(gl.int64)
-        q_tok_o = q_start + draft_o
-        l_i = gl.convert_layout(gl.sum(l_cols, 1), gl.SliceLayout(1, O_LAYOUT))
-        # A row that sees nothing (an empty prefix and a masked-out draft row) writes zeros.
-        l_safe = gl.where(ok_o & (l_i > 0), l_i, 1.0)
-        out = acc / l_safe[:, None]
-        if num_written == 1:
-            # One split holds the whole request: write o here; the merge skips it.
-            o_ptr = Out + q_tok_o[:, None] * stride_o_tok + q_head_o[:, None] * stride_o_head + cols_o[None, :]
-            gl.store(o_ptr, out.to(Out.dtype.element_ty), mask=ok_o[:, None])
-        else:
-            m_o = gl.convert_layout(m_i, gl.SliceLayout(1, O_LAYOUT))
-            # Scratch is [draft position, head, slot, column]: this request's splits own their slots.
-            slot = _gluon_first_slot(table_start, batch, tokens_per_split, slots_per_request) + split
-            po_ptr = (Partial_O + draft_o[:, None] * stride_po_tok + q_head_o[:, None] * stride_po_head
-                      + slot * stride_po_split + cols_o[None, :])
-            gl.store(po_ptr, out, mask=ok_o[:, None])
-            gl.store(Partial_Lse + draft_o * stride_pl_tok + q_head_o * stride_pl_head + slot,
-                     m_o + gl.log2(l_safe), mask=ok_o)
+        # The rows' max and sum-exp, for the second PV's half of the output.
+        row_stats_smem.index(0).store(m_i)
+        row_stats_smem.index(1).store(l_i)
+        gl.thread_barrier()
+        mbarrier.arrive(stats_ready.index(0), count=1)
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, ACC))
+        _gluon_store_rows(Out, Partial_O, acc, l_o, q_start, q_len, kv_head, head_block, 0,
+                          first_row, slot,
+                          num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
+                          GROUP, BLOCK_H, L_PAD)
+        if num_written > 1:
+            rows_s = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
+            head_s = head_block * BLOCK_H + rows_s // L_PAD
+            draft_s = first_row + rows_s % L_PAD
+            ok_s = (head_s < GROUP) & (draft_s < q_len)
+            q_head_s = (kv_head * GROUP + head_s).to(gl.int64)
+            lse = m_i + gl.log2(gl.where(ok_s & (l_i > 0), l_i, 1.0))
+            gl.store(Partial_Lse + draft_s * stride_pl_tok + q_head_s * stride_pl_head + slot, lse, mask=ok_s)
+
+    # ---- the second PV --------------------------------------------------------------------
+
+    @gluon.jit
+    def _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS: gl.constexpr,
+                              BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """acc = alpha x acc + P.V[:, 256:] of tile t, once the scorer handed its P over."""
+        ACC: gl.constexpr = _gluon_acc_layout()
+        stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+        mbarrier.wait(p_ready.index(stage), parity)
+        fence_async_shared()  # the scorer's generic-proxy P, read by wgmma
+        alpha = alpha_smem.index(stage).load(gl.SliceLayout(1, ACC))
+        acc = acc * alpha[:, None]
+        acc = warpgroup_mma(_gluon_p_view(k_pe_stages, stage, ROWS, BLOCK_N),
+                            k_nope_stages.index(stage).slice(NOPE_DIM // 2, NOPE_DIM // 2, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _gluon_release_stage(empty, stage)
+        return acc
+
+    @gluon.jit
+    def _gluon_second_pv(Out, Partial_O, k_nope_stages, k_pe_stages, alpha_smem, row_stats_smem, empty, p_ready,
+                         stats_ready, q_start, q_len, kv_head, head_block,
+                         first_row, slot,
+                         num_written, num_tiles, draft_tiles, v_scale, stride_o_tok, stride_o_head, stride_po_tok,
+                         stride_po_head, stride_po_split, GROUP: gl.constexpr, BLOCK_H: gl.constexpr,
+                         L_PAD: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """The worker partition of the last 256 output columns: every tile's P.V on them, the
+        draft tile's too, then its half of o or of the split's partial."""
+        ROWS: gl.constexpr = BLOCK_H * L_PAD
+        ACC: gl.constexpr = _gluon_acc_layout()
+        acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
+        for t in range(num_tiles):
+            acc = _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS, BLOCK_N,
+                                        NUM_STAGES)
+        acc = acc * v_scale
+        for t in range(num_tiles, num_tiles + draft_tiles):
+            acc = _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS, BLOCK_N,
+                                        NUM_STAGES)
+        mbarrier.wait(stats_ready.index(0), 0)
+        l_i = row_stats_smem.index(1).load(gl.SliceLayout(1, ACC))
+        _gluon_store_rows(Out, Partial_O, acc, l_i, q_start, q_len, kv_head, head_block, NOPE_DIM // 2,
+                          first_row, slot,
+                          num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
+                          GROUP, BLOCK_H, L_PAD)
 
     # ---- the kernel ---------------------------------------------------------------------
 
@@ -957,7 +1031,8 @@ if _HAS_GLUON:
         gl.static_assert(ROWS == 64, "a program is one wgmma's 64 rows (rules.GLUON_ROWS)")
         # 128-byte swizzle: conflict-free wgmma reads of 64-element (128-byte) column blocks.
         TILE_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        P_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], Q.dtype.element_ty)
+        # Rows of fp32 (a stage's alpha, the final max and sum-exp), indexed along the first dim.
+        ROW_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
 
         HEAD_BLOCKS: gl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
         pid_heads = gl.program_id(0)
@@ -978,37 +1053,50 @@ if _HAS_GLUON:
         split_start = split * split_len
         split_end = gl.minimum(split_start + split_len, prefix_len)
         if split < num_written and first_row < q_len:  # a row block past the draft has no rows
+            slot = _gluon_first_slot(table_start, batch, tokens_per_split, slots_per_request) + split
             q_nope_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, NOPE_DIM], TILE_SMEM)
             q_pe_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, PE_DIM], TILE_SMEM)
             k_nope_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [NUM_STAGES, BLOCK_N, NOPE_DIM],
                                                       TILE_SMEM)
             k_pe_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [NUM_STAGES, BLOCK_N, PE_DIM], TILE_SMEM)
-            p_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, BLOCK_N], P_SMEM)
+            alpha_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, ROWS], ROW_SMEM)
+            row_stats_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], ROW_SMEM)
             ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
             empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            p_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            stats_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(NUM_STAGES):
                 mbarrier.init(ready.index(i), count=GLUON_PRODUCER_WARPS * 32)  # every producer thread's copies
-                mbarrier.init(empty.index(i), count=1)  # one consumer thread, after both warpgroups' barrier
+                mbarrier.init(empty.index(i), count=2)  # the scorer and the second PV, one thread each
+                mbarrier.init(p_ready.index(i), count=1)  # one scorer thread, after its warps' barrier
+            mbarrier.init(stats_ready.index(0), count=1)
 
             num_tiles = gl.cdiv(split_end - split_start, BLOCK_N)
             draft_tiles = (split == num_written - 1).to(gl.int32)  # the request's last split adds the draft tile
             INDEX_WORDS: gl.constexpr = Kv_Table.dtype.element_ty.primitive_bitwidth // 32
             table_words = Kv_Table.to(gl.pointer_type(gl.int32)) + table_start * INDEX_WORDS
             gl.warp_specialize([
-                (_gluon_consumers, (
+                (_gluon_scorer, (
                     Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_nope_smem, q_pe_smem, k_nope_stages,
-                    k_pe_stages, p_smem, ready, empty, q_start, q_len, kv_head, head_block,
-                    first_row, table_start, tokens_per_split, slots_per_request,
+                    k_pe_stages, alpha_smem, row_stats_smem, ready, empty, p_ready, stats_ready, q_start, q_len,
+                    kv_head, head_block,
+                    first_row, slot,
                     batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale,
                     k_scale, v_scale, draft_lookahead_len, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
                     stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H,
                     L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK)),
+                (_gluon_second_pv, (
+                    Out, Partial_O, k_nope_stages, k_pe_stages, alpha_smem, row_stats_smem, empty, p_ready,
+                    stats_ready, q_start, q_len, kv_head, head_block,
+                    first_row, slot,
+                    num_written, num_tiles, draft_tiles, v_scale, stride_o_tok, stride_o_head, stride_po_tok,
+                    stride_po_head, stride_po_split, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES)),
                 (_gluon_producer, (
                     K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty, split_start,
                     split_end, num_tiles, draft_tiles, kv_head.to(gl.int64) * stride_k_head, stride_k_slot,
                     q_start, q_len, kv_head.to(gl.int64) * stride_ke_head, stride_ke_tok, BLOCK_N, NUM_STAGES,
                     INDEX_WORDS)),
-            ], [GLUON_PRODUCER_WARPS], [GLUON_PRODUCER_REGISTERS])
+            ], [4, GLUON_PRODUCER_WARPS], [GLUON_SECOND_PV_REGISTERS, GLUON_PRODUCER_REGISTERS])
 
 
 # ---------------------------------------------------------------------------------------

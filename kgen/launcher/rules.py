@@ -226,11 +226,13 @@ GLUON_MAX_ROW_BLOCK = 64  # L_PAD past this leaves no head per program
 
 
 def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int) -> int:
-    """Shared memory of the Gluon prefix stage: q (16-bit), NUM_STAGES gathered K tiles and
-    the 16-bit P tile, plus the margin (measured with Triton 3.6 for sm_90: the ring's mbarriers
-    and Triton's own add 548-580 bytes to these buffers)."""
-    return (GLUON_ROWS * shape["q_row_bytes"] + num_stages * block_n * shape["kv_row_bytes"]
-            + GLUON_ROWS * block_n * 2 + SHARED_MARGIN_BYTES)
+    """Shared memory of the Gluon prefix stage: q (16-bit), NUM_STAGES gathered K tiles (a tile's
+    P lives in its stage's PE slot), each stage's fp32 rescale row and the rows' final max and
+    sum-exp, plus the margin (measured with Triton 3.6 for sm_90: the four mbarrier arrays and
+    Triton's own scratch add 336-352 bytes to these buffers)."""
+    rows_fp32 = (num_stages + 2) * GLUON_ROWS * 4
+    tiles = GLUON_ROWS * shape["q_row_bytes"] + num_stages * block_n * shape["kv_row_bytes"]
+    return tiles + rows_fp32 + SHARED_MARGIN_BYTES
 
 
 def gluon_rows(max_len: int, block_n: int) -> tuple[int, int] | None:

@@ -35,18 +35,23 @@ def _imports(tree: ast.Module) -> set[str]:
     return names
 
 
-def _is_jit(node: ast.FunctionDef) -> bool:
-    """A @triton.jit / @gluon.jit function (called with options or not)."""
+# Decorators of kernel code: @triton.jit / @gluon.jit functions, and @gluon.constexpr_function
+# ones, which the kernel compiler runs at compile time (a layout, say), never the host.
+KERNEL_DECORATORS = ("jit", "constexpr_function")
+
+
+def _is_kernel_code(node: ast.FunctionDef) -> bool:
+    """A function with a kernel decorator (called with options or not)."""
     for decorator in node.decorator_list:
         target = decorator.func if isinstance(decorator, ast.Call) else decorator
-        if isinstance(target, ast.Attribute) and target.attr == "jit":
+        if isinstance(target, ast.Attribute) and target.attr in KERNEL_DECORATORS:
             return True
     return False
 
 
 def host_code(body: list[ast.stmt]) -> list[ast.stmt]:
     """Module-level statements that are host code: anything but imports, assignments of
-    constants and of the module's declaration, @jit functions, import guards (try) and blocks
+    constants and of the module's declaration, kernel functions (KERNEL_DECORATORS), import guards (try) and blocks
     under a flag (if). A function, class, loop or lambda on the host belongs in kgen/launcher/."""
     found: list[ast.stmt] = []
     for node in body:
@@ -57,7 +62,7 @@ def host_code(body: list[ast.stmt]) -> list[ast.stmt]:
                    for n in ast.walk(node)):
                 found.append(node)
         elif isinstance(node, ast.FunctionDef):
-            if not _is_jit(node):
+            if not _is_kernel_code(node):
                 found.append(node)
         elif isinstance(node, ast.Try):
             found += host_code(node.body + node.orelse + [s for h in node.handlers for s in h.body])
