@@ -534,6 +534,25 @@ def test_fit_walks_only_the_invariant_draft_rows(ctx):
     assert all(d.value == f"L {DRAFT_ROWS}" for d in invariant.decisions_of("fit") if d.what.startswith("sm_90 group"))
 
 
+def test_fit_walks_every_draft_length_of_every_group(ctx, monkeypatch):
+    """Each (target, config, group) is fitted at every draft length 1..MAX_DRAFT_TOKENS: the loop
+    over a group's cells once rebound the draft lengths, so every later group walked only the last
+    cell's (absorbed MLA's groups 16-128: 32 of the 64)."""
+    import kgen.passes.fit as fit_pass
+
+    asked: set[tuple[int, int]] = set()
+    real = fit_pass.fit_program
+
+    def recording(target, shape, config, group, length, grouped):
+        asked.add((group, length))
+        return real(target, shape, config, group, length, grouped)
+
+    monkeypatch.setattr(fit_pass, "fit_program", recording)
+    plan = _through(new_plan(SPECS["mla_absorbed_512_64"], "bfloat16", "bfloat16"), ctx, "fit")
+    groups = SPECS["mla_absorbed_512_64"].attention.group_sizes
+    assert asked == {(g, n) for g in groups for n in range(1, plan.tiles.max_draft_tokens + 1)}
+
+
 def test_validate_refuses_a_per_head_batch_invariant_plan(ctx):
     with pytest.raises(SpecError, match="no batch-invariant mode"):
         validate(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16", "per_head", batch_invariant=True), ctx)

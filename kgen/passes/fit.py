@@ -63,8 +63,8 @@ def _fit_decisions(plan: Plan, arch: str, target: dict, shape: dict) -> tuple[li
                     key = (f"BLOCK_H {fitted.block_h} x L_PAD {fitted.l_pad}, BLOCK_N {fitted.block_n}, "
                            f"{fitted.num_stages} stages, {fitted.num_warps} warps: " + "; ".join(fitted.reasons))
                     changes.setdefault(key, []).append(length)
-            for key, lengths in changes.items():
-                decisions.append(Decision(NAME, f"{arch} group {group}", f"L {ranges(lengths)}",
+            for key, changed in changes.items():  # not `lengths`: the next group walks those
+                decisions.append(Decision(NAME, f"{arch} group {group}", f"L {ranges(changed)}",
                                           f"{label}: {key}"))
     return decisions, refusals
 
