@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kgen.bench.cases import build_matrix, case_for
+from kgen.bench.cases import build_matrix, case_for, parse_sizes
 from kgen.bench.cli import sweep_cases
 from kgen.bench.peers import FLEX_SWEEP_GRID, flex_label
 from kgen.bench.warm import WarmJob, precompile, split_jobs, warm_jobs
@@ -89,3 +89,33 @@ def test_batch_invariant_runs_warm_the_batch_invariant_modules_too() -> None:
     kinds = [j.kind for j in jobs]
     assert kinds.count("batch_invariant") == kinds.count("grouped") == 4 * 2 * 2
     assert warm_jobs(cases, ["per_head"], batch_invariant=True)[0].kind == "per_head"
+
+
+# ----------------------------------------------------------------- what is scheduled
+
+
+def test_a_run_without_flexattention_schedules_none_of_its_sweep() -> None:
+    """h200_fp8_scales/ab.json's run (--kv-dtype fp8 --kernels grouped --batch 1,16,64 --prefix
+    1K,4K,16K --draft 1,4, the sweep left at headline) scheduled 88 jobs: its 24 grouped ones and
+    64 FlexAttention sweep jobs it never timed, 16 of which FlexAttention refused."""
+    cases = build_matrix(SPECS, kv_dtypes=["float8_e4m3fn"], batches=[1, 16, 64],
+                         prefixes=parse_sizes(["1K,4K,16K"]), drafts=[1, 4])
+    sweep = sweep_cases(cases, "headline")
+    assert len(sweep) == 8  # the 4 layouts' two headline shapes
+    jobs = warm_jobs(cases, ["grouped"], sweep, LABELS)
+    assert len(jobs) == 24 and {j.kind for j in jobs} == {"grouped"}
+    with_flex = warm_jobs(cases, ["grouped", "flex"], sweep, LABELS)
+    assert sum(j.kind == "flex" and bool(j.options) for j in with_flex) == 8 * len(LABELS)
+
+
+def test_the_peers_are_not_warmed_on_a_masked_case() -> None:
+    """The run times FlexAttention on the causal chain only (Case.peers_refusal): a tree's jobs
+    are the kgen kernels'."""
+    cases = build_matrix(SPECS, [("gqa128", 8)], ["bfloat16"], batches=[64], prefixes=[16384], drafts=[4],
+                         masks=("tree", None))
+    assert cases[0].peers_refusal == "the peers are timed on the causal chain, not a tree mask"
+    jobs = warm_jobs(cases, ["grouped", "flex"], sweep_cases(cases, "headline"), LABELS)
+    assert [j.kind for j in jobs] == ["grouped"]
+    chain = build_matrix(SPECS, [("gqa128", 8)], ["bfloat16"], batches=[64], prefixes=[16384], drafts=[4])
+    assert chain[0].peers_refusal is None
+    assert sum(j.kind == "flex" for j in warm_jobs(chain, ["flex"], sweep_cases(chain, "headline"), LABELS)) == 9

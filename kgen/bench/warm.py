@@ -9,7 +9,9 @@ the same Triton specialization and the same FlexAttention graph) and the caches 
 on disk are shared with the main process, whose compilations become cache loads.
 
 Best effort by design: a job that fails, or is still running at the deadline, only means
-the main process compiles that kernel itself; nothing measured depends on this module.
+the main process compiles that kernel itself; nothing measured depends on this module. The
+job list leaves out what the run never times (the FlexAttention sweep of a run without
+FlexAttention, the peers on a masked case).
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ def warm_jobs(
     """One job per distinct compilation the run will need (with ``batch_invariant``, the
     grouped kernel's batch-invariant module too). The prefix is the matrix's shortest: it
     does not change a kgen specialization, and FlexAttention's KV length is dynamic (but must
-    stay past one 128-token block, or it would specialize)."""
+    stay past one 128-token block, or it would specialize). FlexAttention's jobs, its sweep's
+    included, only where the run times it: ``flex`` in ``kernels``, a case the peers run
+    (``Case.peers_refusal``)."""
     kernels = list(kernels)
     prefix = max(256, min((c.prefix for c in cases), default=1024))
     jobs: dict[tuple, WarmJob] = {}
@@ -64,10 +68,13 @@ def warm_jobs(
                 jobs.setdefault((kind, small.key), WarmJob(kind, asdict(small)))
         if batch_invariant and HEADLINE_KERNEL in kernels:
             jobs.setdefault((BATCH_INVARIANT, small.key), WarmJob(BATCH_INVARIANT, asdict(small)))
-        if "flex" in kernels:  # the peers read bf16 whatever the pool holds
+        if "flex" in kernels and not case.peers_refusal:  # the peers read bf16 whatever the pool holds
             peer = replace(small, kv_dtype="bfloat16")
             jobs.setdefault(("flex", peer.peer_key, ""), WarmJob("flex", asdict(peer)))
-    for case in sweep:
+    # The run sweeps FlexAttention's options only where it times FlexAttention at all.
+    for case in sweep if "flex" in kernels else ():
+        if case.peers_refusal:
+            continue
         peer = replace(case, prefix=prefix, kv_dtype="bfloat16")
         for label in sweep_labels:
             jobs.setdefault(("flex", peer.peer_key, label), WarmJob("flex", asdict(peer), label))
