@@ -148,7 +148,8 @@ def test_warm_up_hands_the_run_kernels_to_precompile(monkeypatch: pytest.MonkeyP
 
     def fake_precompile(jobs, workers, timeout_s=0.0, device="cuda"):  # noqa: ANN001, ANN202
         seen.update(jobs=jobs, workers=workers, timeout=timeout_s)
-        return warm.WarmReport(jobs=len(jobs), workers=workers, done=len(jobs), seconds=1.0)
+        done = [warm.JobOutcome(j.kind, j.where(), warm.OK) for j in jobs]
+        return warm.WarmReport(jobs=len(jobs), workers=workers, seconds=1.0, outcomes=done)
 
     monkeypatch.setattr(warm, "precompile", fake_precompile)
     args = _parse("--quick", "--precompile-workers", "3", "--time-limit", "300", "--kernels", "grouped,flex")
