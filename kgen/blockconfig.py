@@ -33,6 +33,15 @@ DEFAULTS_FILE = TABLE_DIR / "defaults.json"
 TARGETS_FILE = TABLE_DIR / "targets.json"  # per-target limits (kgen/targets.py), not a block-config table
 TABLE_SCHEMA = "kgen.block-config-table/1"
 ROCM_ARCH_PREFIX = "gfx"
+# A bucket's batch_max that means "and every larger batch" (SCHEMA.md: 2^30, open-ended).
+OPEN_BATCH_MAX = 1 << 30
+
+
+def batch_span(batch_min: int, batch_max: int) -> str:
+    """A bucket's batches as people write them: '9-32', '97+' (open-ended), '4'."""
+    if batch_max >= OPEN_BATCH_MAX:
+        return f"{batch_min}+"
+    return str(batch_min) if batch_min == batch_max else f"{batch_min}-{batch_max}"
 
 
 def _pow2(x: int) -> bool:
@@ -57,6 +66,10 @@ class SplitPolicy(BaseModel):
     max_splits: int = Field(default=64, ge=1, le=1024)
     min_tokens_per_split: int = Field(default=256, ge=16, le=1 << 20)
 
+    def compact(self) -> str:
+        """'programs_per_sm/max_splits/min_tokens_per_split', as ``BlockConfig.compact`` writes it."""
+        return f"{self.programs_per_sm}/{self.max_splits}/{self.min_tokens_per_split}"
+
 
 class GluonConfig(BaseModel):
     """The Gluon prefix stage's launch choices (kgen/templates/gluon/): its own axes, since a
@@ -74,6 +87,12 @@ class GluonConfig(BaseModel):
         return (f"gluon(BLOCK_N={self.block_n} stages={self.num_stages}{' lazy_rescale' if self.lazy_rescale else ''} "
                 f"split(ppsm={self.split.programs_per_sm}, max={self.split.max_splits}, "
                 f"min_tok={self.split.min_tokens_per_split}))")
+
+    def compact(self, splits: bool = True) -> str:
+        """The section in ``BlockConfig.compact``'s notation: 'gluon(N64 s2 1/64/256)'."""
+        lazy = " lazy_rescale" if self.lazy_rescale else ""
+        split = f" {self.split.compact()}" if splits else ""
+        return f"gluon(N{self.block_n} s{self.num_stages}{lazy}{split})"
 
 
 class BlockConfig(BaseModel):
@@ -155,6 +174,30 @@ class BlockConfig(BaseModel):
             s += f" waves_per_eu={self.waves_per_eu} nonkdim={self.matrix_instr_nonkdim} kpack={self.kpack}"
         return s
 
+    def compact(self, splits: bool = True) -> str:
+        """The config in ``compact_notation``, short enough for one line of ``kgen explain`` beside
+        its reason: 'H16 N64 w4 s3 2/64/128' (``short`` spells the same fields out). Without
+        ``splits``, the split policies are left out: the batch-invariant mode does not use them."""
+        s = f"H{self.block_h} N{self.block_n} w{self.num_warps} s{self.num_stages}"
+        if splits:
+            s += f" {self.split.compact()}"
+        if self.lazy_rescale:
+            s += " lazy_rescale"
+        if self.draft_tile:
+            s += f" draft_tile={self.draft_tile}"
+        if self.gluon is not None:
+            s += " " + self.gluon.compact(splits)
+        if self.invariant_block_h is not None:
+            s += f" invariant H{self.invariant_block_h}"
+        if self.has_rocm_knobs:
+            s += f" waves_per_eu={self.waves_per_eu} nonkdim={self.matrix_instr_nonkdim} kpack={self.kpack}"
+        return s
+
+
+def compact_notation(splits: bool = True) -> str:
+    """What ``BlockConfig.compact``'s letters stand for (``kgen explain`` prints it under its configs)."""
+    return "H BLOCK_H, N BLOCK_N, w warps, s stages" + (", ppsm/max/min_tok" if splits else "")
+
 
 class Measured(BaseModel):
     """Times measured by the tuner for one bucket (median microseconds)."""
@@ -185,7 +228,7 @@ class TableEntry(BaseModel):
     kv_dtype: str
     group_size: int = Field(ge=1, le=256)
     batch_min: int = Field(default=1, ge=1)
-    batch_max: int = Field(default=1 << 30, ge=1)
+    batch_max: int = Field(default=OPEN_BATCH_MAX, ge=1)
     config: BlockConfig
     measured: Measured | None = None
 

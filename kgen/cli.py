@@ -166,8 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("explain", help="print the plan after each pass and the dispatch decision",
                        description="Show every decision the compiler makes for one specialization, "
-                       "pass by pass, with its reason; which block-config table applies and why; and "
-                       "what the runtime gate would choose for a model on a GPU.")
+                       "pass by pass, one line each with its reason in short (--verbose: the whole reasons); "
+                       "which block-config table applies and why; and what the runtime gate would choose for "
+                       "a model on a GPU.")
     p.add_argument("layout", help="layout name (see `kgen list`)")
     p.add_argument("--kv-dtype", default="bfloat16", help="bf16 | fp8 | fp8_e4m3fnuz (default bf16)")
     p.add_argument("--q-dtype", default="bfloat16", help="bf16 | fp16 (default bf16)")
@@ -182,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", type=int, default=None, help="query heads per KV head (default: the largest)")
     p.add_argument("--source", action="store_true", help="also print the generated source")
     p.add_argument("-v", "--verbose", action="store_true",
-                   help="every decision with its whole reason, and the fields no decision shows")
+                   help="every decision with its whole reason, the fit pass's every cell, and the fields no "
+                   "decision shows")
     p.add_argument("--pass", dest="only_pass", metavar="NAME", default=None,
                    help="only this pass, with its whole reasons (validate, specialize, legalize, ...)")
     p.set_defaults(func=_cmd_explain)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import textwrap
 from pathlib import Path
 
+from kgen.blockconfig import compact_notation
 from kgen.errors import SpecError, UsageError
 from kgen.loader import check_variant
 from kgen.passes.context import load_context
@@ -17,7 +17,8 @@ from kgen.targets import read_targets
 
 
 def _show(value: object) -> str:
-    """A section field as one readable line: configs by their short form, big structures summarized."""
+    """A section field or decision value in full, for ``--verbose``: configs spelled out, big
+    structures summarized."""
     if hasattr(value, "short"):
         return value.short()
     if isinstance(value, dict) and value and all(isinstance(v, tuple) for v in value.values()):
@@ -31,75 +32,79 @@ def _show(value: object) -> str:
 
 WIDTH = 100  # characters a line of `kgen explain` may take
 PASS_WIDTH = max(len(fn.__name__) for fn in PASSES)
+# The what column: a pass aligns its rows to its widest what up to this; a wider one pushes
+# its own value right.
 WHAT_WIDTH = 17
-_CHANGE = re.compile(r"(\w+) (\d+) -> (\d+)")
 _ROOT = str(Path(__file__).resolve().parents[1]) + "/"
 
 
-def _clip(text: str, width: int = WIDTH) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _relative(text: object) -> str:
+    """Paths under the checkout without its root."""
+    return str(text).replace(_ROOT, "")
 
 
-def _short_why(why: str) -> str:
-    """A reason's first clause, paths relative to the checkout: ``--verbose`` prints the rest."""
-    return why.split("; ")[0].rstrip(".:").replace(_ROOT, "")
+def _shown(value: object, splits: bool) -> str:
+    """A decision value on its one line: configs in their compact notation (without their split
+    policies where the module does not use them), paths relative."""
+    return _relative(value.compact(splits) if hasattr(value, "compact") else value)
 
 
-def _row(what: str, value: object, why: str) -> tuple[str, str]:
-    """One decision as (what, "value — short why")."""
-    return what, f"{str(value).replace(_ROOT, '')} — {_short_why(why)}"
+def _wrap(text: str, first: str, rest: str) -> list[str]:
+    """``text`` after the prefix ``first``, continued under ``rest``: broken between words, never cut."""
+    return textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest,
+                         break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
 
 
-def _fit_rows(decisions: list[Decision]) -> list[tuple[str, str]]:
-    """The fit pass in one row per target: how many (group, draft lengths) cells the fit
-    changed and which changes (``--verbose`` lists every cell with its reason)."""
-    cells: dict[str, list[tuple[int, Decision]]] = {}
-    rows: list[tuple[str, str] | str] = []
-    for d in decisions:
-        arch, sep, group = d.what.partition(" group ")
-        if not sep:
-            rows.append(_row(d.what, d.value, d.why))
-            continue
-        if arch not in cells:
-            cells[arch] = []
-            rows.append(arch)  # where this target's row goes, once its cells are counted
-        cells[arch].append((int(group), d))
-    return [_target_row(row, cells[row]) if isinstance(row, str) else row for row in rows]
+def _row(label: str, what: str, what_width: int, value: str, brief: str) -> list[str]:
+    """One row, ``label  what = value — brief``, on one line where it fits. Where it does not,
+    the brief goes on the next line under the value, and a value wider than its line continues
+    there too; a word of it too wide to follow the ``=`` (a long file name) starts a line of its
+    own under the what column. Rows wrap between words, never cut."""
+    head = f"{label:<{PASS_WIDTH}}  {what:<{what_width}} = "
+    under = " " * min(len(head), PASS_WIDTH + 2 + WHAT_WIDTH + 3)
+    if len(head) + len(value.split(" ", 1)[0]) > WIDTH:
+        under = " " * (PASS_WIDTH + 4)
+        lines = [head.rstrip(), *_wrap(value, under, under)]
+    else:
+        lines = _wrap(value, head, under)
+    if not brief:
+        return lines
+    if len(lines[-1]) + 3 + len(brief) <= WIDTH:
+        lines[-1] += f" — {brief}"
+        return lines
+    return lines + _wrap(f"— {brief}", under, under + "  ")
 
 
-def _target_row(arch: str, cells: list[tuple[int, Decision]]) -> tuple[str, str]:
-    groups = ", ".join(str(g) for g in sorted({g for g, _ in cells}))
-    lowest: dict[str, int] = {}
-    for _, d in cells:
-        for knob, _, to in _CHANGE.findall(d.why):
-            lowest[knob] = min(int(to), lowest.get(knob, int(to)))
-    changes = ", ".join(f"{knob} down to {to}" for knob, to in sorted(lowest.items())) or "rows cut"
-    return arch, f"{len(cells)} cells refit at group {groups} — {changes}"
-
-
-def _table(name: str, rows: list[tuple[str, str]]) -> list[str]:
-    """Rows under a name shown once, in the first column: ``pass  what = value — why``."""
-    return [_clip(f"{name if i == 0 else '':<{PASS_WIDTH}}  {what:<{WHAT_WIDTH}} = {text}")
-            for i, (what, text) in enumerate(rows)]  # fmt: skip
+def _table(label: str, rows: list[tuple[str, str, str]]) -> list[str]:
+    """(what, value, brief) rows under a label shown once, in the first column, their ``=``
+    aligned to the widest what up to WHAT_WIDTH."""
+    what_width = min(WHAT_WIDTH, max(len(what) for what, _, _ in rows))
+    lines: list[str] = []
+    for i, (what, value, brief) in enumerate(rows):
+        lines += _row(label if i == 0 else "", what, what_width, value, brief)
+    return lines
 
 
 def _shown_by_decisions(name: str, value: object, decisions: list[Decision]) -> bool:
     """A section field a decision already prints: named by its ``what`` or equal to its value."""
     key, shown = name.lower().replace("_", " "), _show(value)
-    return any(d.what.lower().replace("_", " ") == key or shown in (str(d.value), d.why) for d in decisions)
+    return any(d.what.lower().replace("_", " ") == key or shown in (_show(d.value), d.why) for d in decisions)
 
 
 def _format_pass(name: str, before: Plan | None, plan: Plan, verbose: bool) -> list[str]:
-    """A pass's decisions: one line each, or (``verbose``) each with its whole reason and then
-    the section fields the pass filled that no decision shows."""
+    """A pass's decisions: one line each with its brief (the fit pass's cells counted in its
+    summaries), or (``verbose``) every decision with its whole reason and then the section
+    fields the pass filled that no decision shows."""
     decisions = plan.decisions_of(name)
     if not verbose:
-        rows = _fit_rows(decisions) if name == "fit" else [_row(d.what, d.value, d.why) for d in decisions]
-        return _table(name, rows or [("(nothing)", "this pass decided nothing here")])
+        splits = not plan.batch_invariant  # the batch-invariant mode's fixed splits replace the policies
+        rows = [(d.what, _shown(d.value, splits), _relative(d.brief)) for d in decisions if not d.detail]
+        return _table(name, rows or [("(nothing)", "-", "this pass decided nothing here")])
     lines = [f"── {name} " + "─" * max(0, WIDTH - 4 - len(name))]
     for d in decisions:
-        lines.append(f"  {d.what} = {d.value}" + ("   [warning]" if d.warning else ""))
-        lines += textwrap.wrap(d.why, WIDTH, initial_indent="      why: ", subsequent_indent="      ")
+        # The value whole on its line (it may pass WIDTH: a config spelled out), the reason wrapped.
+        lines.append(f"  {d.what} = {_show(d.value)}" + ("   [warning]" if d.warning else ""))
+        lines += _wrap(d.why, "      why: ", "      ")
     section_name = SECTION_OF_PASS.get(name)
     section = getattr(plan, section_name) if section_name else None
     if section is not None:
@@ -108,27 +113,43 @@ def _format_pass(name: str, before: Plan | None, plan: Plan, verbose: bool) -> l
             value = getattr(section, field.name)
             changed = old is None or getattr(old, field.name) != value
             if changed and not _shown_by_decisions(field.name, value, decisions):
-                lines.append(_clip(f"  plan.{section_name}.{field.name} = {_show(value)}"))
+                lines += _wrap(f"plan.{section_name}.{field.name} = {_show(value)}", "  ", "      ")
     return lines
 
 
 def _table_lines(plan: Plan, arch: str | None, group: int, verbose: bool) -> list[str]:
-    lines = ["block config at run time:"] if verbose else []
+    """The block config a call of this group takes at run time on each arch with rows (or the
+    one asked for): its table rows by batch, or the default."""
     configs = plan.config
-    arches = [arch] if arch else sorted(configs.by_arch) or ["<any arch without a table>"]
+    arches = [arch] if arch else sorted(configs.by_arch) or [None]
+    if verbose:
+        lines = ["block config at run time:"]
+        for a in arches:
+            rows = [r for r in configs.by_arch.get(a, ()) if r.group_size == group]
+            where = a or "any arch without a table"
+            source = configs.table_sources.get(a, "no table for this arch")
+            if rows:
+                for r in rows:
+                    lines += _wrap(f"{where} group {group} batch {r.batches}: {r.config.short()}", "  ", "      ")
+                lines += _wrap(f"from {source}", "      ", "      ")
+            else:
+                lines += _wrap(f"{where} group {group}: default {configs.default.short()} ({source})", "  ", "      ")
+        return lines
+    table: list[tuple[str, str, str]] = []
+    splits = not plan.batch_invariant
     for a in arches:
         rows = [r for r in configs.by_arch.get(a, ()) if r.group_size == group]
-        source = configs.table_sources.get(a, "no table for this arch")
+        where = f"{a or 'any arch'} group {group}"
         if rows:
-            for r in rows:
-                lines.append(f"  {a} group {group} batch {r.batch_min}..{r.batch_max}: {r.config.short()}")
-            lines.append(f"  {'':6s}from {source}")
+            source = configs.table_sources[a].replace(": ", " ", 1)
+            table.append((where, f"{len(rows)} row{'s' if len(rows) > 1 else ''} by batch",
+                          _relative(f"from {source}")))
+            table += [(f"  batch {r.batches}", r.config.compact(splits), "") for r in rows]
         else:
-            lines.append(f"  {a} group {group}: default {configs.default.short()} ({source})")
-    if not verbose:  # the run-time rows as one more table
-        return _table("run time", [(line.strip().partition(": ")[0], line.strip().partition(": ")[2])
-                                   for line in lines if ": " in line])  # fmt: skip
-    return lines
+            table.append((where, configs.default.compact(splits),
+                          "the default: no row for this group" if a in configs.by_arch else "the default: no table"))
+    table.append(("configs", compact_notation(splits), ""))
+    return _table("run time", table)
 
 
 def _gate_lines(spec: LayoutSpec, arch: str | None, model: str | None, topk: int, group: int,
@@ -146,15 +167,13 @@ def _gate_lines(spec: LayoutSpec, arch: str | None, model: str | None, topk: int
     except ValueError as exc:
         raise UsageError(f"the runtime gate cannot evaluate this: {exc}") from None
     lines = str(text).splitlines()
-    if not verbose:  # the answer and the question on one line, then the reason it turned on
+    if not verbose:  # the answer for whom on one line, then the reason it turned on (it says how to fix)
         stripped = [line.strip() for line in lines]
-        answer = " — ".join([line for line in stripped if line.startswith("decision:")]
-                            + [line.removeprefix("kgen gate for ") for line in stripped
-                               if line.startswith("kgen gate for")])  # fmt: skip
+        path = next(line for line in stripped if line.startswith("decision:")).split()[1]
+        out = _table("gate", [("decision", path, f"{model}, topk {topk}, group {group}")])
         indent = " " * (PASS_WIDTH + 2)
-        out = [_clip(f"{'gate':<{PASS_WIDTH}}  {answer}")]
-        for line in (line for line in stripped if line.startswith("- =>")):  # it says how to fix: wrapped
-            out += textwrap.wrap(line, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+        for line in (line for line in stripped if line.startswith("- =>")):
+            out += _wrap(_relative(line), indent, indent + "  ")
         return out
     return ["── runtime gate " + "─" * (WIDTH - 16), *("  " + line for line in lines)]
 
@@ -221,10 +240,10 @@ def explain(layout: str, kv_dtype: str = "bfloat16", q_dtype: str = "bfloat16", 
              + (" --batch-invariant" if batch_invariant else "")]
     if group not in listed:
         # Explained, not refused: a module runs any group; only the table rows and the gate differ.
-        lines += textwrap.wrap(
+        lines += _wrap(
             f"warning: group {group} is not one of {layout}'s listed groups {list(listed)}: no table row "
             f"is tuned for it, so a module called directly runs it with the default block config, and "
-            f"the runtime gate sends it to the per-head kernel", WIDTH, subsequent_indent="  ")
+            f"the runtime gate sends it to the per-head kernel", "", "  ")
     collected: list[str] = []
     previous: list[Plan] = [new_plan(spec, kv, q, variant, batch_invariant)]
 

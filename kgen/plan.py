@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kgen.blockconfig import BlockConfig
+from kgen.blockconfig import BlockConfig, batch_span
 from kgen.errors import BuildError, UsageError
 from kgen.launcher import rules
 from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec
@@ -62,16 +62,34 @@ def config_literal(config: BlockConfig) -> str:
     return repr(config_value(config))
 
 
+# Characters a decision's ``brief`` may take: what is left of a `kgen explain` line (100
+# characters) under the value column of the widest row (pass 15, what 17, " = ", "— ").
+BRIEF_WIDTH = 60
+
+
 @dataclass(frozen=True)
 class Decision:
-    """One choice: which pass made it, what was decided, the value, and why. A ``warning``
-    is one the user should see at build time (``kgen build`` prints it)."""
+    """One choice: which pass made it, what was decided, the value, and why.
+
+    ``why`` is the whole reason: ``kgen explain --verbose`` and ``--pass`` print it, and
+    ``kgen build`` prints a ``warning``'s. ``brief`` is the same reason as one whole clause of
+    at most BRIEF_WIDTH characters, written by the pass beside ``why``: the decision's one line
+    in ``kgen explain`` ends with it. Left out, it is ``why`` itself, for a reason that short.
+    A ``detail`` is one cell of a summary decision the same pass makes (the fit pass: one per
+    target, its cells per group and draft lengths): the one-line view prints the summary alone.
+    """
 
     pass_name: str
     what: str
     value: Any
     why: str
+    brief: str = ""
     warning: bool = False
+    detail: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.brief:
+            object.__setattr__(self, "brief", self.why)
 
 
 @dataclass(frozen=True)
@@ -125,6 +143,11 @@ class ConfigEntry:
     @property
     def value(self) -> dict[str, Any]:
         return config_value(self.config)
+
+    @property
+    def batches(self) -> str:
+        """The bucket as people write it: '9-32', '97+'."""
+        return batch_span(self.batch_min, self.batch_max)
 
 
 @dataclass(frozen=True)

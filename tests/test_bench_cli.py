@@ -148,7 +148,8 @@ def test_warm_up_hands_the_run_kernels_to_precompile(monkeypatch: pytest.MonkeyP
 
     def fake_precompile(jobs, workers, timeout_s=0.0, device="cuda"):  # noqa: ANN001, ANN202
         seen.update(jobs=jobs, workers=workers, timeout=timeout_s)
-        return warm.WarmReport(jobs=len(jobs), workers=workers, done=len(jobs), seconds=1.0)
+        done = [warm.JobOutcome(j.kind, j.where(), warm.OK) for j in jobs]
+        return warm.WarmReport(jobs=len(jobs), workers=workers, seconds=1.0, outcomes=done)
 
     monkeypatch.setattr(warm, "precompile", fake_precompile)
     args = _parse("--quick", "--precompile-workers", "3", "--time-limit", "300", "--kernels", "grouped,flex")
@@ -161,6 +162,10 @@ def test_warm_up_hands_the_run_kernels_to_precompile(monkeypatch: pytest.MonkeyP
     seen.clear()
     cli.warm_up(_parse("--quick", "--precompile-workers", "0"), cli.select_cases(args), meta, 0.0)
     assert not seen
+    # FlexAttention run eagerly compiles nothing to warm, its headline sweep included.
+    eager = _parse("--precompile-workers", "3", "--flex-eager", "--layout", "gqa128:8", "--kv-dtype", "bf16")
+    cli.warm_up(eager, cli.select_cases(eager), meta, __import__("time").monotonic())
+    assert {j.kind for j in seen["jobs"]} == {"grouped", "per_head"}
 
 
 RESUME_CASES = ("--layout", "qwen3_5_gqa256:16,mla_absorbed_512_64:16", "--kv-dtype", "bf16,fp8",

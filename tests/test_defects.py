@@ -167,7 +167,8 @@ def test_explain_warns_about_an_unlisted_group(capsys):
     out = capsys.readouterr().out
     assert re.search(r"warning: group 3 is not one of qwen3_5_gqa256's listed groups \[4, 8, 16\]: .*default block\s+"
                      r"config", out, re.S)
-    assert re.search(r"^run time +sm_90 group 3 += default ", out, re.M)
+    assert re.search(r"^run time +sm_90 group 3 += H16 N32 w4 s3 2/64/128 — the default: no row for this group$",
+                     out, re.M)
 
 
 def test_explain_listed_group_has_no_group_warning(capsys):

@@ -193,7 +193,7 @@ def test_explain_shows_the_lowering_and_the_gluon_rows(tmp_path: Path, monkeypat
     text = explain(MLA, "bf16", group=16, arch="sm_90", verbose=True)
     assert "gluon_prefix = gluon/mla_ws_prefix_stage.py.j2" in text
     assert "sm_90 row group 16 batch 1-8 = Gluon at L 1-32, Triton at L 33-64" in text
-    assert "sm_90 group 16 batch 1..8: BLOCK_H=16 BLOCK_N=64 warps=8 stages=2" in text and "gluon(BLOCK_N=32" in text
+    assert "sm_90 group 16 batch 1-8: BLOCK_H=16 BLOCK_N=64 warps=8 stages=2" in text and "gluon(BLOCK_N=32" in text
 
 
 # ----------------------------------------------------------------- kgen check compiles it

@@ -154,6 +154,12 @@ class Case:
     def is_headline(self) -> bool:
         return (self.batch, self.prefix, self.draft) in HEADLINE_SHAPES
 
+    @property
+    def peers_refusal(self) -> str | None:
+        """Why the peers (``PEER_KERNELS``) are not timed on this case, or None: they run the
+        causal chain only, on dense KV, so a case with a custom mask is theirs to refuse."""
+        return f"the peers are timed on the causal chain, not a {self.mask} mask" if self.masked else None
+
 
 def case_for(
     spec: LayoutSpec,

@@ -564,9 +564,8 @@ class DeviceProvider:
         return engine_runs(inputs, names, seed=self.seed)
 
     def _peers(self, case: Case, inputs: CaseInputs, names: list[str]) -> dict[str, KernelRun]:
-        if case.masked:  # FlexAttention and SDPA are timed on the causal chain only
-            return {name: KernelRun(unsupported=f"the peers are timed on the causal chain, not a {case.mask} mask")
-                    for name in names}
+        if case.peers_refusal:
+            return {name: KernelRun(unsupported=case.peers_refusal) for name in names}
         pin = build_peer_inputs(inputs)
         runs: dict[str, KernelRun] = {}
         for name in names:

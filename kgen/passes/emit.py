@@ -29,7 +29,7 @@ def emit(plan: Plan, ctx: BuildContext) -> Plan:
         current = path.read_text(encoding="utf-8") if path.exists() else None
         stale = current != output.source
         why = "missing" if current is None else ("differs from a fresh render" if stale else "up to date")
-        return plan.with_([Decision(NAME, "file", str(path), f"check only: {why}")],
+        return plan.with_([Decision(NAME, "file", str(path), f"check only: {why}", why)],
                           output=dataclasses.replace(output, path=str(path), written=stale))
     changed = write_text_atomic(path, output.source)
     why = "written (text changed)" if changed else "unchanged: not rewritten"

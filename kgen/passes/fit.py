@@ -12,6 +12,7 @@ compiles those programs offline and proves the rules right.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from kgen.blockconfig import BlockConfig
 from kgen.launcher.rules import fit_program, kernel_shape
@@ -29,7 +30,7 @@ def _configs_for(configs: BlockConfigs, groups: tuple[int, ...],
     """(label, config, groups it serves) for the default and each table row of an arch."""
     labelled = [("default", configs.default, groups)]
     for row in configs.by_arch.get(arch, ()):
-        labelled.append((f"row group {row.group_size} batch {row.batch_min}-{row.batch_max}", row.config,
+        labelled.append((f"row group {row.group_size} batch {row.batches}", row.config,
                          (row.group_size,)))
     return labelled
 
@@ -45,28 +46,66 @@ def ranges(lengths: list[int]) -> str:
     return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
 
 
+# The launcher's reasons (rules.fit_program) name a change as "KNOB before -> after: why".
+_CHANGE = re.compile(r"^(num_warps|num_stages|BLOCK_N|BLOCK_H|L_PAD) (\d+) -> (\d+)")
+# What a reason's limit is, by the words the launcher's reasons use for it.
+_LIMITS = {"shared memory": "shared memory", "registers": "registers", "row budget": "the row budget",
+           "draft columns loop": "the FP8 draft loop"}
+# How the summary names a knob, and whether its refits raise it (warps) or lower it.
+_KNOBS = {"num_warps": ("warps", max), "num_stages": ("stages", min), "BLOCK_N": ("BLOCK_N", min),
+          "BLOCK_H": ("BLOCK_H", min), "L_PAD": ("L_PAD", min)}
+
+
+def _limits(reasons: list[str]) -> list[str]:
+    """The limits a program's reasons name (shared memory, registers, ...), in _LIMITS order."""
+    return [name for words, name in _LIMITS.items() if any(words in r for r in reasons)]
+
+
+def _target_summary(arch: str, refits: list[list[str]], programs: int) -> Decision:
+    """A target's refits in one decision: how far each knob went (its value), the limits that
+    moved them (its brief) and how many of the target's programs changed (its why); its cells,
+    per group and draft lengths, follow it as details."""
+    reached: dict[str, int] = {}
+    for reasons in refits:
+        for reason in reasons:
+            change = _CHANGE.match(reason)
+            if change:
+                knob, to = change.group(1), int(change.group(3))
+                reached[knob] = _KNOBS[knob][1](to, reached.get(knob, to))
+    limits = _limits([r for reasons in refits for r in reasons])
+    knobs = ", ".join(f"{_KNOBS[k][0]} to {reached[k]}" for k in _KNOBS if k in reached) or "draft rows split"
+    return Decision(NAME, arch, knobs,
+                    f"{len(refits)} of the {programs} (config, group, draft length) programs {arch} can launch "
+                    f"change to fit its {' and '.join(limits)}, {knobs} at the furthest (the cells below)",
+                    f"for {', '.join(limits)}")
+
+
 def _fit_decisions(plan: Plan, arch: str, target: dict, shape: dict) -> tuple[list[Decision], list[str]]:
-    decisions, refusals = [], []
+    """The target's summary and its cells (detail decisions), and the programs it refuses."""
+    cells, refusals, refits, programs = [], [], [], 0
     invariance = plan.need("invariance", NAME)
     # A batch-invariant module fits each program once, for its fixed draft rows.
     lengths = (invariance.draft_rows,) if invariance.enabled else range(1, plan.tiles.max_draft_tokens + 1)
     for label, config, groups in _configs_for(plan.config, tuple(plan.spec.attention.group_sizes), arch):
         launch = config.model_dump(exclude_none=True)
         for group in groups:
-            changes: dict[str, list[int]] = {}
+            changes: dict[str, tuple[list[str], list[int]]] = {}
             for length in lengths:
+                programs += 1
                 fitted = fit_program(target, shape, launch, group, length, plan.grouped)
                 if fitted is None:
                     refusals.append(f"{arch} {label}, group {group}, draft length {length}")
                     continue
                 if fitted.reasons:
+                    refits.append(fitted.reasons)
                     key = (f"BLOCK_H {fitted.block_h} x L_PAD {fitted.l_pad}, BLOCK_N {fitted.block_n}, "
                            f"{fitted.num_stages} stages, {fitted.num_warps} warps: " + "; ".join(fitted.reasons))
-                    changes.setdefault(key, []).append(length)
-            for key, lengths in changes.items():
-                decisions.append(Decision(NAME, f"{arch} group {group}", f"L {ranges(lengths)}",
-                                          f"{label}: {key}"))
-    return decisions, refusals
+                    changes.setdefault(key, (fitted.reasons, []))[1].append(length)
+            for key, (reasons, changed) in changes.items():
+                cells.append(Decision(NAME, f"{arch} group {group}", f"L {ranges(changed)}", f"{label}: {key}",
+                                      " and ".join(_limits(reasons)), detail=True))
+    summary = [_target_summary(arch, refits, programs)] if refits else []
+    return summary + cells, refusals
 
 
 def _staging(plan: Plan) -> dict:
@@ -91,17 +130,18 @@ def fit(plan: Plan, ctx: BuildContext) -> Plan:
     shape = section.kernel_shape
     decisions = [Decision(NAME, "targets", ", ".join(targets),
                           "kgen/tables/targets.json: the module refuses other archs; `kgen check` compiles "
-                          "every program below for each")]
+                          "every program below for each", "other archs are refused")]
     all_refusals = []
     for arch, target in targets.items():
         arch_decisions, refusals = _fit_decisions(plan, arch, target, shape)
         decisions += arch_decisions
         all_refusals += refusals
     if all_refusals:
-        decisions.append(Decision(NAME, "refused", len(all_refusals),
-                                  "no program fits: " + "; ".join(all_refusals[:8])
-                                  + (" ..." if len(all_refusals) > 8 else "")))
+        shown = "; ".join(all_refusals[:8]) + (f"; and {len(all_refusals) - 8} more" if len(all_refusals) > 8 else "")
+        decisions.append(Decision(NAME, "refused", len(all_refusals), "no program fits: " + shown,
+                                  "no program fits: why_not refuses those calls"))
     else:
         decisions.append(Decision(NAME, "refused", 0,
-                                  "every listed group at every draft length has a program that fits every target"))
+                                  "every listed group at every draft length has a program that fits every target",
+                                  "every program fits every target"))
     return plan.with_(decisions, fit=dataclasses.replace(section, refusals=tuple(all_refusals)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kgen.blockconfig import BlockConfig
+from kgen.blockconfig import OPEN_BATCH_MAX, BlockConfig, batch_span
 from kgen.passes.context import BuildContext
 from kgen.plan import ConfigEntry, Decision, Invariance, Plan
 
@@ -41,7 +41,7 @@ MAX_SPLITS = 8
 DRAFT_ROWS = 4
 # The batch whose table row becomes the one config of a group: the mode's speed bar.
 CONFIG_BATCH = 64
-ALL_BATCHES = (1, 1 << 30)
+ALL_BATCHES = (1, OPEN_BATCH_MAX)
 
 NOT_INVARIANT_WHY = (
     "default mode: the split count follows the batch size and the GPU's multiprocessors, the block config "
@@ -73,8 +73,15 @@ def _one_row_per_group(rows: tuple[ConfigEntry, ...]) -> tuple[tuple[ConfigEntry
             continue
         config = mode_config(row.config, batch_invariant=True)
         chosen.append(ConfigEntry(group, *ALL_BATCHES, config))
-        lines.append(f"group {group}: the batch {row.batch_min}-{row.batch_max} row ({config.short()})")
+        lines.append(f"group {group}: the batch {batch_span(row.batch_min, row.batch_max)} row ({config.short()})")
     return tuple(chosen), lines
+
+
+def _rows_kept(chosen: tuple[ConfigEntry, ...]) -> str:
+    """The groups that keep a table row (the others run the default config)."""
+    if not chosen:
+        return f"no row holds batch {CONFIG_BATCH}"
+    return "rows of group " + ", ".join(str(row.group_size) for row in chosen)
 
 
 def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
@@ -84,34 +91,39 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
             configs, default=mode_config(configs.default, batch_invariant=False),
             by_arch={arch: tuple(dataclasses.replace(r, config=mode_config(r.config, batch_invariant=False))
                                  for r in rows) for arch, rows in configs.by_arch.items()})
-        return plan.with_([Decision(NAME, "batch invariant", False, NOT_INVARIANT_WHY)],
+        return plan.with_([Decision(NAME, "batch invariant", False, NOT_INVARIANT_WHY,
+                                    "a request's bits depend on its batch")],
                           config=plain, invariance=Invariance(enabled=False))
     tiles = plan.need("tiles", NAME)
     by_arch: dict[str, tuple[ConfigEntry, ...]] = {}
     decisions = [Decision(NAME, "batch invariant", True,
                           "a request's output bits do not depend on the batch size, its position, the other "
                           "requests' prefix and draft lengths, the GPU's multiprocessor count or CUDA-graph "
-                          "capture: every choice below is fixed by the module")]
+                          "capture: every choice below is fixed by the module",
+                          "a request's bits do not depend on its batch")]
     for arch, rows in sorted(configs.by_arch.items()):
         chosen, lines = _one_row_per_group(rows)
         if chosen:
             by_arch[arch] = chosen
         decisions.append(Decision(
-            NAME, f"config {arch}", "; ".join(lines),
+            NAME, f"config {arch}", _rows_kept(chosen),
             f"one block config for every batch (no buckets): tile width and pipeline decide the order of a "
-            f"split's sums; the row tuned for batch {CONFIG_BATCH}, the mode's speed bar"))
+            f"split's sums; the row tuned for batch {CONFIG_BATCH}, the mode's speed bar: " + "; ".join(lines),
+            f"the batch-{CONFIG_BATCH} row for every batch"))
     default = mode_config(configs.default, batch_invariant=True)
     decisions += [
-        Decision(NAME, "config elsewhere", default.short(),
+        Decision(NAME, "config elsewhere", default,
                  "archs without table rows and groups without a row take the built-in default, as in the default "
                  "mode (its split policies, the Gluon section's too, are not used: the splits below replace them); "
                  "a config's invariant_block_h, where set, replaces its head block"
                  + (f" (here {configs.default.invariant_block_h} heads, set by {configs.default_why})"
-                    if configs.default.invariant_block_h is not None else "")),
-        Decision(NAME, "prefix stage", "the config's: Gluon where its section applies, else Triton",
+                    if configs.default.invariant_block_h is not None else ""),
+                 "the built-in default"),
+        Decision(NAME, "prefix stage", "the config's: Gluon or Triton",
                  "which stage runs depends on the config row, the GPU, the Triton version and the entry, never on "
                  "the batch: the Gluon stage's program is fitted for the draft rows below too, and it serves only "
-                 "where the module's longest draft fits its key tile (not the batch's longest)"),
+                 "where the module's longest draft fits its key tile (not the batch's longest)",
+                 "never chosen by the batch"),
         Decision(NAME, "draft rows", DRAFT_ROWS,
                  f"every program is fitted for drafts of {DRAFT_ROWS} (BLOCK_H and L_PAD from the fit rules at "
                  f"L = {DRAFT_ROWS}) whatever the batch's longest draft: the rows a program holds decide its "
@@ -119,16 +131,19 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                  "cdiv(L, L_PAD) row blocks, one program each (a runtime argument, where the default's "
                  "ROW_BLOCKS is a constexpr); at L <= "
                  f"{DRAFT_ROWS} the programs are the default's at L = {DRAFT_ROWS} (GQA 256 group 16: 16 heads "
-                 "x 4 rows)"),
-        Decision(NAME, "draft columns", "DRAFT_N-wide tiles (rules.draft_tile_columns) from column 0",
+                 "x 4 rows)",
+                 f"every program is fitted for L = {DRAFT_ROWS}"),
+        Decision(NAME, "draft columns", "DRAFT_N tiles from column 0",
                  "every program walks the draft columns its rows may see (all of the request's draft under a "
-                 "custom mask, up to its last row's token in a chain) in tiles of DRAFT_N, from column 0: the "
-                 "request's own draft length decides the tiles, never the batch's longest (the default takes "
-                 "one tile where L_PAD holds the whole draft)"),
-        Decision(NAME, "draft mask", "custom_mask governs, read on the device (HAS_MASK)",
-                 "a tree runs the Triton prefix stage with the same fixed programs, splits and merge as a chain: "
-                 "whether a call has a mask is the call's, not the batch's, and the mask's bits are read per "
-                 "request"),
+                 "custom mask, up to its last row's token in a chain) in tiles of DRAFT_N "
+                 "(rules.draft_tile_columns), from column 0: the request's own draft length decides the tiles, "
+                 "never the batch's longest (the default takes one tile where L_PAD holds the whole draft)",
+                 "the request's own draft decides"),
+        Decision(NAME, "draft mask", "HAS_MASK, per request",
+                 "custom_mask governs, read on the device (HAS_MASK): a tree runs the Triton prefix stage with the "
+                 "same fixed programs, splits and merge as a chain: whether a call has a mask is the call's, not "
+                 "the batch's, and the mask's bits are read per request",
+                 "a mask is the call's, not the batch's"),
         Decision(NAME, "tokens per split", TOKENS_PER_SPLIT,
                  f"split k of every request covers prefix tokens [k x {TOKENS_PER_SPLIT}, (k + 1) x "
                  f"{TOKENS_PER_SPLIT}): a fixed split size, not a count (Thinking Machines, 'Defeating "
@@ -136,24 +151,31 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                  "only. Batch 64, prefix 16K: 4 splits a request, two waves of one program per SM on 132 SMs, "
                  "the tokens per SM of the default's 2 splits of 8K; the partials cost 128 / S of the KV "
                  "traffic at GQA 256 group 16 (3.1%, the default's 8K splits 1.6%), 2048 would double it. A "
-                 "request with one split writes o itself (its own length decides)"),
+                 "request with one split writes o itself (its own length decides)",
+                 "a fixed split size, not a count"),
         Decision(NAME, "max splits", MAX_SPLITS,
                  f"a prefix up to {MAX_SPLITS * TOKENS_PER_SPLIT} tokens keeps splits of exactly "
                  f"{TOKENS_PER_SPLIT}; a longer one takes splits of a whole multiple of {TOKENS_PER_SPLIT} (its "
                  "own length decides). It bounds the split grid and the scratch of a call whose kv_indices or "
                  "block table is sized for the engine's longest context (SGLang's captured kv_indices holds "
-                 "max_bs x max_context_len entries): MLA at batch 128, L 4 then takes 134 MB of scratch"),
-        Decision(NAME, "split grid", "min(max splits, cdiv(longest possible prefix, tokens per split))",
-                 "from shapes only (len(kv_indices), or block table width x page size): programs past a "
-                 "request's splits exit; the grid decides how many programs run, never what one computes"),
-        Decision(NAME, "scratch", "[draft rows, H_q, slots, D_v] fp32 + log2-sum-exp",
-                 "request b's splits take consecutive slots from kv_indptr[b] // S + b (token slots: at most "
-                 "len(kv_indices) // S + batch in all, rounded up to one of 8 sizes per power of two so that "
-                 "engines' varying lengths reuse a few buffers), or from b x the grid's splits where that is "
-                 "fewer and for block tables; sized from shapes, cached by shape (graph-safe)"),
+                 "max_bs x max_context_len entries): MLA at batch 128, L 4 then takes 134 MB of scratch",
+                 "longer prefixes take wider splits"),
+        Decision(NAME, "split grid", f"min({MAX_SPLITS}, cdiv(longest prefix, {TOKENS_PER_SPLIT}))",
+                 "min(max splits, cdiv(longest possible prefix, tokens per split)), from shapes only "
+                 "(len(kv_indices), or block table width x page size): programs past a request's splits exit; "
+                 "the grid decides how many programs run, never what one computes",
+                 "from shapes only"),
+        Decision(NAME, "scratch", "[draft rows, H_q, slots, D_v]",
+                 "[draft rows, H_q, slots, D_v] fp32 partials and their log2-sum-exp; request b's splits take "
+                 "consecutive slots from kv_indptr[b] // S + b (token slots: at most len(kv_indices) // S + batch "
+                 "in all, rounded up to one of 8 sizes per power of two so that engines' varying lengths reuse a "
+                 "few buffers), or from b x the grid's splits where that is fewer and for block tables; sized "
+                 "from shapes, cached by shape (graph-safe)",
+                 "slots of the request's own"),
         Decision(NAME, "merge order", f"split order, {tiles.merge_split_chunk} at a time",
                  "the merge combines a request's partials in split order through a fixed unrolled chunk of "
-                 f"{tiles.merge_split_chunk}; the default narrows the chunk to the grid's split count"),
+                 f"{tiles.merge_split_chunk}; the default narrows the chunk to the grid's split count",
+                 "the chunk is fixed, not the grid's"),
     ]
     section = Invariance(enabled=True, tokens_per_split=TOKENS_PER_SPLIT, max_splits=MAX_SPLITS,
                          draft_rows=DRAFT_ROWS, merge_split_chunk=tiles.merge_split_chunk)

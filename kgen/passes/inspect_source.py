@@ -99,5 +99,5 @@ def inspect_source(plan: Plan, ctx: BuildContext | None = None) -> Plan:
         raise BuildError(f"{plan.uri}: KV is {plan.kv_dtype} but the source reads KV scales on the device")
     return plan.with_([Decision(NAME, "source", "ok",
                                 "parses, compiles, imports only torch/triton/kgen.launcher, no host code, "
-                                "specialization promises hold")],
+                                "specialization promises hold", "it compiles and keeps its promises")],
                       output=dataclasses.replace(output, inspected=True))

@@ -20,6 +20,16 @@ def dot_width(x: int) -> int:
     return max(MIN_DOT, next_pow2(x))
 
 
+def _width_decision(name: str, field: str, width: int, padded: int) -> Decision:
+    """A tile width: the layout's width padded to a power of two >= MIN_DOT, masked where it grew."""
+    masked = padded != width
+    return Decision(NAME, name, padded,
+                    f"{field} {width} padded to a power of two >= {MIN_DOT}"
+                    + (" (masked)" if masked else " (exact: no mask emitted)"),
+                    f"{field} {width} padded to a power of two, masked" if masked
+                    else f"{field} {width} is a power of two: no mask")
+
+
 def legalize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     shape = plan.spec.attention
     has_pe = plan.need("specialization", NAME).has_pe
@@ -28,45 +38,52 @@ def legalize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     block_dpe = dot_width(shape.pe_dim) if has_pe else None
     merge_block_dv = min(block_dv, MERGE_BLOCK_DV_CAP)
     decisions = [
-        Decision(NAME, "BLOCK_D", block_d,
-                 f"nope_dim {shape.nope_dim} padded to a power of two >= {MIN_DOT}"
-                 + (" (masked)" if block_d != shape.nope_dim else " (exact: no mask emitted)")),
-        Decision(NAME, "BLOCK_DV", block_dv,
-                 f"v_head_dim {shape.v_head_dim} padded to a power of two >= {MIN_DOT}"
-                 + (" (masked)" if block_dv != shape.v_head_dim else " (exact: no mask emitted)")),
-        Decision(NAME, "BLOCK_DPE", block_dpe,
-                 f"pe_dim {shape.pe_dim} padded to a power of two >= {MIN_DOT}" if has_pe
-                 else "no PE part: never computed, so next_power_of_2(0) is never asked"),
-        Decision(NAME, "L_PAD rule", "max(next_pow2(cdiv(16, BLOCK_H)), next_pow2(L))",
-                 "tl.dot needs >= 16 rows: R = BLOCK_H x L_PAD; computed by the launcher from "
-                 "the Python int max_len_extend"),
-        Decision(NAME, "DRAFT_N rule", f"max(16, min(L_PAD, BLOCK_N, {MAX_DRAFT_SCORES} // rows))",
-                 "the draft block runs on tensor cores: >= 16 draft columns, masked; no wider than the "
-                 f"prefix tile and at most {MAX_DRAFT_SCORES} scores, since beside them it holds the mask's "
-                 "bits and the draft positions (rules.draft_tile_columns); a program whose draft rows are split over "
-                 "several (ROW_BLOCKS > 1), or whose draft is wider than DRAFT_N, loops over DRAFT_N-wide "
-                 "tiles of every draft column its rows can see, not software-pipelined"),
+        _width_decision("BLOCK_D", "nope_dim", shape.nope_dim, block_d),
+        _width_decision("BLOCK_DV", "v_head_dim", shape.v_head_dim, block_dv),
+        # The PE columns are always loaded under their own mask (dpe_ok), padded or not.
+        Decision(NAME, "BLOCK_DPE", block_dpe, f"pe_dim {shape.pe_dim} padded to a power of two >= {MIN_DOT}")
+        if has_pe else Decision(NAME, "BLOCK_DPE", None,
+                                "no PE part: never computed, so next_power_of_2(0) is never asked",
+                                "no PE part: never computed"),
+        Decision(NAME, "L_PAD rule", f"next_pow2(L), BLOCK_H x L_PAD >= {MIN_DOT}",
+                 f"L_PAD = max(next_pow2(cdiv({MIN_DOT}, BLOCK_H)), next_pow2(L)): tl.dot needs >= {MIN_DOT} "
+                 "rows: R = BLOCK_H x L_PAD; computed by the launcher from the Python int max_len_extend",
+                 f"tl.dot needs M >= {MIN_DOT}"),
+        Decision(NAME, "DRAFT_N rule", f"L_PAD, <= BLOCK_N, <= {MAX_DRAFT_SCORES} // rows",
+                 f"DRAFT_N = max({MIN_DOT}, min(L_PAD, BLOCK_N, {MAX_DRAFT_SCORES} // rows)): the draft block runs "
+                 f"on tensor cores: >= {MIN_DOT} draft columns, masked; no wider than the prefix tile and at most "
+                 f"{MAX_DRAFT_SCORES} scores, since beside them it holds the mask's bits and the draft positions "
+                 "(rules.draft_tile_columns); a program whose draft rows are split over several (ROW_BLOCKS > 1), "
+                 "or whose draft is wider than DRAFT_N, loops over DRAFT_N-wide tiles of every draft column its "
+                 "rows can see, not software-pipelined",
+                 f"tensor cores need >= {MIN_DOT}"),
         Decision(NAME, "MAX_ROWS", MAX_ROWS,
                  "BLOCK_H is halved at launch until BLOCK_H x L_PAD fits this row budget (and the "
-                 "target's accumulator registers: see the fit pass)"),
+                 "target's accumulator registers: see the fit pass)",
+                 "BLOCK_H halves until BLOCK_H x L_PAD fits it"),
         Decision(NAME, "MAX_DRAFT_TOKENS", MAX_DRAFT_TOKENS,
                  "EAGLE trees (topk 4, 3 steps) reach 64 draft tokens; a draft longer than one program's "
-                 "rows is split over programs, and longer drafts are refused (can_handle False) and fall back"),
+                 "rows is split over programs, and longer drafts are refused (can_handle False) and fall back",
+                 "EAGLE trees (topk 4, 3 steps) reach 64 draft tokens"),
         Decision(NAME, "MERGE_BLOCK_DV", merge_block_dv,
                  f"the merge stage is a log-sum-exp combine with no dot: V's {block_dv} columns go "
                  f"to programs of at most {MERGE_BLOCK_DV_CAP} so the grid is wide enough to stream "
                  "the partials (a merge of one program per request took most of the time at batch 16, prefix "
-                 "1K: docs/perf-notes.md, 'Draft tile placement')"),
+                 "1K: docs/perf-notes.md, 'Draft tile placement')",
+                 "narrow programs: the grid streams the partials"),
         Decision(NAME, "MERGE_ROWS", MERGE_ROWS,
-                 "rows (head x draft position) per merge program; no tensor-core minimum applies"),
+                 "rows (head x draft position) per merge program; no tensor-core minimum applies",
+                 "no dot in the merge: no tensor-core minimum"),
         Decision(NAME, "MERGE_SPLIT_CHUNK", MERGE_SPLIT_CHUNK,
                  f"a merge program takes a request's splits {MERGE_SPLIT_CHUNK} at a time through an unrolled body "
                  "whose loads depend on nothing, so they are in flight together instead of one memory latency per "
                  "split (measured faster on the H200 at batch 1, prefix 4K, 64 splits); the same chunk as one "
                  "3-D block load ran slower (ptxas 239 registers, the split-axis sums through shared memory; "
-                 "docs/perf-notes.md, 'The merge stage')"),
+                 "docs/perf-notes.md, 'The merge stage')",
+                 f"{MERGE_SPLIT_CHUNK} splits' loads in flight at once"),
         Decision(NAME, "page sizes", PAGE_SIZES,
-                 "PAGE_SIZE is a constexpr of the kernel: page index and offset fold at compile time"),
+                 "PAGE_SIZE is a constexpr of the kernel: page index and offset fold at compile time",
+                 "a constexpr: page math folds"),
     ]
     return plan.with_(decisions, tiles=Tiles(
         block_d=block_d, block_dpe=block_dpe, block_dv=block_dv,

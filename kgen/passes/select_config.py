@@ -50,9 +50,10 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
         # A rule covers every layout of its K width: placements are a per-row (tuned) choice.
         raise TableError(f"{DEFAULTS_FILE}: the rule for K width <= {rule.max_qk_dim} sets draft_tile, which "
                          f"layout {plan.spec.name} ({plan.variant}) cannot take; set it in a table row instead")
-    decisions = [Decision(NAME, "default config", default.short(),
-                          f"built-in rule for K width <= {rule.max_qk_dim}"
-                          + (f", {rule.kv_storage} KV" if rule.kv_storage else "") + f": {rule.why}")]
+    kv_rule = f", {rule.kv_storage} KV" if rule.kv_storage else ""
+    decisions = [Decision(NAME, "default config", default,
+                          f"built-in rule for K width <= {rule.max_qk_dim}{kv_rule}: {rule.why}",
+                          f"rule for K <= {rule.max_qk_dim}{kv_rule}")]
     arch_configs: dict[str, tuple[ConfigEntry, ...]] = {}
     sources: dict[str, str] = {}
     if plan.variant == "per_head":
@@ -60,8 +61,10 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
         # tiles slowed the 16-row per-head baseline on the H200 (docs/perf-notes.md, "The
         # per-head baseline's config"), so the baseline keeps the built-in default.
         decisions.append(Decision(NAME, "tables", "not used",
-                                  "per-head variant: the block-config tables are tuned for the grouped kernel"))
-        decisions.append(Decision(NAME, "BLOCK_H", 1, "per-head variant: one query head per program"))
+                                  "per-head variant: the block-config tables are tuned for the grouped kernel",
+                                  "they are tuned for the grouped kernel"))
+        decisions.append(Decision(NAME, "BLOCK_H", 1, "per-head variant: one query head per program",
+                                  "one query head per program"))
         return plan.with_(decisions, config=_configs(default, arch_configs, sources))
     for arch, source in sorted(ctx.tables.items()):
         entries = source.table.entries_for(plan.spec.name, plan.kv_dtype) if source.table else []
@@ -72,13 +75,17 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
         tuned = "tuned" if meta and meta.tuned else "UNTUNED"
         warning = check_triton_version(source.table, ctx.triton_version, source.path) if source.table else None
         if rows and warning:
-            decisions.append(Decision(NAME, f"table {arch}", "other Triton version", warning, warning=True))
+            decisions.append(Decision(NAME, f"table {arch}", "other Triton version", warning,
+                                      f"tuned with Triton {source.table.metadata.triton_version}: re-tune",
+                                      warning=True))
         if rows:
             arch_configs[arch] = rows
             decisions.append(Decision(
-                NAME, f"table {arch}", f"{len(rows)} rows ({tuned})",
-                f"from {source.origin} {source.path}; other groups/batches use the default"))
+                NAME, f"table {arch}", f"{len(rows)} row{'s' if len(rows) > 1 else ''} ({tuned})",
+                f"from {source.origin} {source.path}; other groups/batches use the default",
+                f"from {source.origin} {source.path}"))
         else:
             decisions.append(Decision(NAME, f"table {arch}", "no rows",
-                                      f"{source.path} has no entry for this layout and KV dtype: default"))
+                                      f"{source.path} has no entry for this layout and KV dtype: default",
+                                      "none for this layout and KV dtype"))
     return plan.with_(decisions, config=_configs(default, arch_configs, sources))

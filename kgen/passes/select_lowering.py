@@ -31,7 +31,7 @@ from kgen.errors import TableError
 from kgen.launcher import rules
 from kgen.passes.context import BuildContext
 from kgen.passes.fit import ranges
-from kgen.plan import ConfigEntry, Decision, Lowering, Plan
+from kgen.plan import BRIEF_WIDTH, ConfigEntry, Decision, Lowering, Plan
 from kgen.spec import FP8_DTYPES
 
 NAME = "select_lowering"
@@ -59,6 +59,14 @@ def unmet(requires: dict[str, Any], facts: dict[str, Any]) -> list[str]:
     return [f"{k}: wanted {v!r}, layout has {facts.get(k)!r}" for k, v in requires.items() if facts.get(k) != v]
 
 
+def _needs(entry: dict[str, Any], facts: dict[str, Any]) -> str:
+    """Why a layout has no such lowering, in one clause of at most BRIEF_WIDTH characters: the
+    requirements it misses ("needs v_source 'k_latent', pe_dim 64") where they fit, else what
+    the lowering serves (its manifest's ``serves``)."""
+    missed = ", ".join(f"{k} {v!r}" for k, v in entry["requires"].items() if facts.get(k) != v)
+    return f"needs {missed}" if len(missed) <= BRIEF_WIDTH - len("needs ") else f"only for {entry['serves']}"
+
+
 def offered_lowering(plan: Plan) -> tuple[Lowering, Decision]:
     """The lowering of a plan from its layout, KV dtype and variant alone, and the decision
     about its Gluon prefix stage: offered where kgen/templates/gluon/lowering.json's requirements
@@ -66,17 +74,19 @@ def offered_lowering(plan: Plan) -> tuple[Lowering, Decision]:
     entry = second_lowerings()["gluon_prefix"]
     missing = unmet(entry["requires"], _layout_facts(plan))
     if missing:
-        return Lowering(TRITON), Decision(NAME, "gluon_prefix", None, "no Gluon prefix stage: " + "; ".join(missing))
+        return Lowering(TRITON), Decision(NAME, "gluon_prefix", None, "no Gluon prefix stage: " + "; ".join(missing),
+                                          _needs(entry, _layout_facts(plan)))
     decision = Decision(
         NAME, "gluon_prefix", entry["template"],
         f"{entry['why']}. Emitted beside the Triton kernel; launched on {entry['arch']} under Triton "
-        f"{entry['triton']}.x for configs (the default, table rows) with a gluon section")
+        f"{entry['triton']}.x for configs (the default, table rows) with a gluon section",
+        f"for {entry['arch']} under Triton {entry['triton']}")
     return Lowering(TRITON, gluon_prefix=entry["template"], gluon_imports=entry["imports"], gluon_arch=entry["arch"],
                     gluon_triton=entry["triton"]), decision
 
 
 def _row_label(arch: str, row: ConfigEntry) -> str:
-    return f"{arch} row group {row.group_size} batch {row.batch_min}-{row.batch_max}"
+    return f"{arch} row group {row.group_size} batch {row.batches}"
 
 
 def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockConfig) -> Decision:
@@ -90,7 +100,7 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
         return Decision(NAME, label, "Triton at every L",
                         f"{gluon.short()} does not fit: its program needs {need} B of shared memory, {arch} has "
                         f"{limit} B (rules.gluon_shared_bytes), so the launcher runs the Triton config "
-                        f"({triton}) instead", warning=True)
+                        f"({triton}) instead", f"the Gluon program needs {need} B of {limit}", warning=True)
     drafts = range(1, plan.tiles.max_draft_tokens + 1)
     gluon_at = [n for n in drafts if rules.gluon_rows(n, gluon.block_n) is not None]
     longer = [n for n in drafts if n not in gluon_at]
@@ -107,7 +117,8 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
         f"{programs or '-'} (rules.gluon_rows). Launched on the token-slot entry under Triton "
         f"{lowering.gluon_triton}.x; the paged entry, another Triton"
         + (f", drafts longer than BLOCK_N {gluon.block_n}" if longer else "")
-        + f" and other archs run the Triton config ({triton})")
+        + f" and other archs run the Triton config ({triton})",
+        f"it fits: {need} of {limit} B")
 
 
 def gluon_config_decisions(plan: Plan, lowering: Lowering) -> list[Decision]:
@@ -133,7 +144,8 @@ def gluon_config_decisions(plan: Plan, lowering: Lowering) -> list[Decision]:
     missing = unmet(second_lowerings()["gluon_prefix"]["requires"], _layout_facts(plan))
     return [Decision(NAME, "gluon sections", "not launched",
                      f"{', '.join(label for label, _ in labelled)} carry a gluon section, but this module has no "
-                     f"Gluon prefix stage ({'; '.join(missing)}): their Triton fields serve")]
+                     f"Gluon prefix stage ({'; '.join(missing)}): their Triton fields serve",
+                     "no Gluon stage here: their Triton fields serve")]
 
 
 def select_lowering(plan: Plan, ctx: BuildContext | None = None) -> Plan:
@@ -141,5 +153,6 @@ def select_lowering(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     lowering, gluon = offered_lowering(plan)
     decisions = [Decision(NAME, "lowering", TRITON,
                           "Triton kernels for every target in kgen/tables/targets.json: the portable path, the "
-                          "fallback and the parity reference"), gluon]
+                          "fallback and the parity reference", "the portable path, fallback and parity reference"),
+                 gluon]
     return plan.with_([*decisions, *gluon_config_decisions(plan, lowering)], lowering=lowering)

@@ -41,6 +41,7 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     prefix_dot = "float16" if fp8_kv else plan.q_dtype
     prefix_dot_why = ("fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated"
                       if fp8_kv else "the pool is already in the query dtype")
+    prefix_dot_brief = "e4m3 -> fp16 is native and exact" if fp8_kv else prefix_dot_why
     # Where the last split runs the draft tile. After the prefix loop, the draft's q·k keeps
     # a register copy of q alive through the whole loop; with a 64x576 q (MLA) that spills.
     draft_tile_first = v_from_k_tile
@@ -55,41 +56,53 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
         [
             Decision(NAME, "has_pe", has_pe,
                      f"pe_dim = {shape.pe_dim}: " + ("emit the q_pe/k_pe loads and their dot" if has_pe
-                     else "no PE pointer, load, dot or argument is emitted")),
+                     else "no PE pointer, load, dot or argument is emitted"),
+                     f"pe_dim = {shape.pe_dim}: " + ("q_pe/k_pe loads and their dot" if has_pe
+                     else "no PE pointer, load or dot")),
             Decision(NAME, "fp8_kv", fp8_kv,
                      f"KV is {plan.kv_dtype}: " + ("k_scale/v_scale read from 1-element device "
                      "tensors (a float becomes a cached one), and the descale" if fp8_kv else
                      "k_scale/v_scale as float arguments only (SGLang's 16-bit pool scales): no device "
-                     "read of them")),
+                     "read of them"),
+                     f"KV is {plan.kv_dtype}: " + ("scales read on the device" if fp8_kv
+                     else "scales are float arguments")),
             Decision(NAME, "v_from_k_tile", v_from_k_tile,
                      "absorbed MLA: V is the latent columns of the K tile already loaded, so no V "
                      "pointer or load is emitted" if v_from_k_tile else
-                     f"V comes from its own buffer (v_source = {shape.v_source!r})"),
+                     f"V comes from its own buffer (v_source = {shape.v_source!r})",
+                     "V is the K tile's latent columns: no V load" if v_from_k_tile else
+                     f"V has its own buffer (v_source {shape.v_source!r})"),
             Decision(NAME, "draft tile", _draft_tile_what(draft_tile_first, either, draft_first_rows),
                      "MLA: before the loop, so q's register copy for the draft dot dies before it; ptxas "
                      "sm_90a, FP8, 32-token tiles, 3 stages: 1576 -> 404 B of spills a thread (BF16 "
                      "unchanged at 52 B)" if draft_tile_first else
                      "both placements emitted; a block config's draft_tile picks one, else the launcher "
                      "picks by rows. " + GQA_DRAFT_FIRST_WHY if either else
-                     "after the loop: the per-head baseline keeps its measured placement"),
+                     "after the loop: the per-head baseline keeps its measured placement",
+                     "q's draft copy would spill after it" if draft_tile_first else
+                     "a row's draft_tile overrides" if either else
+                     "the per-head baseline's measured placement"),
             Decision(NAME, "draft mask", "HAS_MASK constexpr",
                      "a tree's custom mask is read on the device by the draft tile alone (the prefix loop "
                      "reads none); HAS_MASK False compiles the causal chain with no mask parameter or code, so a "
                      "chain costs nothing for the trees. A draft longer than one program's rows goes to "
-                     "ROW_BLOCKS programs (kgen/launcher/rules.py, draft_row_blocks)"),
-            Decision(NAME, "full tiles", "whole-tile loop + partial-tile loop" if unmasked_full_tiles else "one loop",
+                     "ROW_BLOCKS programs (kgen/launcher/rules.py, draft_row_blocks)",
+                     "a chain compiles with no mask code"),
+            Decision(NAME, "full tiles", "whole tiles, then the partial one" if unmasked_full_tiles else "one loop",
                      "MLA BF16: whole tiles in a loop without the -inf score select, then the partial tile; "
                      "measured faster than one loop on the H200 (docs/perf-notes.md, 'Whole tiles without the "
                      "-inf select')" if unmasked_full_tiles else
                      "one loop, the -inf select on every tile: with the K/V gather clamped (no load masks) a "
                      "second loop measured slower on the H200 for MLA FP8 and, with masked loads, for GQA "
-                     "(docs/perf-notes.md, 'Whole tiles without the -inf select')"),
+                     "(docs/perf-notes.md, 'Whole tiles without the -inf select')",
+                     "measured faster on the H200" if unmasked_full_tiles else "a second loop measured slower"),
             Decision(NAME, "merge", "second launch",
                      "a merge kernel after the prefix stage, fp32 partials; merging inside the prefix stage "
                      "(the last split to finish merges) measured slower on the H200 at every size tried, most "
                      "at batch 16, prefix 1K, since one program merges a request's splits serially "
-                     "(docs/perf-notes.md, 'Fused merge')"),
-            Decision(NAME, "prefix dot dtype", prefix_dot, prefix_dot_why),
+                     "(docs/perf-notes.md, 'Fused merge')",
+                     "a merge in the prefix stage measured slower"),
+            Decision(NAME, "prefix dot dtype", prefix_dot, prefix_dot_why, prefix_dot_brief),
         ],
         specialization=Specialization(
             has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, draft_tile_first=draft_tile_first,
@@ -101,9 +114,10 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
 
 
 def _draft_tile_what(first: bool, either: bool, first_rows: tuple[int, ...]) -> str:
+    """Where the draft tile runs; with both placements emitted, the launcher's rule by rows."""
     if first:
-        return "before the prefix tiles"
+        return "before the prefix loop"
     if either:
         rows = ", ".join(str(r) for r in first_rows) or "no"
-        return f"the config's draft_tile; unset: before the prefix tiles in programs of {rows} rows, after otherwise"
-    return "after the prefix tiles"
+        return f"before at {rows} rows, else after"
+    return "after the prefix loop"

@@ -33,8 +33,11 @@ def validate(plan: Plan, ctx: BuildContext | None = None) -> Plan:
         Decision(
             NAME, "widths", f"qk={shape.qk_dim} (nope {shape.nope_dim} + pe {shape.pe_dim}) v={shape.v_head_dim}",
             "v_head_dim <= K width, all positive: checked when the spec was parsed",
+            "checked when the spec was parsed",
         ),
         Decision(NAME, "variant", plan.variant,
                  "grouped: BLOCK_H heads share each KV tile" if plan.variant == "grouped"
-                 else "per_head: one query head per program, the split-KV baseline engines run today"),
+                 else "per_head: one query head per program, the split-KV baseline engines run today",
+                 "BLOCK_H heads share each KV tile" if plan.variant == "grouped"
+                 else "one query head per program, the engines' baseline"),
     ])
