@@ -178,9 +178,10 @@ def differences(variant: Variant, line: dict, result: dict) -> list[str]:
 def commit_seed(ledger: Ledger) -> str:
     """The sample's seed: the commit checked out (`git rev-parse HEAD`), so two runs of one commit
     sample the same programs; outside git, the ledger's own content."""
+    where = next(p for p in (ledger.path.parent, *ledger.path.parents) if p.exists())
     try:
-        head = subprocess.run(["git", "-C", str(ledger.path.parent), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=30)
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30)
     except (OSError, subprocess.SubprocessError):
         head = None
     if head is not None and head.returncode == 0 and head.stdout.strip():
@@ -251,12 +252,11 @@ def _stale(scope: Scope, ledger: Ledger, enumeration: Enumeration) -> list[str]:
     return sorted(k for k in ledger.lines if k not in keys)
 
 
-def run_ci(scope: Scope, path: Path, jobs: int, budget_s: float = BUDGET_S, fraction: float = SAMPLE_FRACTION,
+def run_ci(scope: Scope, ledger: Ledger, jobs: int, budget_s: float = BUDGET_S, fraction: float = SAMPLE_FRACTION,
            minimum: int = SAMPLE_MIN, seed: str | None = None, progress: bool = True,
            use_cache: bool = True) -> LedgerRun:
     """`kgen check --ci`: compile the programs the ledger lacks and a seeded sample of those it
     holds, within ``budget_s`` wall seconds (0: no budget), and compare the sample with its lines."""
-    ledger = Ledger.read(path)
     enumeration = scope.programs
     seed = seed or commit_seed(ledger)
     missing = [v.key for v in enumeration.variants if v.key not in ledger.lines]
@@ -276,13 +276,12 @@ def run_ci(scope: Scope, path: Path, jobs: int, budget_s: float = BUDGET_S, frac
     return LedgerRun(report, ledger, missing, sampled, differ, _stale(scope, ledger, enumeration))
 
 
-def update(scope: Scope, path: Path, jobs: int, recompile: set[str] = frozenset(), use_cache: bool = True,
+def update(scope: Scope, ledger: Ledger, jobs: int, recompile: set[str] = frozenset(), use_cache: bool = True,
            progress: bool = True) -> LedgerRun:
     """`kgen check --update-ledger`: compile the scope's programs the ledger lacks (and the
     ``recompile`` keys, "all" for every one), then rewrite the lines of the scope. Lines of
     programs no longer in it are dropped when the scope is the ledger's; another scope's lines
     are kept. A compile error gets no line (it is compiled, and fails, again)."""
-    ledger = Ledger.read(path)
     enumeration = scope.programs
     keys = {v.key for v in enumeration.variants}
     unknown = sorted(set(recompile) - keys - {"all"})

@@ -164,12 +164,13 @@ def _check_ledger(args: argparse.Namespace, archs: list[str], selection: dict, r
 
     scope = ledger.Scope(tuple(archs), selection, args.largest_rows)
     path = Path(args.ledger) if args.ledger else ledger.default_path()
+    book = ledger.Ledger.read(path)  # a malformed ledger stops the run before anything is enumerated
     jobs = args.jobs or os.cpu_count() or 1
     if args.update_ledger:
-        run = ledger.update(scope, path, jobs, set(recompile), use_cache=not args.no_cache, progress=not args.quiet)
+        run = ledger.update(scope, book, jobs, set(recompile), use_cache=not args.no_cache, progress=not args.quiet)
     else:
         print(_counts(scope))
-        run = ledger.run_ci(scope, path, jobs, ledger.BUDGET_S if args.budget_s is None else args.budget_s,
+        run = ledger.run_ci(scope, book, jobs, ledger.BUDGET_S if args.budget_s is None else args.budget_s,
                             ledger.SAMPLE_FRACTION if args.sample is None else args.sample,
                             ledger.SAMPLE_MIN if args.sample_min is None else args.sample_min, args.seed,
                             progress=not args.quiet, use_cache=not args.no_cache)
