@@ -311,18 +311,13 @@ def update(scope: Scope, ledger: Ledger, jobs: int, recompile: set[str] = frozen
     return LedgerRun(report, ledger, missing, sorted(fresh - set(missing)), differ, stale)
 
 
-def mend_command(scope: Scope, ledger: Ledger, extra: str = "") -> str:
+def mend_command(scope: Scope, ledger: Ledger) -> str:
     """The command that brings the ledger up to date for this scope."""
-    default = ledger.path == _default_or_none()
-    where = "" if default else f" --ledger {ledger.path}"
-    return f"kgen check --update-ledger {scope.flags()}{where}{extra}"
-
-
-def _default_or_none() -> Path | None:
     try:
-        return default_path()
-    except CheckError:
-        return None
+        default = ledger.path.resolve() == default_path().resolve()
+    except CheckError:  # no source checkout
+        default = False
+    return f"kgen check --update-ledger {scope.flags()}" + ("" if default else f" --ledger {ledger.path}")
 
 
 class LedgerOverBudget(CheckError):

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kgen.errors import KgenError
+
+if TYPE_CHECKING:
+    from kgen import check
 
 COMMANDS = """\
   kgen list                           the layout specs and what each generates
@@ -134,7 +138,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _print_check(args: argparse.Namespace, report) -> bool:
+def _print_check(args: argparse.Namespace, report: check.CheckReport) -> bool:
     """The table, where the time went, refusals, --json / --report and the failures (stderr);
     whether anything fails."""
     import json
@@ -160,6 +164,7 @@ def _check_ledger(args: argparse.Namespace, archs: list[str], selection: dict, r
     """--ci and --update-ledger (docs/check.md, "The ledger")."""
     import os
 
+    from kgen import check
     from kgen import check_ledger as ledger
 
     scope = ledger.Scope(tuple(archs), selection, args.largest_rows)
@@ -169,7 +174,7 @@ def _check_ledger(args: argparse.Namespace, archs: list[str], selection: dict, r
     if args.update_ledger:
         run = ledger.update(scope, book, jobs, set(recompile), use_cache=not args.no_cache, progress=not args.quiet)
     else:
-        print(_counts(scope))
+        print(check.format_counts(scope.programs, archs))
         run = ledger.run_ci(scope, book, jobs, ledger.BUDGET_S if args.budget_s is None else args.budget_s,
                             ledger.SAMPLE_FRACTION if args.sample is None else args.sample,
                             ledger.SAMPLE_MIN if args.sample_min is None else args.sample_min, args.seed,
@@ -186,8 +191,9 @@ def _check_ledger(args: argparse.Namespace, archs: list[str], selection: dict, r
         print(f"DIFFER {line['target']} {line['kernel']} {line['modules']} [{key}]: {'; '.join(found)}\n"
               f"       {line['program']}", file=sys.stderr)
     if run.differ:
+        keys = ",".join(run.differ) if len(run.differ) <= 10 else "all"
         print(f"kgen check: {len(run.differ)} ledger line(s) differ from what this run finds: a line edited by hand "
-              f"(or merged wrong) is mended by `{mend} --recompile {','.join(run.differ)}`; if the line is what the "
+              f"(or merged wrong) is mended by `{mend} --recompile {keys}`; if the line is what the "
               "compile gave before, the key misses an input that changed the compile (docs/check.md, \"The ledger\")",
               file=sys.stderr)
     if run.stale:
@@ -197,12 +203,6 @@ def _check_ledger(args: argparse.Namespace, archs: list[str], selection: dict, r
         print(f"note: the ledger was written for `{run.ledger.scope}`, not this run's scope `{scope.flags()}`")
     print(run.closing())
     return 1 if failed or run.differ else 0
-
-
-def _counts(scope) -> str:
-    from kgen import check
-
-    return check.format_counts(scope.programs, list(scope.archs))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode = ledger.add_mutually_exclusive_group()
     mode.add_argument("--ci", action="store_true", help="what .ci/run runs: count the scope, compile the programs "
                       "the ledger lacks and a sample of those it holds (seeded by the commit), exit 1 on any line the "
-                      "sample contradicts or any program over its target's limits; exit 1 within a minute of the "
+                      "sample contradicts or any program over its target's limits; exit 2 within a minute of the "
                       "first compiles when the ledger lacks more programs than --budget-s allows")
     mode.add_argument("--update-ledger", action="store_true", help="compile the scope's programs the ledger lacks "
                       "and rewrite its lines (run it with CI's flags after a kernel change, then commit the ledger)")
