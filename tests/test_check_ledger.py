@@ -235,3 +235,18 @@ def test_a_real_ledger_agrees_with_a_fresh_compile(tmp_path, monkeypatch, capsys
     capsys.readouterr()
     assert cli.main([*scope, "--ci"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "ledger: 5 programs, 0 compiled new, 5 sampled, 0 differ"
+
+
+def test_the_seed_is_the_commit_and_outside_git_the_ledgers_content(tmp_path):
+    import subprocess
+
+    inside = check_ledger.Ledger(check_ledger.default_path(), None, {})
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=check_ledger.default_path().parents[1]).stdout.strip()
+    assert check_ledger.commit_seed(inside) == head
+    outside = tmp_path / "l.jsonl"
+    outside.write_text("x\n")
+    seed = check_ledger.commit_seed(check_ledger.Ledger(outside, None, {}))
+    assert seed.startswith("ledger ") and seed == check_ledger.commit_seed(check_ledger.Ledger(outside, None, {}))
+    outside.write_text("y\n")
+    assert check_ledger.commit_seed(check_ledger.Ledger(outside, None, {})) != seed
