@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import sys
 import time
 from collections import Counter
@@ -646,11 +647,58 @@ def count_nvidia_mma(ptx: str) -> dict[str, int]:
 
 
 _WORKER_MODULES: dict[str, ModuleType] = {}
+_COMPILING: list[int] = []  # the pid of the fork compiling now (compile_isolated)
 
 
 def _worker_init() -> None:
     os.environ.pop("TRITON_INTERPRET", None)
     os.environ.pop("KGEN_NO_PDL", None)
+    signal.signal(signal.SIGTERM, _stop_worker)
+
+
+def _stop_worker(signum: int, frame: Any) -> None:
+    """A worker stopped (a run over its budget) takes the compile it forked with it."""
+    for pid in _COMPILING:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(1)
+
+
+def _worker_module(path: str) -> ModuleType:
+    module = _WORKER_MODULES.get(path)
+    if module is None:
+        module = _WORKER_MODULES[path] = load_module_file(Path(path))
+    return module
+
+
+def compile_isolated(job: dict[str, Any]) -> dict[str, Any]:
+    """compile_variant in a fork of this worker, which itself never compiles: a compile leaves
+    state in its process that changes later ones (under Triton 3.6 a gfx942 compile gives a
+    gfx950 one compiled after it in the same process 276 VGPRs instead of 224), so every
+    compile starts from the same clean process and its result is a function of its key
+    (docs/check.md, "The ledger"). The generated module is imported here, once, for every fork."""
+    if not hasattr(os, "fork"):
+        return compile_variant(job)
+    _worker_module(job["module_path"])
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fork: compile, write the result, leave without the worker's exit handlers
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.close(read)
+            with os.fdopen(write, "w") as out:
+                out.write(json.dumps(compile_variant(job)))
+        finally:
+            os._exit(0)
+    _COMPILING.append(pid)
+    os.close(write)
+    with os.fdopen(read) as result:
+        text = result.read()
+    _, status = os.waitpid(pid, 0)
+    _COMPILING.remove(pid)
+    if not text:
+        return {"error": f"the compile process died (wait status {status})", "compile_s": 0.0}
+    return json.loads(text)
 
 
 def compile_variant(job: dict[str, Any]) -> dict[str, Any]:
@@ -663,10 +711,7 @@ def compile_variant(job: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     arch = ARCHS[job["arch"]]
     try:
-        module = _WORKER_MODULES.get(job["module_path"])
-        if module is None:
-            module = _WORKER_MODULES[job["module_path"]] = load_module_file(Path(job["module_path"]))
-        kernel = getattr(module, job["kernel"])
+        kernel = getattr(_worker_module(job["module_path"]), job["kernel"])
         names = kernel.arg_names
         constexprs = {(names.index(k),): _decode(v) for k, v in job["constexprs"].items()}
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in job["divisible"]}
@@ -814,7 +859,7 @@ def _compile_queue(pool: Any, todo: list[Variant], cache: ResultCache, results: 
     """Compile every queued variant on the pool, in queue order, storing each result."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
-    futures = {pool.submit(compile_variant, _job(v)): v for v in todo}
+    futures = {pool.submit(compile_isolated, _job(v)): v for v in todo}
     pending = set(futures)
     probe_left = budget.probe & {v.key for v in todo} if budget else set()
     started = time.perf_counter()

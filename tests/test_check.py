@@ -402,3 +402,26 @@ def test_offline_compile_finds_the_longest_loop(monkeypatch):
     loop = tool.longest_loop(sass)
     assert len(loop) == 4 and sum(" LDL" in i for i in loop) == 1 and sum(" STL" in i for i in loop) == 1
     assert tool.longest_loop("        /*0000*/                   EXIT ;") == []
+
+
+def test_a_compile_does_not_change_the_next_one_in_its_worker():
+    """Every compile runs in a fork of its worker (compile_isolated): under Triton 3.6 an AMD
+    compile changes what the next one of the other AMD target gives in the same process (this
+    gfx950 FP8 program got 236 VGPRs and 8 SGPR spills after a gfx942 one in the same process,
+    232 and 7 alone), which made a result depend on the queue, not only on its key."""
+    enum = check.select_scope(["gfx942", "gfx950"], True, layouts=["gqa64"], kv_dtypes=["fp8_e4m3fn", "fp8_e4m3fnuz"],
+                              q_dtypes=["bf16"], variants=["per_head"], index_dtypes=["int64"])
+    prefix = sorted((v for v in enum.variants if v.kernel == "_verify_prefix_stage"), key=check._expected_cost)
+    target = next(v for v in prefix if v.arch == "gfx950" and v.constexprs["HAS_MASK"] and v.constexprs["BLOCK_TABLE"])
+    other = [v for v in prefix if v.arch == "gfx942"][1]
+
+    def compiled(*variants):
+        pool = check._start_pool(1)
+        try:
+            results = [pool.submit(check.compile_isolated, check._job(v)).result() for v in variants]
+        finally:
+            pool.shutdown()
+        return {k: v for k, v in results[-1].items() if k != "compile_s"}
+
+    alone = compiled(target)
+    assert alone["error"] is None and compiled(other, target) == alone

@@ -26,7 +26,7 @@ def _job_id(job: dict) -> str:
 
 
 class PlantedCompile:
-    """compile_variant's stand-in: fixed numbers a backend, ``planted`` ones for some programs."""
+    """compile_isolated's stand-in: fixed numbers a backend, ``planted`` ones for some programs."""
 
     def __init__(self, seconds: float = 0.0) -> None:
         self.seconds, self.calls, self.planted = seconds, [], {}
@@ -52,7 +52,7 @@ class PlantedCompile:
 def planted(monkeypatch, tmp_path):
     monkeypatch.setenv("KGEN_CHECK_CACHE", str(tmp_path / "cache"))
     fake = PlantedCompile()
-    monkeypatch.setattr(check, "compile_variant", fake)
+    monkeypatch.setattr(check, "compile_isolated", fake)
     monkeypatch.setattr(check, "_start_pool", lambda jobs: ThreadPoolExecutor(jobs))
     return fake
 
