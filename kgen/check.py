@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import sys
 import time
 from collections import Counter
@@ -646,11 +647,58 @@ def count_nvidia_mma(ptx: str) -> dict[str, int]:
 
 
 _WORKER_MODULES: dict[str, ModuleType] = {}
+_COMPILING: list[int] = []  # the pid of the fork compiling now (compile_isolated)
 
 
 def _worker_init() -> None:
     os.environ.pop("TRITON_INTERPRET", None)
     os.environ.pop("KGEN_NO_PDL", None)
+    signal.signal(signal.SIGTERM, _stop_worker)
+
+
+def _stop_worker(signum: int, frame: Any) -> None:
+    """A worker stopped (a run over its budget) takes the compile it forked with it."""
+    for pid in _COMPILING:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(1)
+
+
+def _worker_module(path: str) -> ModuleType:
+    module = _WORKER_MODULES.get(path)
+    if module is None:
+        module = _WORKER_MODULES[path] = load_module_file(Path(path))
+    return module
+
+
+def compile_isolated(job: dict[str, Any]) -> dict[str, Any]:
+    """compile_variant in a fork of this worker, which itself never compiles: a compile leaves
+    state in its process that changes later ones (under Triton 3.6 a gfx942 compile gives a
+    gfx950 one compiled after it in the same process 276 VGPRs instead of 224), so every
+    compile starts from the same clean process and its result is a function of its key
+    (docs/check.md, "The ledger"). The generated module is imported here, once, for every fork."""
+    if not hasattr(os, "fork"):
+        return compile_variant(job)
+    _worker_module(job["module_path"])
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fork: compile, write the result, leave without the worker's exit handlers
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.close(read)
+            with os.fdopen(write, "w") as out:
+                out.write(json.dumps(compile_variant(job)))
+        finally:
+            os._exit(0)
+    _COMPILING.append(pid)
+    os.close(write)
+    with os.fdopen(read) as result:
+        text = result.read()
+    _, status = os.waitpid(pid, 0)
+    _COMPILING.remove(pid)
+    if not text:
+        return {"error": f"the compile process died (wait status {status})", "compile_s": 0.0}
+    return json.loads(text)
 
 
 def compile_variant(job: dict[str, Any]) -> dict[str, Any]:
@@ -663,10 +711,7 @@ def compile_variant(job: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     arch = ARCHS[job["arch"]]
     try:
-        module = _WORKER_MODULES.get(job["module_path"])
-        if module is None:
-            module = _WORKER_MODULES[job["module_path"]] = load_module_file(Path(job["module_path"]))
-        kernel = getattr(module, job["kernel"])
+        kernel = getattr(_worker_module(job["module_path"]), job["kernel"])
         names = kernel.arg_names
         constexprs = {(names.index(k),): _decode(v) for k, v in job["constexprs"].items()}
         attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in job["divisible"]}
@@ -739,13 +784,106 @@ def _expected_cost(variant: Variant) -> tuple:
     return (not fp8, ARCHS[variant.arch].backend != "hip", -tile)
 
 
-def compile_all(variants: list[Variant], archs: list[str], jobs: int, cache: ResultCache,
-                progress: bool = True) -> tuple[dict[str, dict], dict[str, dict]]:
-    """Results by variant key, and per arch: distinct programs, compiled, cached, and the
-    seconds its compiles took (summed over the workers); "all" adds the wall time."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+class Budget:
+    """What the compiles of one run may cost (``kgen check --ci``): ``check`` raises
+    BudgetExceeded when the programs left would take the run past ``seconds`` of wall time.
 
+    The probe (``queue`` puts it first: the ``probe_programs`` first of the queue by ``rank``,
+    a seeded draw) measures the wall seconds a program takes on this machine; once it is done,
+    or ``probe_s`` has passed, the programs left are projected at that rate. After that the
+    budget is a hard cap."""
+
+    def __init__(self, seconds: float, rank: Callable[[str], Any], probe_programs: int,
+                 probe_s: float = 45.0) -> None:
+        self.seconds, self.rank, self.probe_programs, self.probe_s = seconds, rank, probe_programs, probe_s
+        self.probe: set[str] = set()
+        self.per_program: float | None = None  # wall seconds a program, once the probe has measured it
+        self.measured_on = 0  # programs the rate was measured on
+
+    def queue(self, todo: list[Variant]) -> list[Variant]:
+        """The queue with the probe first (each part keeps its order)."""
+        self.probe = {v.key for v in sorted(todo, key=lambda v: self.rank(v.key))[:self.probe_programs]}
+        return sorted(todo, key=lambda v: v.key not in self.probe)
+
+    def check(self, done: int, left: int, elapsed: float, probe_left: int) -> None:
+        if self.per_program is None and (probe_left == 0 or elapsed >= self.probe_s):
+            self.per_program, self.measured_on = elapsed / max(1, done), done
+            projected = elapsed + left * self.per_program
+            if projected > self.seconds:
+                raise BudgetExceeded(self, done, left, projected, passed=False)
+        elif self.per_program is not None and elapsed > self.seconds:
+            raise BudgetExceeded(self, done, left, elapsed, passed=True)
+
+
+class BudgetExceeded(KgenError):
+    """The run's compiles would take (``passed`` False: projected) or took longer than its Budget."""
+
+    def __init__(self, budget: Budget, done: int, left: int, seconds: float, passed: bool) -> None:
+        self.budget, self.programs, self.seconds = budget, done + left, seconds
+        rate = (f"{budget.per_program:.2f} s a program (wall, measured on the first {budget.measured_on} compiled "
+                "in this run)")
+        if passed:
+            text = (f"the compiles passed the budget of {budget.seconds:.0f} s with {left} of {done + left} programs "
+                    f"left (the probe measured {rate})")
+        else:
+            text = (f"{done + left} programs to compile at {rate} take ~{seconds:.0f} s, over the budget of "
+                    f"{budget.seconds:.0f} s")
+        super().__init__(text)
+
+
+def _start_pool(jobs: int) -> Any:
+    """The compile workers: spawned processes without TRITON_INTERPRET (tests replace this)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with _compile_environment():  # spawned workers inherit the environment at start
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_worker_init)
+        list(pool.map(_worker_init_probe, range(jobs)))
+    return pool
+
+
+def _stop_pool(pool: Any, finished: bool) -> None:
+    """Shut the workers down; a run stopped early (its budget) does not wait for their compiles."""
+    if finished:
+        pool.shutdown()
+        return
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # ProcessPoolExecutor's workers
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+
+
+def _compile_queue(pool: Any, todo: list[Variant], cache: ResultCache, results: dict[str, dict], bar: Any,
+                   budget: Budget | None) -> None:
+    """Compile every queued variant on the pool, in queue order, storing each result."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    futures = {pool.submit(compile_isolated, _job(v)): v for v in todo}
+    pending = set(futures)
+    probe_left = budget.probe & {v.key for v in todo} if budget else set()
+    started = time.perf_counter()
+    while pending:
+        done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+        for future in done:
+            variant = futures[future]
+            result = future.result()
+            cache.put(variant.key, result)
+            results[variant.key] = {**result, "cached": False}
+            probe_left.discard(variant.key)
+            bar.set_postfix_str(variant.arch)
+            bar.update(1)
+        if budget is not None:
+            budget.check(len(futures) - len(pending), len(pending), time.perf_counter() - started, len(probe_left))
+
+
+def compile_all(variants: list[Variant], archs: list[str], jobs: int, cache: ResultCache,
+                progress: bool = True, budget: Budget | None = None) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Results by variant key, and per arch: distinct programs, compiled, cached, and the
+    seconds its compiles took (summed over the workers); "all" adds the wall time.
+
+    The queue is the costliest first; with a ``budget``, its probe programs go before the rest
+    and the run stops (BudgetExceeded) when the rest would take it past the budget."""
     from tqdm import tqdm
 
     started = time.perf_counter()
@@ -758,36 +896,34 @@ def compile_all(variants: list[Variant], archs: list[str], jobs: int, cache: Res
         else:
             todo.append(variant)
     todo.sort(key=_expected_cost)
+    if budget is not None:
+        todo = budget.queue(todo)
     bar = tqdm(total=len(todo), desc="kgen check", unit="program", disable=not progress or not todo)
-    pool = None
+    pool, finished = None, False
     try:
         if todo:
-            with _compile_environment():  # spawned workers inherit the environment at start
-                pool = ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=multiprocessing.get_context("spawn"),
-                                           initializer=_worker_init)
-                list(pool.map(_worker_init_probe, range(max(1, jobs))))
-            futures = {pool.submit(compile_variant, _job(v)): v for v in todo}
-            for future in as_completed(futures):
-                variant = futures[future]
-                result = future.result()
-                cache.put(variant.key, result)
-                results[variant.key] = {**result, "cached": False}
-                bar.set_postfix_str(variant.arch)
-                bar.update(1)
+            pool = _start_pool(max(1, jobs))
+            _compile_queue(pool, todo, cache, results, bar, budget)
+        finished = True
     finally:
         bar.close()
         if pool is not None:
-            pool.shutdown()
+            _stop_pool(pool, finished)
+    return results, _timing(variants, archs, results, len(todo), time.perf_counter() - started, max(1, jobs))
+
+
+def _timing(variants: list[Variant], archs: list[str], results: dict[str, dict], compiled: int, wall_s: float,
+            jobs: int) -> dict[str, dict]:
     timing: dict[str, dict] = {}
     for arch in archs:
         mine = [v for v in variants if v.arch == arch]
-        compiled = [v for v in mine if not results[v.key]["cached"]]
-        timing[arch] = {"programs": len(mine), "compiled": len(compiled), "cached": len(mine) - len(compiled),
-                        "compile_s": round(sum(results[v.key].get("compile_s", 0) for v in compiled), 1)}
-    timing["all"] = {"programs": len(variants), "compiled": len(todo), "cached": len(variants) - len(todo),
+        fresh = [v for v in mine if not results[v.key]["cached"]]
+        timing[arch] = {"programs": len(mine), "compiled": len(fresh), "cached": len(mine) - len(fresh),
+                        "compile_s": round(sum(results[v.key].get("compile_s", 0) for v in fresh), 1)}
+    timing["all"] = {"programs": len(variants), "compiled": compiled, "cached": len(variants) - compiled,
                      "compile_s": round(sum(t["compile_s"] for t in timing.values()), 1),
-                     "wall_s": round(time.perf_counter() - started, 1), "jobs": max(1, jobs)}
-    return results, timing
+                     "wall_s": round(wall_s, 1), "jobs": jobs}
+    return timing
 
 
 def family_seconds(report: CheckReport) -> list[tuple[str, int, int, float]]:
@@ -970,7 +1106,7 @@ def format_failures(report: CheckReport) -> str:
                      f"     at group {d['groups']}, draft length {d['draft']}, batch {d['batch']}, {d['entry']} "
                      f"({d['mask']}), "
                      f"index {d['index']}, {d['config']} config\n"
-                     f"     {_config_text(v)}")
+                     f"     {_config_text(v)}; program {v.key}")
     return "\n".join(lines)
 
 
@@ -1117,6 +1253,13 @@ def format_counts(enumeration: Enumeration, archs: list[str]) -> str:
     return "\n".join(lines)
 
 
+def select_scope(archs: list[str], worst_case_only: bool = False, **selection: Any) -> Enumeration:
+    """The distinct programs of a scope: ``select_variants``'s, or with ``worst_case_only`` the
+    largest-rows program of each shape (nothing is compiled)."""
+    enumeration = select_variants(archs, **selection)
+    return largest_rows(enumeration) if worst_case_only else enumeration
+
+
 def run_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterable[str] = (), jobs: int | None = None,
               use_cache: bool = True, progress: bool = True,
               generated: Path | None = None, q_dtypes: Iterable[str] = (), variants: Iterable[str] = (),
@@ -1125,10 +1268,9 @@ def run_check(archs: list[str], layouts: Iterable[str] = (), kv_dtypes: Iterable
               worst_case_only: bool = False) -> CheckReport:
     """Enumerate, compile (or read the cache) and judge every distinct variant (or, with
     ``worst_case_only``, the largest-rows variant of each program shape)."""
-    enumeration = select_variants(archs, layouts, kv_dtypes, q_dtypes, variants, generated, launch_params_for,
-                             entries, index_dtypes)
-    if worst_case_only:
-        enumeration = largest_rows(enumeration)
+    enumeration = select_scope(archs, worst_case_only, layouts=layouts, kv_dtypes=kv_dtypes, q_dtypes=q_dtypes,
+                               variants=variants, generated=generated, launch_params_for=launch_params_for,
+                               entries=entries, index_dtypes=index_dtypes)
     cache = ResultCache(cache_dir() if use_cache else None)
     results, timing = compile_all(enumeration.variants, archs, jobs or os.cpu_count() or 1, cache, progress)
     return CheckReport(enumeration, results, timing, list(archs))

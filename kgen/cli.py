@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kgen.errors import KgenError
+
+if TYPE_CHECKING:
+    from kgen import check
 
 COMMANDS = """\
   kgen list                           the layout specs and what each generates
@@ -104,8 +108,6 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    import json
-
     from kgen import check
 
     def split(values: list[str] | None) -> list[str]:
@@ -116,13 +118,33 @@ def _cmd_check(args: argparse.Namespace) -> int:
                      variants=split(args.variant), entries=split(args.entry) or check.ENTRIES,
                      index_dtypes=split(args.index_dtype) or check.INDEX_DTYPES)
     if args.count:
-        enumeration = check.select_variants(archs, **selection)
-        if args.largest_rows:
-            enumeration = check.largest_rows(enumeration)
-        print(check.format_counts(enumeration, archs))
+        print(check.format_counts(check.select_scope(archs, args.largest_rows, **selection), archs))
         return 0
+    ci_only = [flag for flag, value in (("--budget-s", args.budget_s), ("--sample", args.sample),
+                                         ("--sample-min", args.sample_min), ("--seed", args.seed)) if value is not None]
+    if (ci_only and not args.ci) or (args.recompile and not args.update_ledger) or (args.ledger and not (
+            args.ci or args.update_ledger)):
+        raise check.CheckError("--budget-s, --sample, --sample-min and --seed go with --ci, --recompile with "
+                               "--update-ledger, --ledger with either")
+    if args.ci or args.update_ledger:
+        return _check_ledger(args, archs, selection, split(args.recompile))
     report = check.run_check(archs, jobs=args.jobs, use_cache=not args.no_cache, progress=not args.quiet,
                              worst_case_only=args.largest_rows, **selection)
+    failed = _print_check(args, report)
+    if not failed:
+        scope = "largest-rows programs" if args.largest_rows else "programs"
+        print(f"kgen check: all {len(report.enumeration.variants)} distinct {scope} fit their targets "
+              f"({check.module_variant_count(report.enumeration)} module variants)")
+    return 1 if failed else 0
+
+
+def _print_check(args: argparse.Namespace, report: check.CheckReport) -> bool:
+    """The table, where the time went, refusals, --json / --report and the failures (stderr);
+    whether anything fails."""
+    import json
+
+    from kgen import check
+
     print(check.format_table(report, verbose=args.verbose))
     print(check.format_timing(report))
     for refusal in report.enumeration.refused:
@@ -135,11 +157,52 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if failures:
         print(failures, file=sys.stderr)
         print(f"kgen check: {len(report.failures())} variant(s) do not fit their target", file=sys.stderr)
-        return 1
-    scope = "largest-rows programs" if args.largest_rows else "programs"
-    print(f"kgen check: all {len(report.enumeration.variants)} distinct {scope} fit their targets "
-          f"({check.module_variant_count(report.enumeration)} module variants)")
-    return 0
+    return bool(failures)
+
+
+def _check_ledger(args: argparse.Namespace, archs: list[str], selection: dict, recompile: list[str]) -> int:
+    """--ci and --update-ledger (docs/check.md, "The ledger")."""
+    import os
+
+    from kgen import check
+    from kgen import check_ledger as ledger
+
+    scope = ledger.Scope(tuple(archs), selection, args.largest_rows)
+    path = Path(args.ledger) if args.ledger else ledger.default_path()
+    book = ledger.Ledger.read(path)  # a malformed ledger stops the run before anything is enumerated
+    jobs = args.jobs or os.cpu_count() or 1
+    if args.update_ledger:
+        run = ledger.update(scope, book, jobs, set(recompile), use_cache=not args.no_cache, progress=not args.quiet)
+    else:
+        print(check.format_counts(scope.programs, archs))
+        run = ledger.run_ci(scope, book, jobs, ledger.BUDGET_S if args.budget_s is None else args.budget_s,
+                            ledger.SAMPLE_FRACTION if args.sample is None else args.sample,
+                            ledger.SAMPLE_MIN if args.sample_min is None else args.sample_min, args.seed,
+                            progress=not args.quiet, use_cache=not args.no_cache)
+    failed = _print_check(args, run.report)
+    mend = ledger.mend_command(scope, run.ledger)
+    if args.update_ledger:
+        print(f"ledger: wrote {path}: {len(run.ledger.lines)} lines; {len(run.missing)} programs new (compiled, "
+              f"or read from the check cache), {len(run.sampled)} recompiled, {len(run.differ)} lines changed, "
+              f"{len(run.stale)} stale lines removed")
+        return 1 if failed else 0
+    for key, found in run.differ.items():
+        line = run.ledger.lines[key]
+        print(f"DIFFER {line['target']} {line['kernel']} {line['modules']} [{key}]: {'; '.join(found)}\n"
+              f"       {line['program']}", file=sys.stderr)
+    if run.differ:
+        keys = ",".join(run.differ) if len(run.differ) <= 10 else "all"
+        print(f"kgen check: {len(run.differ)} ledger line(s) differ from what this run finds: a line edited by hand "
+              f"(or merged wrong) is mended by `{mend} --recompile {keys}`; if the line is what the "
+              "compile gave before, the key misses an input that changed the compile (docs/check.md, \"The ledger\")",
+              file=sys.stderr)
+    if run.stale:
+        print(f"note: {len(run.stale)} ledger line(s) are no program of this scope (a kernel changed): `{mend}` "
+              "drops them")
+    if run.ledger.scope not in (None, scope.flags()):
+        print(f"note: the ledger was written for `{run.ledger.scope}`, not this run's scope `{scope.flags()}`")
+    print(run.closing())
+    return 1 if failed or run.differ else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -223,6 +286,27 @@ def build_parser() -> argparse.ArgumentParser:
                    "(BLOCK_H x L_PAD) of each program shape: the worst case of shared memory and registers, "
                    "not every variant (CI's scope; docs/check.md)")
     p.add_argument("--no-cache", action="store_true", help="compile everything again (and store nothing)")
+    ledger = p.add_argument_group("the ledger (docs/check.md, \"The ledger\")")
+    mode = ledger.add_mutually_exclusive_group()
+    mode.add_argument("--ci", action="store_true", help="what .ci/run runs: count the scope, compile the programs "
+                      "the ledger lacks and a sample of those it holds (seeded by the commit), exit 1 on any line the "
+                      "sample contradicts or any program over its target's limits; exit 2 within a minute of the "
+                      "first compiles when the ledger lacks more programs than --budget-s allows")
+    mode.add_argument("--update-ledger", action="store_true", help="compile the scope's programs the ledger lacks "
+                      "and rewrite its lines (run it with CI's flags after a kernel change, then commit the ledger)")
+    ledger.add_argument("--ledger", metavar="FILE", help="the ledger (default: ledger/check-triton<version>.jsonl "
+                        "of the source checkout)")
+    ledger.add_argument("--budget-s", type=float, default=None, metavar="S",
+                        help="--ci: wall seconds its compiles may take (default 1200; 0: no budget)")
+    ledger.add_argument("--sample", type=float, default=None, metavar="FRACTION",
+                        help="--ci: the share of each target's programs compiled again (default 0.05; 1 compiles "
+                        "every program and compares every line)")
+    ledger.add_argument("--sample-min", type=int, default=None, metavar="N",
+                        help="--ci: at least N programs a target compiled again (default 20)")
+    ledger.add_argument("--seed", help="--ci: the sample's seed (default: `git rev-parse HEAD`, else the "
+                        "ledger's hash)")
+    ledger.add_argument("--recompile", action="append", metavar="KEY,...", help="--update-ledger: compile these "
+                        "programs again though the ledger has them (keys as --ci names them, or all)")
     p.add_argument("-v", "--verbose", action="store_true", help="one row per distinct variant")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_check)

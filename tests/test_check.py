@@ -204,16 +204,28 @@ def _huge_launch_params(module):
     return launch_params
 
 
-def test_shared_memory_overflow_fails_the_command_and_names_the_variant(cache, monkeypatch, capsys):
+def _ci_fails_too(args: list[str], ledger: Path, capsys, named: str) -> None:
+    """kgen check --ci judges what the plain check does (here from the check cache the plain run
+    filled): a program missing from the ledger is never trusted."""
+    assert cli.main([*args, "--ci", "--ledger", str(ledger)]) == 1
+    captured = capsys.readouterr()
+    assert named in captured.err and "; program " in captured.err
+    assert captured.out.splitlines()[-1].startswith("ledger: ") and " 0 differ" in captured.out
+
+
+def test_shared_memory_overflow_fails_the_command_and_names_the_variant(cache, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(check, "module_launch_params", _huge_launch_params)
     monkeypatch.setattr(check, "runtime_scalars", lambda module, arch, num_sms, point: {})
-    code = cli.main(["check", "--arch", "sm_90", "--layout", "gqa64", "--kv-dtype", "bf16", "--q-dtype", "bf16",
-                     "--variant", "grouped", "--entry", "token-slot", "--index-dtype", "int32", "--jobs", "1", "-q"])
+    args = ["check", "--arch", "sm_90", "--layout", "gqa64", "--kv-dtype", "bf16", "--q-dtype", "bf16",
+            "--variant", "grouped", "--entry", "token-slot", "--index-dtype", "int32", "--jobs", "1", "-q"]
+    code = cli.main(args)
     err = capsys.readouterr().err
     assert code == 1
-    assert "FAIL verify_gqa64__kv_bf16__q_bf16 sm_90 _verify_prefix_stage: shared memory" in err
+    named = "FAIL verify_gqa64__kv_bf16__q_bf16 sm_90 _verify_prefix_stage: shared memory"
+    assert named in err
     assert "> 232448 B limit" in err and "BLOCK_N=512" in err and "num_stages=4" in err
     assert "draft length 1-64" in err and "(chain/tree)" in err
+    _ci_fails_too(args, tmp_path / "ledger.jsonl", capsys, named)
 
 
 def _one_warp_launch_params(module):
@@ -228,18 +240,20 @@ def _one_warp_launch_params(module):
     return launch_params
 
 
-def test_a_variant_that_spills_past_the_limit_fails_the_command_and_is_named(cache, monkeypatch, capsys):
+def test_a_variant_that_spills_past_the_limit_fails_the_command_and_is_named(cache, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(check, "module_launch_params", _one_warp_launch_params)
     monkeypatch.setattr(check, "runtime_scalars", lambda module, arch, num_sms, point: {})
-    code = cli.main(["check", "--arch", "sm_90", "--layout", "qwen3_5_gqa256", "--kv-dtype", "bf16", "--q-dtype",
-                     "bf16", "--variant", "grouped", "--entry", "token-slot", "--index-dtype", "int32", "--jobs", "1",
-                     "-q"])
+    args = ["check", "--arch", "sm_90", "--layout", "qwen3_5_gqa256", "--kv-dtype", "bf16", "--q-dtype", "bf16",
+            "--variant", "grouped", "--entry", "token-slot", "--index-dtype", "int32", "--jobs", "1", "-q"]
+    code = cli.main(args)
     captured = capsys.readouterr()
     assert code == 1
-    assert "FAIL verify_qwen3_5_gqa256__kv_bf16__q_bf16 sm_90 _verify_prefix_stage: spills" in captured.err
+    named = "FAIL verify_qwen3_5_gqa256__kv_bf16__q_bf16 sm_90 _verify_prefix_stage: spills"
+    assert named in captured.err
     assert f"B a thread > {check.NVIDIA_SPILL_LIMIT} B" in captured.err and "num_warps=1" in captured.err
     assert "1 variant(s) do not fit their target" in captured.err
     assert "kernel family" in captured.out  # where the time went is printed, failing or not
+    _ci_fails_too(args, tmp_path / "ledger.jsonl", capsys, named)
 
 
 _KERNEL_FILE = """
@@ -388,3 +402,26 @@ def test_offline_compile_finds_the_longest_loop(monkeypatch):
     loop = tool.longest_loop(sass)
     assert len(loop) == 4 and sum(" LDL" in i for i in loop) == 1 and sum(" STL" in i for i in loop) == 1
     assert tool.longest_loop("        /*0000*/                   EXIT ;") == []
+
+
+def test_a_compile_does_not_change_the_next_one_in_its_worker():
+    """Every compile runs in a fork of its worker (compile_isolated): under Triton 3.6 an AMD
+    compile changes what the next one of the other AMD target gives in the same process (this
+    gfx950 FP8 program got 236 VGPRs and 8 SGPR spills after a gfx942 one in the same process,
+    232 and 7 alone), which made a result depend on the queue, not only on its key."""
+    enum = check.select_scope(["gfx942", "gfx950"], True, layouts=["gqa64"], kv_dtypes=["fp8_e4m3fn", "fp8_e4m3fnuz"],
+                              q_dtypes=["bf16"], variants=["per_head"], index_dtypes=["int64"])
+    prefix = sorted((v for v in enum.variants if v.kernel == "_verify_prefix_stage"), key=check._expected_cost)
+    target = next(v for v in prefix if v.arch == "gfx950" and v.constexprs["HAS_MASK"] and v.constexprs["BLOCK_TABLE"])
+    other = [v for v in prefix if v.arch == "gfx942"][1]
+
+    def compiled(*variants):
+        pool = check._start_pool(1)
+        try:
+            results = [pool.submit(check.compile_isolated, check._job(v)).result() for v in variants]
+        finally:
+            pool.shutdown()
+        return {k: v for k, v in results[-1].items() if k != "compile_s"}
+
+    alone = compiled(target)
+    assert alone["error"] is None and compiled(other, target) == alone
