@@ -74,16 +74,19 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
         meta = source.table.metadata if source.table else None
         tuned = "tuned" if meta and meta.tuned else "UNTUNED"
         warning = check_triton_version(source.table, ctx.triton_version, source.path) if source.table else None
-        if rows and warning:
-            decisions.append(Decision(NAME, f"table {arch}", "other Triton version", warning,
-                                      f"tuned with Triton {source.table.metadata.triton_version}: re-tune",
-                                      warning=True))
         if rows:
             arch_configs[arch] = rows
-            decisions.append(Decision(
-                NAME, f"table {arch}", f"{len(rows)} row{'s' if len(rows) > 1 else ''} ({tuned})",
-                f"from {source.origin} {source.path}; other groups/batches use the default",
-                f"from {source.origin} {source.path}"))
+            count = f"{len(rows)} row{'s' if len(rows) > 1 else ''}"
+            origin = f"from {source.origin} {source.path}"
+            if warning:
+                # One line either way: a table of another Triton still serves, and says so.
+                decisions.append(Decision(
+                    NAME, f"table {arch}", f"{count} (tuned with Triton {meta.triton_version})",
+                    f"{warning}; {origin}; other groups/batches use the default",
+                    f"re-tune under Triton {ctx.triton_version}", warning=True))
+            else:
+                decisions.append(Decision(NAME, f"table {arch}", f"{count} ({tuned})",
+                                          f"{origin}; other groups/batches use the default", origin))
         else:
             decisions.append(Decision(NAME, f"table {arch}", "no rows",
                                       f"{source.path} has no entry for this layout and KV dtype: default",
