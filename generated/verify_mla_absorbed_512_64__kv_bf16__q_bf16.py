@@ -627,8 +627,9 @@ def _verify_merge_stage(
 #   second PV (worker, 4 warps): per tile, once P is in place, acc[:, 256:] = alpha x acc +
 #             P.V[:, 256:], so its half of P.V runs while the scorer computes the next tile's S.
 #   producer  (worker, 4 warps): gathers each prefix tile's K rows through the request's
-#             kv_indices with cp.async into the stage ring, then the draft rows. It issues every
-#             global load of the loop; the other two issue none.
+#             kv_indices (token slots) or block-table row (pages) with cp.async into the stage
+#             ring, then the draft rows. It issues every global load of the loop; the other
+#             two issue none.
 # V is the K tile's latent columns (a view of the same stage, no V copy). Each accumulator half
 # is 64 x 256 fp32, 128 registers a thread; setmaxnreg gives the scorer the most (it also holds
 # S and P), the producer the fewest (GLUON_*_REGISTERS).
@@ -657,6 +658,22 @@ GLUON_MAX_REGISTERS = tl.constexpr(168)
 if _HAS_GLUON:
 
     @gluon.jit
+    def _gluon_request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len,
+                              BLOCK_TABLE: gl.constexpr):
+        """_request_bounds, in Gluon: (q_start, q_len, table_start, prefix_len). Token slots:
+        Kv_Bounds is kv_indptr, less the trimmed last slots (SGLang's kv_len_adjust); pages:
+        Kv_Bounds holds the prefix lengths and row `batch` of the block table lists the pages."""
+        q_start = gl.load(Qo_Indptr + batch).to(gl.int64)
+        q_len = (gl.load(Qo_Indptr + batch + 1) - gl.load(Qo_Indptr + batch)).to(gl.int32)
+        if BLOCK_TABLE:
+            table_start = batch.to(gl.int64) * stride_table
+            prefix_len = gl.load(Kv_Bounds + batch).to(gl.int32)
+        else:
+            table_start = gl.load(Kv_Bounds + batch).to(gl.int64)
+            prefix_len = (gl.load(Kv_Bounds + batch + 1) - gl.load(Kv_Bounds + batch)).to(gl.int32) - prefix_trim_len
+        return q_start, q_len, table_start, prefix_len
+
+    @gluon.jit
     def _gluon_split_plan(prefix_len, max_splits, min_tokens_per_split, block_n):
         """_split_plan, in Gluon: both stages must cut a request into the same splits."""
         num_splits = gl.minimum(gl.maximum(gl.cdiv(prefix_len, min_tokens_per_split), 1), max_splits)
@@ -681,11 +698,27 @@ if _HAS_GLUON:
         return t % NUM_STAGES, (t // NUM_STAGES) & 1
 
     @gluon.jit
-    def _gluon_slots(table_words, tok, INDEX_WORDS: gl.constexpr):
-        """Pool slots of prefix tokens `tok` (int32): table entries read as 32-bit words (an
-        int64 entry is its low word), as the Triton kernel reads them. An empty split (an empty
+    def _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
+        """The table entries of prefix tokens `tok` (int32): a token's page in a block table (page
+        sizes are powers of two), its own slot in kv_indices; read as 32-bit words (an int64
+        entry is its low word), as the Triton kernel reads them. An empty split (an empty
         prefix) has no last token to clamp to: its tokens are -1 and read nothing."""
-        return gl.load(table_words + INDEX_WORDS * tok, mask=tok >= 0, other=0)
+        if BLOCK_TABLE:
+            entry = tok >> page_shift
+        else:
+            entry = tok
+        return gl.load(table_words + INDEX_WORDS * entry, mask=tok >= 0, other=0)
+
+    @gluon.jit
+    def _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off,
+                           BLOCK_TABLE: gl.constexpr):
+        """Element offsets of the tokens' K rows of this KV head in the pool (int64: a pool can
+        pass 2**31 elements): page x page stride + position in the page x slot stride. A token
+        slot is a page of one (its stride_k_slot is 0)."""
+        row = entries.to(gl.int64) * stride_k_page + head_off
+        if BLOCK_TABLE:
+            row += (tok & ((1 << page_shift) - 1)).to(gl.int64) * stride_k_slot
+        return row
 
     @gluon.jit
     def _gluon_copy_rows(nope_dst, pe_dst, src, row, ROW_LOAD: gl.constexpr, in_rows=None):
@@ -698,8 +731,9 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _gluon_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty, split_start,
-                        split_end, num_tiles, draft_tiles, head_off, stride_k_slot, q_start, q_len, ke_head,
-                        stride_ke_tok, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr):
+                        split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot, head_off,
+                        q_start, q_len, ke_head, stride_ke_tok, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                        INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
         """The producer partition (GLUON_PRODUCER_WARPS warps, GLUON_PRODUCER_REGISTERS registers a
         thread): tiles 0 .. num_tiles - 1 of the split gathered from the pool through the table,
         then (draft_tiles == 1, the request's last split) the draft rows from K_Extend. It waits
@@ -709,18 +743,20 @@ if _HAS_GLUON:
         -inf (no predicate on the copies). The next tile's slots load while this tile waits for
         its stage, so the table read is off the path from `empty` to the copies."""
         # One layout for the latent and the PE columns: 8 lanes cover one row's 128 bytes (one
-        # line) a copy, so a thread owns BLOCK_N / (4 * warps) rows and holds only their slots.
+        # line) a copy, so a thread owns BLOCK_N / (4 * warps) rows and holds only their entries.
         ROW_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ROW_LOAD))
         last = split_end - 1
-        slots = _gluon_slots(table_words, gl.minimum(split_start + offs_n, last), INDEX_WORDS)
+        tok = gl.minimum(split_start + offs_n, last)
+        entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
         for t in range(num_tiles):
             stage, parity = _gluon_ring_slot(t, NUM_STAGES)
             mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
-            row = slots.to(gl.int64) * stride_k_slot + head_off  # int64: a pool can pass 2**31 elements
+            row = _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off, BLOCK_TABLE)
             _gluon_copy_rows(k_nope_stages.index(stage), k_pe_stages.index(stage), K_Buffer, row, ROW_LOAD)
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-            slots = _gluon_slots(table_words, gl.minimum(split_start + (t + 1) * BLOCK_N + offs_n, last), INDEX_WORDS)
+            tok = gl.minimum(split_start + (t + 1) * BLOCK_N + offs_n, last)
+            entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
         for t in range(num_tiles, num_tiles + draft_tiles):
             # The draft tile: draft token j is row j; rows past the draft are zeros.
             stage, parity = _gluon_ring_slot(t, NUM_STAGES)
@@ -832,10 +868,11 @@ if _HAS_GLUON:
                       k_nope_stages, k_pe_stages, alpha_smem, row_stats_smem, ready, empty, p_ready, stats_ready,
                       q_start, q_len, kv_head, head_block,
                       batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
-                      qk_scale, k_scale, v_scale, draft_lookahead_len, stride_q_tok, stride_q_head, stride_o_tok,
-                      stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head,
-                      GROUP: gl.constexpr, BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
-                      NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr):
+                      qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
+                      stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
+                      stride_pl_head, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, L_PAD: gl.constexpr,
+                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+                      HAS_MASK: gl.constexpr, BLOCK_TABLE: gl.constexpr):
         """The default partition: q into shared memory, every tile's S and softmax, the first
         256 columns of P.V, the draft tile on the request's last split, then its half of o or
         of the split's partial and the partial's log2-sum-exp."""
@@ -884,12 +921,17 @@ if _HAS_GLUON:
         if draft_tiles > 0:
             # The draft tile (the producer's tile num_tiles): draft token j (zero rows past the
             # draft) is seen where the request's custom mask says (a tree: SGLang's [L, P + L]
-            # bytes at mask_indptr[b], only the draft columns read), else by draft positions >= j.
+            # bytes at mask_indptr[b], only the draft columns read; the paged entry's rows),
+            # else by draft positions >= j.
             stage = _gluon_stage_landed(ready, num_tiles, NUM_STAGES)
             draft_pos = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) % L_PAD
             if HAS_MASK:
-                mask_row = (Custom_Mask + gl.load(Mask_Indptr + batch).to(gl.int64)
-                            + draft_pos.to(gl.int64) * (prefix_len + q_len) + prefix_len)
+                mask_start = gl.load(Mask_Indptr + batch).to(gl.int64)
+                if BLOCK_TABLE:
+                    # The paged entry's [rows, W] mask: draft token i reads row mask_indptr[b] + i.
+                    mask_row = Custom_Mask + (mask_start + draft_pos) * stride_mask_row
+                else:
+                    mask_row = Custom_Mask + mask_start + draft_pos.to(gl.int64) * (prefix_len + q_len) + prefix_len
                 bits = gl.load(mask_row[:, None] + tile_cols[None, :],
                                mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
                 visible = bits != 0
@@ -965,8 +1007,8 @@ if _HAS_GLUON:
 
     # ---- the kernel ---------------------------------------------------------------------
 
-    @gluon.jit(do_not_specialize=["max_splits", "min_tokens_per_split", "prefix_trim_len", "draft_lookahead_len",
-                                  "stride_pl_head"])
+    @gluon.jit(do_not_specialize=["max_splits", "min_tokens_per_split", "page_shift", "prefix_trim_len",
+                                  "draft_lookahead_len", "stride_mask_row", "stride_pl_head"])
     def _gluon_prefix_stage(
         Q,
         K_Buffer,
@@ -982,10 +1024,13 @@ if _HAS_GLUON:
         v_scale,
         max_splits,
         min_tokens_per_split,
+        page_shift,
         prefix_trim_len,
         draft_lookahead_len,
+        stride_table,
         stride_q_tok,
         stride_q_head,
+        stride_k_page,
         stride_k_slot,
         stride_k_head,
         stride_ke_tok,
@@ -999,6 +1044,7 @@ if _HAS_GLUON:
         stride_pl_head,
         Custom_Mask,
         Mask_Indptr,
+        stride_mask_row,
         GROUP: gl.constexpr,
         BLOCK_H: gl.constexpr,
         L_PAD: gl.constexpr,
@@ -1006,9 +1052,11 @@ if _HAS_GLUON:
         NUM_STAGES: gl.constexpr,
         LAZY_RESCALE: gl.constexpr,
         HAS_MASK: gl.constexpr,
+        BLOCK_TABLE: gl.constexpr,
     ):
-        """The prefix stage on SGLang's token-slot pool: the same grid, split plan, partials
-        and draft tile as _verify_prefix_stage, so _verify_merge_stage combines its output.
+        """The prefix stage on SGLang's token-slot pool or vLLM's block tables (BLOCK_TABLE): the
+        same grid, split plan, partials and draft tile as _verify_prefix_stage, so
+        _verify_merge_stage combines its output.
         Launched without programmatic dependent launch: Gluon has no gdc_wait to wait with.
         k_scale / v_scale are the 16-bit pool's scales (floats), on the prefix only."""
         ROWS: gl.constexpr = BLOCK_H * L_PAD
@@ -1025,11 +1073,8 @@ if _HAS_GLUON:
         kv_head = pid_heads // HEAD_BLOCKS
         head_block = pid_heads % HEAD_BLOCKS
 
-        q_start = gl.load(Qo_Indptr + batch).to(gl.int64)
-        q_len = (gl.load(Qo_Indptr + batch + 1) - gl.load(Qo_Indptr + batch)).to(gl.int32)
-        table_start = gl.load(Kv_Bounds + batch).to(gl.int64)
-        # Less the trimmed last slots (SGLang's kv_len_adjust), as _request_bounds does.
-        prefix_len = (gl.load(Kv_Bounds + batch + 1) - gl.load(Kv_Bounds + batch)).to(gl.int32) - prefix_trim_len
+        q_start, q_len, table_start, prefix_len = _gluon_request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table,
+                                                                        prefix_trim_len, BLOCK_TABLE)
         split_len, num_written = _gluon_split_plan(prefix_len, max_splits, min_tokens_per_split, BLOCK_N)
         split_start = split * split_len
         split_end = gl.minimum(split_start + split_len, prefix_len)
@@ -1061,9 +1106,9 @@ if _HAS_GLUON:
                     k_pe_stages, alpha_smem, row_stats_smem, ready, empty, p_ready, stats_ready, q_start, q_len,
                     kv_head, head_block,
                     batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale,
-                    k_scale, v_scale, draft_lookahead_len, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
-                    stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H,
-                    L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK)),
+                    k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head, stride_o_tok,
+                    stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head, GROUP,
+                    BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE)),
                 (_gluon_second_pv, (
                     Out, Partial_O, k_nope_stages, k_pe_stages, alpha_smem, row_stats_smem, empty, p_ready,
                     stats_ready, q_start, q_len, kv_head, head_block,
@@ -1072,9 +1117,9 @@ if _HAS_GLUON:
                     stride_po_head, stride_po_split, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES)),
                 (_gluon_producer, (
                     K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty, split_start,
-                    split_end, num_tiles, draft_tiles, kv_head.to(gl.int64) * stride_k_head, stride_k_slot,
-                    q_start, q_len, kv_head.to(gl.int64) * stride_ke_head, stride_ke_tok, BLOCK_N, NUM_STAGES,
-                    INDEX_WORDS)),
+                    split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
+                    kv_head.to(gl.int64) * stride_k_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
+                    stride_ke_tok, BLOCK_N, NUM_STAGES, INDEX_WORDS, BLOCK_TABLE)),
             ], [4, GLUON_PRODUCER_WARPS], [GLUON_SECOND_PV_REGISTERS, GLUON_PRODUCER_REGISTERS])
 
 

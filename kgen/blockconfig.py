@@ -116,7 +116,7 @@ class BlockConfig(BaseModel):
     # is their row rule (before the loop in 32-row programs: docs/perf-notes.md, "Draft tile placement").
     draft_tile: Literal["first", "after"] | None = None
     # The Gluon prefix stage serves this row where it applies (its module has one, the GPU is
-    # its arch, the Triton version its own, the token-slot entry); the fields above are the
+    # its arch, the Triton version its own; both entries); the fields above are the
     # Triton kernel's, for everything else.
     gluon: GluonConfig | None = None
     # The head block of the batch-invariant mode's programs, where it must be smaller than

@@ -97,7 +97,8 @@ def test_a_gluon_row_launches_the_gluon_stage_with_its_own_choices(module: Modul
     name, constexprs, options = prefix(module)
     assert name == GLUON
     assert constexprs == {"GROUP": 16, "BLOCK_H": 16, "L_PAD": 4, "BLOCK_N": 32, "NUM_STAGES": 3,
-                          "LAZY_RESCALE": False, "HAS_MASK": False, "Custom_Mask": None, "Mask_Indptr": None}
+                          "LAZY_RESCALE": False, "HAS_MASK": False, "BLOCK_TABLE": False, "Custom_Mask": None,
+                          "Mask_Indptr": None, "stride_mask_row": None}
     # num_warps: the default partition's (the scorer); the workers add theirs.
     assert options == {"num_warps": 4, "num_stages": 1, "maxnreg": 168}
     # The Gluon section's split policy sizes the grid, not the row's Triton one (max 64 splits).
@@ -105,10 +106,17 @@ def test_a_gluon_row_launches_the_gluon_stage_with_its_own_choices(module: Modul
     assert prefix(module, batch=16)[0] == TRITON  # the Triton row of the next bucket
 
 
+@pytest.mark.parametrize("page_size", [1, 16, 64, 256])
+def test_the_paged_entry_launches_the_gluon_stage_through_its_block_table(module: ModuleType, page_size: int) -> None:
+    name, constexprs, _ = prefix(module, page_size=page_size)
+    assert name == GLUON and constexprs["BLOCK_TABLE"] is True
+    setup = module.LAUNCHER.launch_setup("sm_90", 132, 16, 4, 4, page_size, None)
+    assert setup.page_shift == page_size.bit_length() - 1
+
+
 @pytest.mark.parametrize(("where", "call"), [
     ("sm_100", {"arch": "sm_100"}),
     ("the interpreter", {"arch": "interpreter"}),
-    ("the paged entry", {"page_size": 16}),
     ("a draft longer than BLOCK_N 32", {"draft": 33}),
 ])
 def test_elsewhere_the_row_runs_its_triton_fields(module: ModuleType, where: str, call: dict) -> None:
@@ -154,7 +162,7 @@ def test_select_lowering_says_what_each_gluon_row_launches(tmp_path: Path) -> No
     assert "drafts longer than BLOCK_N 32" in fits.why
     need = rules.gluon_shared_bytes(plan.fit.kernel_shape, 32, 3)
     assert f"{need} of 232448 B" in fits.why and "16 x 4 at L 3-4" in fits.why
-    assert "the paged entry" in fits.why and BlockConfig(**TRITON_FIELDS).short() in fits.why
+    assert "both entries" in fits.why and BlockConfig(**TRITON_FIELDS).short() in fits.why
     too_big = rows["sm_90 row group 128 batch 1-8"]
     assert too_big.value == "Triton at every L" and too_big.warning
     overflowing = rules.gluon_shared_bytes(plan.fit.kernel_shape, 64, 3)

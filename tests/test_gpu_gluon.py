@@ -18,7 +18,10 @@ kernel (asserted through ``launch_params``) whatever the shipped table holds:
 - NaN in every pool slot no request names, in o before the call and in the split scratch
   (a read of an unwritten partial shows up);
 - CUDA-graph capture and replay with new data and a kv_indices longer than the batch uses,
-  and a pool of more than 2**31 elements.
+  and a pool of more than 2**31 elements;
+- the paged entry (``verify_paged_fwd``): pages of 1 to 256 tokens in a shuffled cache whose
+  unused positions are NaN, block tables int32 and int64, chains and trees as the entry's mask
+  rows.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import zlib
 
 import pytest
 import torch
-from case_tools import poison_unnamed_slots
+from case_tools import poison_unnamed_slots, set_draft_masks, to_paged
 from kernel_cases import LARGE_POOL_GROUP, SPECS, tolerance, wait_for_free_gpu_memory
 from test_gpu_sweep import NUM_SMS, request_lengths, unlisted_group
 
@@ -65,9 +68,11 @@ def _poison_scratch(module) -> None:
         partial_lse.fill_(float("nan"))
 
 
-def _assert_gluon(module, config: dict, group: int, batch: int, draft: int) -> None:
-    launches = module.launch_params("sm_90", NUM_SMS, group, batch, draft, None, config)
+def _assert_gluon(module, config: dict, group: int, batch: int, draft: int, page_size: int | None = None,
+                  has_mask: bool = False) -> None:
+    launches = module.launch_params("sm_90", NUM_SMS, group, batch, draft, page_size, config, has_mask=has_mask)
     assert launches and launches[0][0] == "_gluon_prefix_stage", launches
+    assert launches[0][1]["BLOCK_TABLE"] is (page_size is not None), launches[0]
 
 
 @pytest.mark.gpu
@@ -199,3 +204,36 @@ def test_gluon_masks(group, kind):
             module.launch(*problem.launch_args(), config=config, **problem.mask_kwargs())
             err = relative_error(problem.o, reference)
             assert err <= tolerance(problem), f"{kind} L {draft} {index_dtype}: relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+@pytest.mark.parametrize("config_name", ["n64s2", "n32s4lazy"])
+@pytest.mark.parametrize("group", [16, 128])
+def test_gluon_paged_entry(group, config_name, kind):
+    """The paged entry in the Gluon stage: the producer finds each token's page in the request's
+    block-table row and its row in the page. Pages smaller than a key tile (1, 16), as large
+    (64 at 64-token tiles) and larger (256); prefixes that end inside a page, an empty one;
+    several splits; a tree reads the entry's [rows, W] mask."""
+    module = kgen.load(LAYOUT, "bfloat16")
+    gluon = GLUON_CONFIGS[config_name]
+    config = gluon_config(module, gluon, min_tokens=128)
+    for draft in (1, 4, 8, 16, 32):
+        prefixes, drafts = request_lengths(draft, BATCH)
+        prefixes = [p * 7 for p in prefixes]
+        problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, device="cuda",
+                            seed=zlib.crc32(f"paged/{group}/{config_name}/{kind}/{draft}".encode()))
+        if kind == "tree":
+            set_draft_masks(problem, [eagle_tree(n, seed=draft + i) for i, n in enumerate(drafts)])
+        reference = problem.reference(torch.float64)
+        for page_size in (1, 16, 64, 256):
+            _assert_gluon(module, config, group, BATCH, problem.max_len_extend, page_size, kind == "tree")
+            paged = to_paged(problem, page_size, seed=page_size)
+            for index_dtype in INDEX_DTYPES:
+                problem.o.fill_(float("nan"))
+                _poison_scratch(module)
+                args = paged.paged_args(problem, index_dtype)
+                assert module.verify_paged_fwd(*args, config=config), module.why_not_paged(*args)
+                err = relative_error(problem.o, reference)
+                where = f"{kind} L {draft}, page {page_size}, {index_dtype}, prefixes {prefixes}, drafts {drafts}"
+                assert err <= tolerance(problem), f"{where}: relative error {err:.2e}"

@@ -224,8 +224,8 @@ def test_mask_path_has_no_host_sync(monkeypatch):
 
 def test_a_tree_takes_the_gluon_stage_where_a_chain_does(monkeypatch):
     """On sm_90 absorbed MLA's BF16 calls run the Gluon prefix stage (its table rows say so),
-    a tree too (its draft tile reads the mask; the paged entry stays on Triton). KGEN_NO_GLUON=1
-    puts every call on the Triton stage."""
+    a tree too (its draft tile reads the mask), on both entries. KGEN_NO_GLUON=1 puts every
+    call on the Triton stage."""
     path = Path(kgen.load(MLA, "bfloat16").__file__)
 
     def load(no_gluon: bool):
@@ -241,6 +241,7 @@ def test_a_tree_takes_the_gluon_stage_where_a_chain_does(monkeypatch):
     assert module.launch_params("sm_90", 132, 16, 64, 4)[0][0] == "_gluon_prefix_stage"
     tree = module.launch_params("sm_90", 132, 16, 64, 4, has_mask=True)[0]
     assert tree[0] == "_gluon_prefix_stage" and tree[1]["HAS_MASK"] is True
-    assert module.launch_params("sm_90", 132, 16, 64, 4, 16, has_mask=True)[0][0] == "_verify_prefix_stage"
+    paged_tree = module.launch_params("sm_90", 132, 16, 64, 4, 16, has_mask=True)[0]
+    assert paged_tree[0] == "_gluon_prefix_stage" and paged_tree[1]["BLOCK_TABLE"] is True
     assert load(True).launch_params("sm_90", 132, 16, 64, 4, has_mask=True)[0][0] == "_verify_prefix_stage"
     assert load(True).launch_params("sm_90", 132, 16, 64, 4)[0][0] == "_verify_prefix_stage"

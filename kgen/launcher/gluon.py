@@ -48,12 +48,12 @@ class GluonPrefixStage:
                       has_mask: bool) -> tuple[Any, ...] | None:
         """(kernel name, constexprs, compile options, split policy, launched early), or None where
         the Triton kernel serves: the config has no gluon section, the GPU is not the stage's arch,
-        this Triton cannot run it, the call is the paged entry, the draft is longer than a key
-        tile or a program's rows, or the stages overflow shared memory. A custom mask (a tree, or
-        SGLang's chain at topk 1) runs in the Gluon stage's draft tile too. ``enabled``: the
+        this Triton cannot run it, the draft is longer than a key tile or a program's rows, or the
+        stages overflow shared memory. Both entries (token slots, and block tables: page_size)
+        and a custom mask (a tree, or SGLang's chain at topk 1) run in it. ``enabled``: the
         launcher's switch (this Triton runs the stage, KGEN_NO_GLUON off)."""
         gluon = config.get("gluon")
-        if gluon is None or not enabled or arch != identity.gluon_arch or page_size is not None:
+        if gluon is None or not enabled or arch != identity.gluon_arch:
             return None
         rows = self.draft_rows(identity, max_len, gluon["block_n"])
         shared = rules.gluon_shared_bytes(identity.kernel_shape, gluon["block_n"], gluon["num_stages"])
@@ -62,21 +62,22 @@ class GluonPrefixStage:
         block_h, l_pad = rows
         constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": gluon["block_n"],
                       "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale")),
-                      "HAS_MASK": has_mask}
+                      "HAS_MASK": has_mask, "BLOCK_TABLE": page_size is not None}
         options = {"num_warps": kernels.gluon_num_warps, "num_stages": 1, "maxnreg": kernels.gluon_max_registers}
         # Gluon has no gdc_wait: this stage launches after the kernels before it, not early.
         return self.kernel_name, constexprs, options, {"split": gluon.get("split", {})}, False
 
     @staticmethod
     def launch(kernels: Kernels, grid: tuple[int, ...], setup: LaunchSetup, common: tuple[Any, ...],
-               k_strides: tuple[int, int, int], mask_arguments: Mapping[str, Any]) -> None:
+               stride_table: int, k_strides: tuple[int, int, int], mask_arguments: Mapping[str, Any]) -> None:
+        """The Gluon stage's launch: the Triton prefix stage's arguments less V (a view of the K
+        stage), in the same order."""
         (q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, qk_scale, k_scale, v_scale,
          split_ints, prefix_trim_len, draft_lookahead_len) = common
         kernels.gluon_prefix[grid](
             q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, qk_scale,
-            k_scale, v_scale, *split_ints, prefix_trim_len, draft_lookahead_len, q.stride(0), q.stride(1),
-            k_strides[0], k_strides[2], k_extend.stride(0), k_extend.stride(1), o.stride(0), o.stride(1),
+            k_scale, v_scale, *split_ints, setup.page_shift, prefix_trim_len, draft_lookahead_len, stride_table,
+            q.stride(0), q.stride(1), *k_strides, k_extend.stride(0), k_extend.stride(1), o.stride(0), o.stride(1),
             partial_o.stride(0), partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0), partial_lse.stride(1),
-            Custom_Mask=mask_arguments["Custom_Mask"], Mask_Indptr=mask_arguments["Mask_Indptr"],
-            **setup.prefix_constexprs, **setup.prefix_options,
+            **mask_arguments, **setup.prefix_constexprs, **setup.prefix_options,
         )

@@ -11,7 +11,6 @@ from typing import Any
 # The prefix stage's mask arguments when there is no mask: None makes them constexprs, so
 # the chain kernel is compiled without them (kgen check compiles launch_params' constexprs).
 NO_MASK = {"Custom_Mask": None, "Mask_Indptr": None, "stride_mask_row": None}
-GLUON_NO_MASK = {"Custom_Mask": None, "Mask_Indptr": None}
 PREFIX_KERNEL = "_verify_prefix_stage"
 GLUON_PREFIX_KERNEL = "_gluon_prefix_stage"
 MERGE_KERNEL = "_verify_merge_stage"
@@ -43,7 +42,7 @@ class LaunchSetup:
         compiles them: without a mask its arguments are None constexprs."""
         constexprs = dict(self.prefix_constexprs)
         if not has_mask:
-            constexprs.update(NO_MASK if self.prefix_kernel == PREFIX_KERNEL else GLUON_NO_MASK)
+            constexprs.update(NO_MASK)
         launches = [(self.prefix_kernel, constexprs, dict(self.prefix_options))]
         if self.merge is not None:
             merge_constexprs, merge_options = self.merge

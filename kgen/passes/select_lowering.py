@@ -90,7 +90,7 @@ def _row_label(arch: str, row: ConfigEntry) -> str:
 
 
 def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockConfig) -> Decision:
-    """What a config with a gluon section launches on the Gluon arch's token-slot entry, by
+    """What a config with a gluon section launches on the Gluon arch (both entries), by
     draft length, and why: the launcher's rules (``_gluon_prefix``) run over the module's drafts."""
     gluon, arch = config.gluon, lowering.gluon_arch
     triton = config.model_copy(update={"gluon": None}).short()
@@ -114,8 +114,8 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
     return Decision(
         NAME, label, value,
         f"{gluon.short()} fits: {need} of {limit} B of shared memory (rules.gluon_shared_bytes); BLOCK_H x L_PAD "
-        f"{programs or '-'} (rules.gluon_rows). Launched on the token-slot entry under Triton "
-        f"{lowering.gluon_triton}.x; the paged entry, another Triton"
+        f"{programs or '-'} (rules.gluon_rows). Launched under Triton "
+        f"{lowering.gluon_triton}.x, both entries; another Triton"
         + (f", drafts longer than BLOCK_N {gluon.block_n}" if longer else "")
         + f" and other archs run the Triton config ({triton})",
         f"it fits: {need} of {limit} B")
