@@ -623,8 +623,7 @@ def _verify_merge_stage(
 #   scorer    (default partition, 4 warps): per tile, S = q_nope.k_nope^T + q_pe.k_pe^T over
 #             all of the tile's keys (wgmma, q and K from shared memory), the online softmax,
 #             P (16-bit) into the stage's PE slot (dead once S is computed) and the rescale
-#             factor into alpha_smem, then acc[:, :256] += P.V[:, :256] with P from its own
-#             registers, and the next tile's S issued right behind that P.V.
+#             factor into alpha_smem, then acc[:, :256] += P.V[:, :256].
 #   second PV (worker, 4 warps): per tile, once P is in place, acc[:, 256:] = alpha x acc +
 #             P.V[:, 256:], so its half of P.V runs while the scorer computes the next tile's S.
 #   producer  (worker, 4 warps): gathers each prefix tile's K rows through the request's
@@ -827,19 +826,20 @@ if _HAS_GLUON:
     # ---- the scorer -----------------------------------------------------------------------
 
     @gluon.jit
-    def _gluon_scores(q_nope, q_pe, k_nope_stages, k_pe_stages, stage, ROWS: gl.constexpr, BLOCK_N: gl.constexpr):
-        """S of the tile on a landed stage, S = q_nope.k_nope^T + q_pe.k_pe^T (wgmma, waited)."""
+    def _gluon_score_tile(q_nope, q_pe, k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, stage, m_i, l_i,
+                          acc, visible, qk_scale, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                          LAZY_RESCALE: gl.constexpr):
+        """One tile on a landed stage: S, the online softmax (log2 domain; column c is visible to
+        row r where visible[r, c]), P and alpha handed to the second PV, then this warpgroup's
+        half of P.V, waited, and the stage released. Returns (m_i, l_i, acc)."""
         S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_N, 16])
+        ACC: gl.constexpr = _gluon_acc_layout()
+        k_nope = k_nope_stages.index(stage)
         s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        s = warpgroup_mma(q_nope, k_nope_stages.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma(q_pe, k_pe_stages.index(stage).permute((1, 0)), s, is_async=True)
-        return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-
-    @gluon.jit
-    def _gluon_online_softmax(s, m_i, l_i, visible, qk_scale, LAZY_RESCALE: gl.constexpr):
-        """The online softmax of one tile's S (log2 domain; column c is visible to row r where
-        visible[r, c]): returns (P in fp32, the rows' rescale factor alpha, m_i, l_i)."""
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         s = gl.where(visible, s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         if LAZY_RESCALE:
@@ -850,76 +850,18 @@ if _HAS_GLUON:
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_ref)
         p = gl.exp2(s - m_ref[:, None])
-        return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
-
-    @gluon.jit
-    def _gluon_hand_over_p(p, alpha, k_pe_stages, alpha_smem, p_ready, stage, ROWS: gl.constexpr,
-                           BLOCK_N: gl.constexpr):
-        """P (16-bit) into the stage's PE slot and alpha beside it, for the second PV; returns P
-        in wgmma's register operand layout, for this warpgroup's own half of P.V."""
-        ACC: gl.constexpr = _gluon_acc_layout()
+        l_i = l_i * alpha + gl.sum(p, 1)
         p_smem = _gluon_p_view(k_pe_stages, stage, ROWS, BLOCK_N)
-        p16 = p.to(p_smem.dtype)
-        p_smem.store(p16)  # S's wgmma on this stage's PE slot has completed
+        p_smem.store(p.to(p_smem.dtype))  # S's wgmma on this stage's PE slot has completed
         alpha_smem.index(stage).store(alpha)
-        fence_async_shared()  # P is read next by the second PV's wgmma, through the async proxy
+        fence_async_shared()  # P is read next by wgmma, through the async proxy
         gl.thread_barrier()  # all of P and alpha are stored
         mbarrier.arrive(p_ready.index(stage), count=1)
-        # S's accumulator layout is the A operand's for 16-bit data (k_width 2): no data moves.
-        return gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2))
-
-    @gluon.jit
-    def _gluon_rescaled(acc, alpha):
-        """acc x alpha, row by row (alpha in S's row layout)."""
-        ACC: gl.constexpr = _gluon_acc_layout()
-        return acc * gl.convert_layout(alpha, gl.SliceLayout(1, ACC))[:, None]
-
-    @gluon.jit
-    def _gluon_pv_then_scores(acc, p_op, q_nope, q_pe, k_nope_stages, k_pe_stages, ready, empty, stage, next_tile,
-                              ROWS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-        """This warpgroup's half of P.V on `stage`, issued; then, once tile `next_tile` has landed
-        (the wait runs while P.V does), its S issued behind P.V, so the tensor cores go from one
-        to the other with no gap. Once P.V is done (wgmma completes in issue order: the one group
-        left in flight is S) the stage is released, while S still runs. Returns (acc, S)."""
-        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, BLOCK_N, 16])
-        acc = warpgroup_mma(p_op, k_nope_stages.index(stage).slice(0, NOPE_DIM // 2, dim=1), acc, is_async=True)
-        next_stage = _gluon_stage_landed(ready, next_tile, NUM_STAGES)
-        s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        s = warpgroup_mma(q_nope, k_nope_stages.index(next_stage).permute((1, 0)), s, use_acc=False, is_async=True)
-        s = warpgroup_mma(q_pe, k_pe_stages.index(next_stage).permute((1, 0)), s, is_async=True)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=1, deps=(acc, p_op))
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, ACC))[:, None]
+        acc = warpgroup_mma(p_smem, k_nope.slice(0, NOPE_DIM // 2, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _gluon_release_stage(empty, stage)
-        return acc, warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-
-    @gluon.jit
-    def _gluon_last_pv(acc, p_op, k_nope_stages, empty, stage):
-        """This warpgroup's half of P.V on the split's last tile, waited; the stage released."""
-        acc = warpgroup_mma(p_op, k_nope_stages.index(stage).slice(0, NOPE_DIM // 2, dim=1), acc, is_async=True)
-        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op))
-        _gluon_release_stage(empty, stage)
-        return acc
-
-    @gluon.jit
-    def _gluon_draft_visible(Custom_Mask, Mask_Indptr, batch, prefix_len, q_len, draft_lookahead_len,
-                             stride_mask_row, tile_cols, draft_pos, HAS_MASK: gl.constexpr,
-                             BLOCK_TABLE: gl.constexpr):
-        """Which draft tokens (the draft tile's columns; zero rows past the draft) each row sees:
-        where the request's custom mask says (a tree: SGLang's [L, P + L] bytes at
-        mask_indptr[b], only the draft columns read; the paged entry's [rows, W] mask rows),
-        else draft positions >= j - draft_lookahead_len see token j (0: the chain)."""
-        if HAS_MASK:
-            mask_start = gl.load(Mask_Indptr + batch).to(gl.int64)
-            if BLOCK_TABLE:
-                mask_row = Custom_Mask + (mask_start + draft_pos) * stride_mask_row
-            else:
-                mask_row = Custom_Mask + mask_start + draft_pos.to(gl.int64) * (prefix_len + q_len) + prefix_len
-            bits = gl.load(mask_row[:, None] + tile_cols[None, :],
-                           mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
-            visible = bits != 0
-        else:
-            visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
-        return visible
+        return m_new, l_i, acc
 
     @gluon.jit
     def _gluon_scorer(Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_nope_smem, q_pe_smem,
@@ -967,36 +909,37 @@ if _HAS_GLUON:
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
         acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
         tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-        # The split's tiles, then (on the request's last split) the draft tile: tile t's S is
-        # issued behind tile t - 1's P.V (_gluon_pv_then_scores), so S of the last tile is in
-        # hand when the loop ends.
-        num_all = num_tiles + draft_tiles
-        s = _gluon_scores(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages,
-                          _gluon_stage_landed(ready, 0, NUM_STAGES), ROWS, BLOCK_N)
-        for t in range(num_all - 1):  # tiles before the last are prefix tiles
-            stage = t % NUM_STAGES
+        for t in range(num_tiles):
+            stage = _gluon_stage_landed(ready, t, NUM_STAGES)
             visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
-            p, alpha, m_i, l_i = _gluon_online_softmax(s, m_i, l_i, visible, qk_scale * k_scale, LAZY_RESCALE)
-            p_op = _gluon_hand_over_p(p, alpha, k_pe_stages, alpha_smem, p_ready, stage, ROWS, BLOCK_N)
-            acc = _gluon_rescaled(acc, alpha)
-            acc, s = _gluon_pv_then_scores(acc, p_op, q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, ready,
-                                           empty, stage, t + 1, ROWS, BLOCK_N, NUM_STAGES)
-        last = num_all - 1
+            m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
+                                              empty, stage, m_i, l_i, acc, visible, qk_scale * k_scale, ROWS,
+                                              BLOCK_N, LAZY_RESCALE)
+        # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
+        acc = acc * v_scale
+
         if draft_tiles > 0:
-            # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
-            acc = acc * v_scale
+            # The draft tile (the producer's tile num_tiles): draft token j (zero rows past the
+            # draft) is seen where the request's custom mask says (a tree: SGLang's [L, P + L]
+            # bytes at mask_indptr[b], only the draft columns read; the paged entry's rows),
+            # else by draft positions >= j.
+            stage = _gluon_stage_landed(ready, num_tiles, NUM_STAGES)
             draft_pos = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) % L_PAD
-            draft_visible = _gluon_draft_visible(Custom_Mask, Mask_Indptr, batch, prefix_len, q_len,
-                                                 draft_lookahead_len, stride_mask_row, tile_cols, draft_pos,
-                                                 HAS_MASK, BLOCK_TABLE)
-            p, alpha, m_i, l_i = _gluon_online_softmax(s, m_i, l_i, draft_visible, qk_scale, False)
-        else:
-            tail_visible = (tile_cols < split_end - split_start - last * BLOCK_N)[None, :]
-            p, alpha, m_i, l_i = _gluon_online_softmax(s, m_i, l_i, tail_visible, qk_scale * k_scale, LAZY_RESCALE)
-        p_op = _gluon_hand_over_p(p, alpha, k_pe_stages, alpha_smem, p_ready, last % NUM_STAGES, ROWS, BLOCK_N)
-        acc = _gluon_last_pv(_gluon_rescaled(acc, alpha), p_op, k_nope_stages, empty, last % NUM_STAGES)
-        if draft_tiles == 0:
-            acc = acc * v_scale
+            if HAS_MASK:
+                mask_start = gl.load(Mask_Indptr + batch).to(gl.int64)
+                if BLOCK_TABLE:
+                    # The paged entry's [rows, W] mask: draft token i reads row mask_indptr[b] + i.
+                    mask_row = Custom_Mask + (mask_start + draft_pos) * stride_mask_row
+                else:
+                    mask_row = Custom_Mask + mask_start + draft_pos.to(gl.int64) * (prefix_len + q_len) + prefix_len
+                bits = gl.load(mask_row[:, None] + tile_cols[None, :],
+                               mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
+                visible = bits != 0
+            else:
+                # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
+                visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
+            m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
+                                              empty, stage, m_i, l_i, acc, visible, qk_scale, ROWS, BLOCK_N, False)
 
         # The rows' max and sum-exp, for the second PV's half of the output.
         row_stats_smem.index(0).store(m_i)
