@@ -123,6 +123,12 @@ class BlockConfig(BaseModel):
     # block_h: that mode walks the draft columns in a loop, which carries the accumulator,
     # and a program that fits the default's straight-line draft tile can spill in the loop.
     invariant_block_h: int | None = Field(default=None, ge=1, le=128)
+    # Rows from which a wgmma program with 16-bit KV takes twice the warps (up to
+    # rules.WIDE_MAX_WARPS), though its accumulator would still fit: a row tuned at short drafts
+    # keeps its warps there, while its longer drafts' programs, at the register budget's edge,
+    # would spill in the prefix loop (GQA 256 group 4 at L 16: docs/perf-notes.md, "Rows at the
+    # register budget"). None: only past the budget (rules.widened_warps).
+    widen_from_rows: int | None = Field(default=None, ge=16, le=128)
 
     @field_validator("matrix_instr_nonkdim", "kpack", mode="before")
     @classmethod
@@ -132,7 +138,7 @@ class BlockConfig(BaseModel):
             raise ValueError(f"must be an integer, got {v!r} ({type(v).__name__})")
         return v
 
-    @field_validator("block_h", "block_n", "invariant_block_h")
+    @field_validator("block_h", "block_n", "invariant_block_h", "widen_from_rows")
     @classmethod
     def _power_of_two(cls, v: int | None) -> int | None:
         if v is not None and not _pow2(v):
@@ -170,6 +176,8 @@ class BlockConfig(BaseModel):
             s += " " + self.gluon.short()
         if self.invariant_block_h is not None:
             s += f" invariant_block_h={self.invariant_block_h}"
+        if self.widen_from_rows is not None:
+            s += f" widen_from_rows={self.widen_from_rows}"
         if self.has_rocm_knobs:
             s += f" waves_per_eu={self.waves_per_eu} nonkdim={self.matrix_instr_nonkdim} kpack={self.kpack}"
         return s
@@ -189,6 +197,8 @@ class BlockConfig(BaseModel):
             s += " " + self.gluon.compact(splits)
         if self.invariant_block_h is not None:
             s += f" invariant H{self.invariant_block_h}"
+        if self.widen_from_rows is not None:
+            s += f" wide from {self.widen_from_rows} rows"
         if self.has_rocm_knobs:
             s += f" waves_per_eu={self.waves_per_eu} nonkdim={self.matrix_instr_nonkdim} kpack={self.kpack}"
         return s

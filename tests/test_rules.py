@@ -76,6 +76,23 @@ def test_fit_keeps_what_fits_and_says_why_it_changes_the_rest():
     assert any("shared memory" in r for r in reasons)
 
 
+def test_widen_from_rows_doubles_the_warps_of_the_rows_it_names_only():
+    # GQA 256 group 4: L 16 is 64 rows, at the 4-warp budget's edge (its loop spilled there:
+    # docs/perf-notes.md, "Rows at the register budget"); L 4 and 8 keep the row's 4 warps.
+    row = {"block_h": 4, "block_n": 64, "num_warps": 4, "num_stages": 3, "widen_from_rows": 64}
+    sm_90 = TARGETS["sm_90"]
+    wide = rules.fit_program(sm_90, GQA256, row, 4, 16)
+    assert (wide.block_h, wide.l_pad, wide.num_warps) == (4, 16, 8)
+    assert "widen_from_rows 64" in wide.reasons[0]
+    assert [rules.fit_program(sm_90, GQA256, row, 4, length).num_warps for length in (4, 8)] == [4, 4]
+    assert rules.fit_program(sm_90, GQA256, {**row, "widen_from_rows": None}, 4, 16).num_warps == 4
+    # Only wgmma with 16-bit KV widens: FP8 and mma.sync targets keep their warps.
+    assert rules.fit_program(sm_90, rules.kernel_shape(256, 256, 1, True), row, 4, 16).num_warps == 4
+    assert rules.fit_program(TARGETS["sm_80"], GQA256, row, 4, 16).num_warps == 4
+    with pytest.raises(ValueError, match="power of two"):
+        kgen.blockconfig.BlockConfig(block_h=4, block_n=64, num_warps=4, num_stages=3, widen_from_rows=48)
+
+
 def test_fit_refuses_only_when_nothing_fits():
     tiny = {**TARGETS["sm_90"], "shared_bytes": 4096}
     assert rules.fit_program(tiny, MLA, CONFIG, 16, 4) is None

@@ -155,14 +155,17 @@ def shared_bytes(target: Target, shape: KernelShape, rows: int, block_n: int, nu
 def widened_warps(target: Target, shape: KernelShape, config: Config, rows: int) -> int:
     """The warps a program of ``rows`` rows runs with: the config's, doubled (up to
     WIDE_MAX_WARPS) on a wgmma target with 16-bit KV while its accumulator would not fit their
-    registers and twice the warps would hold it. The rows then stay in one program, which
-    reads each K/V tile once for all of them, instead of a halved head block reading the
-    prefix again. FP8 programs keep their warps: they convert each e4m3 tile on the same
-    warps, and widened they ran slower than two head blocks (docs/perf-notes.md)."""
+    registers, or its rows reach the config's ``widen_from_rows``, and twice the warps would
+    hold it. The rows then stay in one program, which reads each K/V tile once for all of them,
+    instead of a halved head block reading the prefix again. FP8 programs keep their warps:
+    they convert each e4m3 tile on the same warps, and widened they ran slower than two head
+    blocks (docs/perf-notes.md)."""
     num_warps = config["num_warps"]
     if target["mma"] != "wgmma" or shape["kv_bytes"] != 2:
         return num_warps
-    while (num_warps < WIDE_MAX_WARPS and rows > max_rows_for(target, shape, num_warps)
+    widen_from = config.get("widen_from_rows") or MAX_ROWS + 1
+    while (num_warps < WIDE_MAX_WARPS
+           and (rows > max_rows_for(target, shape, num_warps) or rows >= widen_from)
            and rows <= max_rows_for(target, shape, 2 * num_warps)):
         num_warps *= 2
     return num_warps
@@ -180,10 +183,14 @@ def fit_program(target: Target, shape: KernelShape, config: Config, group: int, 
     wanted_h, wanted_l = row_blocking(config["block_h"], group, max_len, MAX_ROWS, grouped)
     num_warps = widened_warps(target, shape, config, wanted_h * wanted_l)
     reasons = []
-    if num_warps != config["num_warps"]:
+    if num_warps != config["num_warps"] and wanted_h * wanted_l > max_rows_for(target, shape, config["num_warps"]):
         reasons.append(f"num_warps {config['num_warps']} -> {num_warps}: {wanted_h * wanted_l} rows x "
                        f"{shape['acc_width']} fp32 accumulator fit {ACC_REGISTERS_PER_THREAD} registers a thread "
                        f"at {num_warps} warps, so every row shares one KV read")
+    elif num_warps != config["num_warps"]:
+        reasons.append(f"num_warps {config['num_warps']} -> {num_warps}: {wanted_h * wanted_l} rows reach the "
+                       f"row's widen_from_rows {config['widen_from_rows']} (at {config['num_warps']} warps its "
+                       f"accumulator sits at the {ACC_REGISTERS_PER_THREAD}-register budget and the loop spills)")
     max_rows = max_rows_for(target, shape, num_warps)
     block_h, l_pad = row_blocking(config["block_h"], group, max_len, max_rows, grouped)
     if block_h < wanted_h:
