@@ -90,7 +90,8 @@ _DEFAULT_CONFIG = {'block_h': 16,
                    'block_n': 64,
                    'num_warps': 4,
                    'num_stages': 3,
-                   'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}
+                   'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128},
+                   'widen_from_rows': 128}
 
 
 @triton.jit

@@ -189,8 +189,9 @@ def fit_program(target: Target, shape: KernelShape, config: Config, group: int, 
                        f"at {num_warps} warps, so every row shares one KV read")
     elif num_warps != config["num_warps"]:
         reasons.append(f"num_warps {config['num_warps']} -> {num_warps}: {wanted_h * wanted_l} rows reach the "
-                       f"row's widen_from_rows {config['widen_from_rows']} (at {config['num_warps']} warps its "
-                       f"accumulator sits at the {ACC_REGISTERS_PER_THREAD}-register budget and the loop spills)")
+                       f"row's widen_from_rows {config['widen_from_rows']} (at {config['num_warps']} warps the "
+                       f"accumulator takes all {ACC_REGISTERS_PER_THREAD} registers a thread may hold, and the "
+                       f"loop spills)")
     max_rows = max_rows_for(target, shape, num_warps)
     block_h, l_pad = row_blocking(config["block_h"], group, max_len, max_rows, grouped)
     if block_h < wanted_h:
