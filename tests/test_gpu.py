@@ -30,6 +30,10 @@ CASES = [
     ("qwen3_5_gqa256", "float8_e4m3fn", 8, 64, 4096, 4),
     ("mla_absorbed_512_64", "bfloat16", 16, 16, 8192, 3),
     ("qwen3_5_gqa256", "bfloat16", 16, 4, 16384, 4),
+    # Programs widened by widen_from_rows: group 4's 64 rows at L 16 (the batch 33-96 row) and
+    # the head dim 128 default's 128 rows, both at 8 warps.
+    ("qwen3_5_gqa256", "bfloat16", 4, 40, 8192, 16),
+    ("gqa128", "bfloat16", 8, 24, 4096, 16),
 ]
 
 
