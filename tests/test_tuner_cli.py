@@ -112,6 +112,19 @@ def test_synthetic_run_writes_and_merges_a_table(tmp_path: Path, capsys: pytest.
     assert json.loads(out.read_text())["schema"] == "kgen.block-config-table/1"
 
 
+def test_a_tuned_row_keeps_the_defaults_widen_from_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GQA 128's built-in default widens its 128-row programs; no axis searches that, and the
+    study's L 4 launches do not depend on it, so the row it writes keeps it and says so."""
+    args = ["--objective", "synthetic", "--arch", "sm_90", "--layout", "gqa128", "--group", "8", "--kv-dtype",
+            "bf16", "--storage", f"sqlite:///{tmp_path / 'tune.db'}", "--out", str(tmp_path), "--no-progress",
+            "--trials", "12", "--bucket", "b1-8"]
+    assert run_tune(parse(*args)) == 0
+    (row,) = [e for e in read_table(tmp_path / "sm_90.json").entries
+              if (e.layout, e.group_size, e.batch_min) == ("gqa128", 8, 1)]
+    assert row.config.widen_from_rows == 128
+    assert "widen_from_rows 128 kept from the config in use" in capsys.readouterr().out
+
+
 def test_synthetic_run_without_out_writes_no_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
         "--objective",

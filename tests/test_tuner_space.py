@@ -372,3 +372,23 @@ def test_bad_spaces_file_names_file_and_field(tmp_path: Path) -> None:
     bad.write_text(text + "\n[[[")
     with pytest.raises(TuneError, match="not valid TOML"):
         load_spaces(bad)
+
+
+def test_a_tuned_row_keeps_the_unsearched_fields_its_study_could_not_have_judged():
+    """widen_from_rows and invariant_block_h are no axis: a row written from a study keeps those of
+    the config the bucket runs today, unless a launch the study timed (without them) depends on it."""
+    source = BlockConfig(block_h=4, block_n=64, num_warps=4, num_stages=3, widen_from_rows=64, invariant_block_h=2)
+    tuned = BlockConfig(block_h=4, block_n=64, num_warps=4, num_stages=2)
+    # L 4 is 16 rows: widening from 64 rows changes none of the study's launches.
+    kept, notes = space_for("sm_90", "qwen3_5_gqa256", 4).keep_unsearched(tuned, source)
+    assert (kept.widen_from_rows, kept.invariant_block_h) == (64, 2) and len(notes) == 2
+    assert all("kept" in n for n in notes)
+    # At L 16 the 64-row program would widen: its time was taken at 4 warps, so the field is dropped.
+    kept, notes = space_for("sm_90", "qwen3_5_gqa256", 4, drafts=(4, 16)).keep_unsearched(tuned, source)
+    assert kept.widen_from_rows is None and any("widen_from_rows 64 dropped" in n for n in notes)
+    # An invariant head block must stay below the tuned one.
+    narrower = tuned.model_copy(update={"block_h": 2})
+    kept, notes = space_for("sm_90", "qwen3_5_gqa256", 4).keep_unsearched(narrower, source)
+    assert kept.invariant_block_h is None and any("invariant_block_h 2 dropped" in n for n in notes)
+    # A field the tuned config sets itself, or none to keep, stays as it is.
+    assert space_for("sm_90", "qwen3_5_gqa256", 4).keep_unsearched(tuned, None) == (tuned, [])

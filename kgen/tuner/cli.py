@@ -8,6 +8,7 @@ kgen.tuner.cli tune ...`` runs the same command on its own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -302,7 +303,17 @@ def _tune_job(
         ]
         study = run_workers(specs, space, enqueue, progress, stop=stop)
         backend = make_backend(spec, job, space, workloads)
-    return finalize(job, study, enqueue[0], backend, workloads.timing)
+    result = finalize(job, study, enqueue[0], backend, workloads.timing)
+    return keep_unsearched(result, space, current_config(job) or space.default)
+
+
+def keep_unsearched(result: JobResult, space: SearchSpace, source: BlockConfig | None) -> JobResult:
+    """The result whose row keeps the fields no axis searches (``SearchSpace.keep_unsearched``)
+    of ``source``, the config the bucket runs today, with a note for each."""
+    if result.chosen is None:
+        return result
+    chosen, notes = space.keep_unsearched(result.chosen, source)
+    return dataclasses.replace(result, chosen=chosen, replaced=chosen != result.default, notes=notes)
 
 
 def _default_out(args: argparse.Namespace, arch: str) -> Path | None:

@@ -63,6 +63,8 @@ class JobResult:
     candidates: list[tuple[BlockConfig, float]] = field(default_factory=list)
     # A Gluon winner's Triton fallback (its row's Triton fields): its median in the re-measurement.
     triton_us: float | None = None
+    # What the row kept or dropped of the fields no axis searches (SearchSpace.keep_unsearched).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def speedup(self) -> float | None:
@@ -383,4 +385,7 @@ def format_results(results: list[JobResult]) -> str:
     chosen = [f"  {r.job.label()}: {r.chosen.short()}" for r in results if r.replaced and r.chosen]
     if chosen:
         lines += ["", "tuned configs:", *chosen]
+    notes = [f"  {r.job.label()}: {note}" for r in results for note in r.notes]
+    if notes:
+        lines += ["", "fields no axis searches:", *notes]
     return "\n".join(lines)

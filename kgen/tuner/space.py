@@ -77,6 +77,9 @@ LOWERINGS = ("triton", "gluon")
 GLUON_PARAM = "gluon."
 GLUON_KERNEL_AXES = ("block_n", "num_stages", "lazy_rescale")
 GLUON_RULE_CONSTANTS = ("GLUON_ROWS", "GLUON_MAX_ROW_BLOCK", "SHARED_MARGIN_BYTES")
+# BlockConfig fields no axis searches: a written row keeps those of the config the bucket runs
+# today where the study's launches do not depend on them (SearchSpace.keep_unsearched).
+UNSEARCHED_FIELDS = ("widen_from_rows", "invariant_block_h")
 
 
 # --------------------------------------------------------------------------- the data file
@@ -527,6 +530,38 @@ class SearchSpace:
             split=SplitPolicy(**{n: own[n] for n in SPLIT_AXES}),
         )
         return self.default.model_copy(update={"gluon": gluon})
+
+    def keep_unsearched(self, chosen: BlockConfig, source: BlockConfig | None) -> tuple[BlockConfig, list[str]]:
+        """``chosen`` with the fields of ``source`` (the config the bucket runs today) that no axis
+        searches (UNSEARCHED_FIELDS), where the study's launches do not depend on them: its
+        trials ran without them, so a field is kept only where that changed nothing the study
+        timed. Returns the config and a note per field, kept or dropped, and why."""
+        if source is None:
+            return chosen, []
+        kept, notes = chosen, []
+        for name in UNSEARCHED_FIELDS:
+            value = getattr(source, name)
+            if value is None or getattr(chosen, name) is not None:
+                continue
+            if name == "invariant_block_h" and value >= chosen.block_h:
+                notes.append(f"{name} {value} dropped: not below the tuned block_h {chosen.block_h}")
+                continue
+            candidate = kept.model_copy(update={name: value})
+            if name == "widen_from_rows" and self._launches_differ(kept, candidate):
+                notes.append(f"{name} {value} dropped: it changes a launch the study timed without it")
+                continue
+            kept = candidate
+            notes.append(f"{name} {value} kept from the config in use: no axis searches it, and the study's "
+                         f"launches do not depend on it")
+        return kept, notes
+
+    def _launches_differ(self, a: BlockConfig, b: BlockConfig) -> bool:
+        """Whether the launcher fits ``a`` and ``b`` to different programs at a draft of the study."""
+        def fitted(cfg: BlockConfig, draft: int) -> rules.FittedProgram | None:
+            return rules.fit_program(self.profile.target, self.shape.kernel, cfg.model_dump(exclude_none=True),
+                                     self.shape.group_size, draft)
+
+        return any(fitted(a, d) != fitted(b, d) for d in self.shape.drafts)
 
     def why_not(self, cfg: BlockConfig) -> str | None:
         if cfg.gluon is not None:
