@@ -181,21 +181,22 @@ def fit_program(target: Target, shape: KernelShape, config: Config, group: int, 
     draft rows a program. ``reasons`` says what changed and why."""
     block_n, stages = config["block_n"], config["num_stages"]
     wanted_h, wanted_l = row_blocking(config["block_h"], group, max_len, MAX_ROWS, grouped)
-    num_warps = widened_warps(target, shape, config, wanted_h * wanted_l)
+    wanted_rows = wanted_h * wanted_l
+    num_warps = widened_warps(target, shape, config, wanted_rows)
     reasons = []
-    if num_warps != config["num_warps"] and wanted_h * wanted_l > max_rows_for(target, shape, config["num_warps"]):
-        reasons.append(f"num_warps {config['num_warps']} -> {num_warps}: {wanted_h * wanted_l} rows x "
+    if num_warps != config["num_warps"] and wanted_rows > max_rows_for(target, shape, config["num_warps"]):
+        reasons.append(f"num_warps {config['num_warps']} -> {num_warps}: {wanted_rows} rows x "
                        f"{shape['acc_width']} fp32 accumulator fit {ACC_REGISTERS_PER_THREAD} registers a thread "
                        f"at {num_warps} warps, so every row shares one KV read")
     elif num_warps != config["num_warps"]:
-        reasons.append(f"num_warps {config['num_warps']} -> {num_warps}: {wanted_h * wanted_l} rows reach the "
+        reasons.append(f"num_warps {config['num_warps']} -> {num_warps}: {wanted_rows} rows reach the "
                        f"row's widen_from_rows {config['widen_from_rows']} (at {config['num_warps']} warps the "
                        f"accumulator takes all {ACC_REGISTERS_PER_THREAD} registers a thread may hold, and the "
                        f"loop spills)")
     max_rows = max_rows_for(target, shape, num_warps)
     block_h, l_pad = row_blocking(config["block_h"], group, max_len, max_rows, grouped)
     if block_h < wanted_h:
-        reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_h * wanted_l} rows x {shape['acc_width']} fp32 "
+        reasons.append(f"BLOCK_H {wanted_h} -> {block_h}: {wanted_rows} rows x {shape['acc_width']} fp32 "
                        f"accumulator exceed {ACC_REGISTERS_PER_THREAD} registers a thread at {num_warps} warps")
     rows = block_h * l_pad
     loops = draft_columns_loop(draft_row_blocks(l_pad, max_len), draft_tile_columns(rows, l_pad, block_n), l_pad)

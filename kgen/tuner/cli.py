@@ -304,10 +304,10 @@ def _tune_job(
         study = run_workers(specs, space, enqueue, progress, stop=stop)
         backend = make_backend(spec, job, space, workloads)
     result = finalize(job, study, enqueue[0], backend, workloads.timing)
-    return keep_unsearched(result, space, current_config(job) or space.default)
+    return _with_unsearched_kept(result, space, current_config(job) or space.default)
 
 
-def keep_unsearched(result: JobResult, space: SearchSpace, source: BlockConfig | None) -> JobResult:
+def _with_unsearched_kept(result: JobResult, space: SearchSpace, source: BlockConfig | None) -> JobResult:
     """The result whose row keeps the fields no axis searches (``SearchSpace.keep_unsearched``)
     of ``source``, the config the bucket runs today, with a note for each."""
     if result.chosen is None:
