@@ -626,47 +626,37 @@ def _verify_merge_stage(
 # three warpgroups, each a partition of its own:
 #   scorer    (default partition, 4 warps): per tile, S = q_nope.k_nope^T + q_pe.k_pe^T over
 #             all of the tile's keys (wgmma, q and K from shared memory), the online softmax,
-#             then P (16-bit) into the stage's PE slot (dead once S is computed) and the tile's
-#             rescale factor into alpha_smem. It holds no output, so it moves on to the next
-#             tile's S while the P.V warpgroups run this tile's: the softmax of one tile
-#             overlaps the MMAs of the one before.
-#   P.V lo, P.V hi (workers, 4 warps each, one function): per tile, once P is in place,
-#             acc = alpha x acc + P.V over their 256 of the 512 output columns; then each
-#             gathers its share of the tile NUM_STAGES ahead into the stage it has just left
-#             (its 256 latent columns, and P.V hi the PE columns) with cp.async through the
-#             request's kv_indices (token slots) or block-table row (pages), the draft rows
-#             last. At the end, their half of o or of the split's partial.
-# The gathers are the P.V warpgroups' own: Triton 3.6's Gluon compiles every partition within
-# the launch's register count (ptxas caps setmaxnreg at .maxnreg), so a fourth warpgroup of
-# copies would cut every warp to 128 registers, and a 64 x 256 fp32 wgmma needs 154
-# (docs/perf-notes.md, "Gluon prefix stage"). A stage's copies are issued the moment the
-# warpgroup that reads those columns is done with the stage, and land while it waits for the
-# next P; the scorer issues no load in the loop.
+#             P (16-bit) into the stage's PE slot (dead once S is computed) and the rescale
+#             factor into alpha_smem, then acc[:, :256] += P.V[:, :256].
+#   second PV (worker, 4 warps): per tile, once P is in place, acc[:, 256:] = alpha x acc +
+#             P.V[:, 256:], so its half of P.V runs while the scorer computes the next tile's S.
+#   producer  (worker, 4 warps): gathers each prefix tile's K rows through the request's
+#             kv_indices (token slots) or block-table row (pages) with cp.async into the stage
+#             ring, then the draft rows. It issues every global load of the loop; the other
+#             two issue none.
 # V is the K tile's latent columns (a view of the same stage, no V copy). Each accumulator half
-# is 64 x 256 fp32, 128 registers a thread.
+# is 64 x 256 fp32, 128 registers a thread; setmaxnreg gives the scorer the most (it also holds
+# S and P), the producer the fewest (GLUON_*_REGISTERS).
 #
 # Shared memory (64-token tiles, 2 stages: 221,696 B of sm_90's 232,448):
 #   q_nope_smem [64, 512], q_pe_smem [64, 64]   written once by the scorer, read by S's wgmma
-#   k_nope_stages / k_pe_stages [NUM_STAGES, BLOCK_N, 512 | 64]   the ring: columns 0-255
-#             gathered by P.V lo, 256-511 and the PE columns by P.V hi; k_nope is read by S's
-#             wgmma and by both P.V halves, k_pe by S's wgmma, then overwritten with the tile's
-#             P by the scorer
-#   alpha_smem [NUM_STAGES, 64]   the tile's rescale factor per row, scorer -> both P.V
-#   row_stats_smem [2, 64]        the rows' final max and sum-exp, scorer -> both P.V
-#   ready [NUM_STAGES]            the tile is in its stage (pipeline.py.j2 says how it counts):
-#             every P.V thread arrives when its copies land; the scorer waits
-#   p_ready [NUM_STAGES]          the tile's P and alpha are in place (one scorer thread); both
-#             P.V warpgroups wait. The scorer's S on the stage completed before it, so a P.V
-#             warpgroup past it may refill the latent columns it reads
-#   pv_done [NUM_STAGES]          P.V lo has read the tile's P (one P.V lo thread): P.V hi
-#             waits before it refills the PE slot
+#   k_nope_stages / k_pe_stages [NUM_STAGES, BLOCK_N, 512 | 64]   the ring: written by the
+#             producer's cp.async; k_nope is read by S's wgmma and by both P.V halves; k_pe by
+#             S's wgmma, then overwritten with the tile's P by the scorer
+#   alpha_smem [NUM_STAGES, 64]   the tile's rescale factor per row, scorer -> second PV
+#   row_stats_smem [2, 64]        the rows' final max and sum-exp, scorer -> second PV
+#   ready, empty [NUM_STAGES]     the ring's mbarriers (pipeline.py.j2 says how they count;
+#             `empty` completes when the scorer and the second PV both released the stage)
+#   p_ready [NUM_STAGES]          the tile's P and alpha are in place (one scorer thread)
 #   stats_ready [1]               the rows' max and sum-exp are in place (one scorer thread)
 # ---------------------------------------------------------------------------------------
 GLUON_NUM_WARPS = tl.constexpr(4)  # the default partition: the scorer warpgroup
-GLUON_PV_WARPS = tl.constexpr(4)  # each P.V partition: one warpgroup, 256 output columns
-# Registers a thread of a P.V warpgroup: all that the launch gives (see above).
-GLUON_PV_REGISTERS = tl.constexpr(168)
-# 12 warps x 32 threads x 168 = 64,512 of the 65,536 registers.
+GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup of cp.async gathers
+# Registers a thread of the workers: the second PV (its accumulator half and the rescale) and the
+# producer (a few 64-bit row offsets); the scorer takes what they leave (ptxas: no spills).
+GLUON_SECOND_PV_REGISTERS = tl.constexpr(208)
+GLUON_PRODUCER_REGISTERS = tl.constexpr(40)
+# 12 warps x 32 threads x 168 = 64,512 of the 65,536 registers: what setmaxnreg redistributes.
 GLUON_MAX_REGISTERS = tl.constexpr(168)
 
 if _HAS_GLUON:
@@ -704,11 +694,16 @@ if _HAS_GLUON:
         return first
 
 # ---- the stage ring -----------------------------------------------------------------
-    # NUM_STAGES shared-memory stages, each one tile of BLOCK_N gathered K rows, and a `ready`
-    # mbarrier a stage, initialised to the number of threads that gather into it: each arrives
-    # once its own copies into the stage have landed (cp.async.mbarrier.arrive.noinc), so the
-    # phase completes when the whole tile is in shared memory. Tile t lives in stage
-    # t % NUM_STAGES and is that stage's round t // NUM_STAGES.
+    # NUM_STAGES shared-memory stages, each one tile of BLOCK_N gathered K rows, and two
+    # mbarriers a stage:
+    #   ready[s]  initialised to the producer's thread count; each producer thread arrives once
+    #             its own copies into stage s have landed (cp.async.mbarrier.arrive.noinc), so
+    #             the phase completes when the whole tile is in shared memory;
+    #   empty[s]  initialised to 1; one consumer thread arrives once both consumer warpgroups
+    #             are done with stage s (their last wgmma on it waited, then a barrier of theirs).
+    # Tile t lives in stage t % NUM_STAGES and is that stage's round t // NUM_STAGES. A fresh
+    # mbarrier counts as having completed a phase of parity 1, so the producer's first round
+    # waits on parity 1 and passes at once.
 
     @gluon.jit
     def _gluon_ring_slot(t, NUM_STAGES: gl.constexpr):
@@ -739,42 +734,50 @@ if _HAS_GLUON:
         return row
 
     @gluon.jit
-    def _gluon_copy_cols(dst, src, row, COL0: gl.constexpr, NUM_COLS: gl.constexpr, ROW_LOAD: gl.constexpr,
-                         in_rows=None):
-        """cp.async columns COL0 .. COL0 + NUM_COLS - 1 of a tile's K rows (element offsets `row`)
-        into `dst` ([BLOCK_N, NUM_COLS] of a stage), 16 bytes a copy, 64 columns (one 128-byte
-        line a row) at a time: the copying warps hold a P.V accumulator, so the addresses of
-        one line a row are all they keep."""
-        LINE: gl.constexpr = 64
-        cols = gl.arange(0, LINE, layout=gl.SliceLayout(0, ROW_LOAD))
-        rows = src + COL0 + row[:, None]
-        for c in gl.static_range(NUM_COLS // LINE):
-            async_copy.async_copy_global_to_shared(dst.slice(c * LINE, LINE, dim=1), rows + c * LINE + cols[None, :],
-                                                   mask=in_rows)
+    def _gluon_copy_rows(nope_dst, pe_dst, src, row, ROW_LOAD: gl.constexpr, in_rows=None):
+        """cp.async one tile of K rows (element offsets `row`) into a stage: the latent columns and
+        the PE columns, 16 bytes a copy."""
+        cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, ROW_LOAD))
+        async_copy.async_copy_global_to_shared(nope_dst, src + row[:, None] + cols[None, :], mask=in_rows)
+        cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, ROW_LOAD))
+        async_copy.async_copy_global_to_shared(pe_dst, src + NOPE_DIM + row[:, None] + cols_pe[None, :], mask=in_rows)
 
     @gluon.jit
-    def _gluon_tile_tokens(split_start, split_end, u, BLOCK_N: gl.constexpr, ROW_LOAD: gl.constexpr):
-        """The prefix tokens of tile u of the split. Tokens past the split read its last token
-        again: finite data, which the scorer scores -inf (no predicate on the copies)."""
+    def _gluon_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty, split_start,
+                        split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot, head_off,
+                        q_start, q_len, ke_head, stride_ke_tok, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                        INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
+        """The producer partition (GLUON_PRODUCER_WARPS warps, GLUON_PRODUCER_REGISTERS registers a
+        thread): tiles 0 .. num_tiles - 1 of the split gathered from the pool through the table,
+        then (draft_tiles == 1, the request's last split) the draft rows from K_Extend. It waits
+        on `empty` of a stage before refilling it and never touches the consumers' buffers.
+
+        Tokens past the split read its last token again: finite data, which the consumers score
+        -inf (no predicate on the copies). The next tile's slots load while this tile waits for
+        its stage, so the table read is off the path from `empty` to the copies."""
+        # One layout for the latent and the PE columns: 8 lanes cover one row's 128 bytes (one
+        # line) a copy, so a thread owns BLOCK_N / (4 * warps) rows and holds only their entries.
+        ROW_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ROW_LOAD))
-        return gl.minimum(split_start + u * BLOCK_N + offs_n, split_end - 1)
-
-
-    @gluon.jit
-    def _gluon_gather_tile(dst, K_Buffer, K_Extend, entries, tok, u, num_tiles, page_shift, stride_k_page,
-                           stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok, COL0: gl.constexpr,
-                           NUM_COLS: gl.constexpr, BLOCK_N: gl.constexpr, ROW_LOAD: gl.constexpr,
-                           BLOCK_TABLE: gl.constexpr):
-        """Columns COL0 .. COL0 + NUM_COLS - 1 of tile u's K rows into `dst`: a prefix tile through
-        the table entries of its tokens, the draft tile (u == num_tiles) from K_Extend, where
-        draft token j is row j and rows past the draft are zeros."""
-        if u < num_tiles:
+        last = split_end - 1
+        tok = gl.minimum(split_start + offs_n, last)
+        entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
+        for t in range(num_tiles):
+            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+            mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
             row = _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off, BLOCK_TABLE)
-            _gluon_copy_cols(dst, K_Buffer, row, COL0, NUM_COLS, ROW_LOAD)
-        else:
-            offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ROW_LOAD))
+            _gluon_copy_rows(k_nope_stages.index(stage), k_pe_stages.index(stage), K_Buffer, row, ROW_LOAD)
+            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+            tok = gl.minimum(split_start + (t + 1) * BLOCK_N + offs_n, last)
+            entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
+        for t in range(num_tiles, num_tiles + draft_tiles):
+            # The draft tile: draft token j is row j; rows past the draft are zeros.
+            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+            mbarrier.wait(empty.index(stage), parity ^ 1)
             row = (q_start + offs_n) * stride_ke_tok + ke_head
-            _gluon_copy_cols(dst, K_Extend, row, COL0, NUM_COLS, ROW_LOAD, in_rows=(offs_n < q_len)[:, None])
+            _gluon_copy_rows(k_nope_stages.index(stage), k_pe_stages.index(stage), K_Extend, row, ROW_LOAD,
+                             in_rows=(offs_n < q_len)[:, None])
+            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
 
     # ---- both P.V warpgroups --------------------------------------------------------------
 
@@ -791,6 +794,13 @@ if _HAS_GLUON:
         # The producer's cp.async wrote through the generic proxy; wgmma reads through the async one.
         fence_async_shared()
         return stage
+
+    @gluon.jit
+    def _gluon_release_stage(empty, stage):
+        """Hand this warpgroup's use of a stage back: its warps' barrier first, so that its whole
+        P.V on the stage is done before the one thread that arrives does."""
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(stage), count=1)
 
     @gluon.jit
     def _gluon_p_view(k_pe_stages, stage, ROWS: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -830,16 +840,18 @@ if _HAS_GLUON:
     # ---- the scorer -----------------------------------------------------------------------
 
     @gluon.jit
-    def _gluon_score_tile(q_nope, q_pe, k_nope_stages, k_pe_stages, alpha_smem, p_ready, stage, m_i, l_i, visible,
-                          qk_scale, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+    def _gluon_score_tile(q_nope, q_pe, k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, stage, m_i, l_i,
+                          acc, visible, qk_scale, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                          LAZY_RESCALE: gl.constexpr):
         """One tile on a landed stage: S, the online softmax (log2 domain; column c is visible to
-        row r where visible[r, c]), then P and alpha handed to the P.V warpgroups. The scorer
-        holds no part of the stage past this: its S has completed, and the P.V warpgroups
-        release the stage. Returns (m_i, l_i)."""
+        row r where visible[r, c]), P and alpha handed to the second PV, then this warpgroup's
+        half of P.V, waited, and the stage released. Returns (m_i, l_i, acc)."""
         S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_N, 16])
+        ACC: gl.constexpr = _gluon_acc_layout()
+        k_nope = k_nope_stages.index(stage)
         s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        s = warpgroup_mma(q_nope, k_nope_stages.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma(q_pe, k_pe_stages.index(stage).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         s = gl.where(visible, s * qk_scale, float("-inf"))
@@ -859,30 +871,44 @@ if _HAS_GLUON:
         fence_async_shared()  # P is read next by wgmma, through the async proxy
         gl.thread_barrier()  # all of P and alpha are stored
         mbarrier.arrive(p_ready.index(stage), count=1)
-        return m_new, l_i
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, ACC))[:, None]
+        acc = warpgroup_mma(p_smem, k_nope.slice(0, NOPE_DIM // 2, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _gluon_release_stage(empty, stage)
+        return m_new, l_i, acc
 
     @gluon.jit
-    def _gluon_load_q(Q, q_nope_smem, q_pe_smem, q_start, q_len, kv_head, head_block,
-                      first_row,
-                      stride_q_tok, stride_q_head, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, L_PAD: gl.constexpr):
-        """q into shared memory, in column blocks of 128 (32 registers a thread at a time: the
-        scorer has few). Row r is (head head_block * BLOCK_H + r // L_PAD, draft token
-        first_row + r % L_PAD); padding rows (past the group or the draft) are zeros."""
+    def _gluon_scorer(Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_nope_smem, q_pe_smem,
+                      k_nope_stages, k_pe_stages, alpha_smem, row_stats_smem, ready, empty, p_ready, stats_ready,
+                      q_start, q_len, kv_head, head_block,
+                      first_row, slot,
+                      batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
+                      qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
+                      stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
+                      stride_pl_head, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, L_PAD: gl.constexpr,
+                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+                      HAS_MASK: gl.constexpr, BLOCK_TABLE: gl.constexpr):
+        """The default partition: q into shared memory, every tile's S and softmax, the first
+        256 columns of P.V, the draft tile on the request's last split, then its half of o or
+        of the split's partial and the partial's log2-sum-exp."""
         ROWS: gl.constexpr = BLOCK_H * L_PAD
-        Q_COLS: gl.constexpr = 128
-        # 8 elements (16 bytes) a thread: a quarter warp per row of a column block, and per row
-        # of the PE columns.
-        NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [GLUON_NUM_WARPS, 1], [1, 0])
+        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_N, 16])
+        ACC: gl.constexpr = _gluon_acc_layout()
+        # q's load layouts: 8 elements (16 bytes) a thread, a warp per row of latent columns, a
+        # quarter warp per row of PE columns.
+        NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GLUON_NUM_WARPS, 1], [1, 0])
         PE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_NUM_WARPS, 1], [1, 0])
+
+        # q into shared memory. Row r is (head head_block * BLOCK_H + r // L_PAD, draft token
+        # first_row + r % L_PAD); padding rows (past the group or the draft) are zeros.
         rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, NOPE_LOAD))
         head = head_block * BLOCK_H + rows // L_PAD
         q_row = ((q_start + first_row + rows % L_PAD) * stride_q_tok
                  + (kv_head * GROUP + head).to(gl.int64) * stride_q_head)
+        cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, NOPE_LOAD))
         row_ok = (head < GROUP) & (first_row + rows % L_PAD < q_len)
-        cols = gl.arange(0, Q_COLS, layout=gl.SliceLayout(0, NOPE_LOAD))
-        for c in gl.static_range(NOPE_DIM // Q_COLS):
-            q_block = gl.load(Q + q_row[:, None] + c * Q_COLS + cols[None, :], mask=row_ok[:, None], other=0.0)
-            q_nope_smem.slice(c * Q_COLS, Q_COLS, dim=1).store(q_block)
+        q_nope_smem.store(gl.load(Q + q_row[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0))
         rows_pe = gl.arange(0, ROWS, layout=gl.SliceLayout(1, PE_LOAD))
         head_pe = head_block * BLOCK_H + rows_pe // L_PAD
         q_row_pe = ((q_start + first_row + rows_pe % L_PAD) * stride_q_tok
@@ -894,33 +920,18 @@ if _HAS_GLUON:
         fence_async_shared()  # q's generic-proxy stores, read by wgmma
         gl.thread_barrier()  # all of q is in shared memory
 
-    @gluon.jit
-    def _gluon_scorer(Q, Partial_Lse, Custom_Mask, Mask_Indptr, q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages,
-                      alpha_smem, row_stats_smem, ready, p_ready, stats_ready, q_start, q_len, kv_head, head_block,
-                      first_row, slot,
-                      batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
-                      qk_scale, k_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
-                      stride_pl_tok, stride_pl_head, GROUP: gl.constexpr, BLOCK_H: gl.constexpr,
-                      L_PAD: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                      LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """The default partition: q into shared memory, every tile's S and softmax, the draft
-        tile's on the request's last split, then the rows' max and sum-exp for the P.V
-        warpgroups and the split's log2-sum-exp."""
-        ROWS: gl.constexpr = BLOCK_H * L_PAD
-        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, BLOCK_N, 16])
-        _gluon_load_q(Q, q_nope_smem, q_pe_smem, q_start, q_len, kv_head, head_block,
-                      first_row,
-                      stride_q_tok, stride_q_head, GROUP, BLOCK_H, L_PAD)
-
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+        acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
         tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         for t in range(num_tiles):
             stage = _gluon_stage_landed(ready, t, NUM_STAGES)
             visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
-            m_i, l_i = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
-                                         stage, m_i, l_i, visible, qk_scale * k_scale, ROWS, BLOCK_N, LAZY_RESCALE)
+            m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
+                                              empty, stage, m_i, l_i, acc, visible, qk_scale * k_scale, ROWS,
+                                              BLOCK_N, LAZY_RESCALE)
+        # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
+        acc = acc * v_scale
 
         if draft_tiles > 0:
             # The draft tile (the producer's tile num_tiles): draft token j (zero rows past the
@@ -942,14 +953,19 @@ if _HAS_GLUON:
             else:
                 # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
                 visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
-            m_i, l_i = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
-                                         stage, m_i, l_i, visible, qk_scale, ROWS, BLOCK_N, False)
+            m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
+                                              empty, stage, m_i, l_i, acc, visible, qk_scale, ROWS, BLOCK_N, False)
 
-        # The rows' max and sum-exp, for the P.V warpgroups' halves of the output.
+        # The rows' max and sum-exp, for the second PV's half of the output.
         row_stats_smem.index(0).store(m_i)
         row_stats_smem.index(1).store(l_i)
         gl.thread_barrier()
         mbarrier.arrive(stats_ready.index(0), count=1)
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, ACC))
+        _gluon_store_rows(Out, Partial_O, acc, l_o, q_start, q_len, kv_head, head_block, 0,
+                          first_row, slot,
+                          num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
+                          GROUP, BLOCK_H, L_PAD)
         if num_written > 1:
             rows_s = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
             head_s = head_block * BLOCK_H + rows_s // L_PAD
@@ -959,44 +975,12 @@ if _HAS_GLUON:
             lse = m_i + gl.log2(gl.where(ok_s & (l_i > 0), l_i, 1.0))
             gl.store(Partial_Lse + draft_s * stride_pl_tok + q_head_s * stride_pl_head + slot, lse, mask=ok_s)
 
-    # ---- the P.V warpgroups ---------------------------------------------------------------
-
-    @gluon.constexpr_function
-    def _gluon_gather_layout():
-        """A P.V warpgroup's cp.async layout: 8 lanes cover one row's 128 bytes (one line) a copy,
-        so a thread owns BLOCK_N / 16 rows and holds only their table entries."""
-        return gl.BlockedLayout([1, 8], [4, 8], [GLUON_PV_WARPS, 1], [1, 0])
+    # ---- the second PV --------------------------------------------------------------------
 
     @gluon.jit
-    def _gluon_pv_gather(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, pv_done, entries, tok,
-                         u, num_tiles, split_start, split_end, page_shift, stride_k_page, stride_k_slot, k_head,
-                         q_start, q_len, ke_head, stride_ke_tok, COL0: gl.constexpr, BLOCK_N: gl.constexpr,
-                         NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """This warpgroup's share of tile u into its stage: the 256 latent columns its P.V reads,
-        and for P.V hi the PE columns too, once P.V lo is done with the P the previous round
-        left there. Every thread then arrives on the stage's `ready` when its copies land.
-        Returns the tokens and table entries of tile u + 1, read now so that the next gather
-        does not wait on the table."""
-        GATHER: gl.constexpr = _gluon_gather_layout()
-        stage, parity = _gluon_ring_slot(u, NUM_STAGES)
-        _gluon_gather_tile(k_nope_stages.index(stage).slice(COL0, NOPE_DIM // 2, dim=1), K_Buffer, K_Extend, entries,
-                           tok, u, num_tiles, page_shift, stride_k_page, stride_k_slot, k_head, q_start, q_len,
-                           ke_head, stride_ke_tok, COL0, NOPE_DIM // 2, BLOCK_N, GATHER, BLOCK_TABLE)
-        if COL0 != 0:
-            if u >= NUM_STAGES:
-                mbarrier.wait(pv_done.index(stage), parity ^ 1)  # P.V lo read round u // NUM_STAGES - 1's P
-            _gluon_gather_tile(k_pe_stages.index(stage), K_Buffer, K_Extend, entries, tok, u, num_tiles, page_shift,
-                               stride_k_page, stride_k_slot, k_head, q_start, q_len, ke_head, stride_ke_tok, NOPE_DIM,
-                               PE_DIM, BLOCK_N, GATHER, BLOCK_TABLE)
-        async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-        tok = _gluon_tile_tokens(split_start, split_end, u + 1, BLOCK_N, GATHER)
-        return tok, _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
-
-    @gluon.jit
-    def _gluon_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, pv_done, t, acc, COL0: gl.constexpr,
-                       ROWS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-        """acc = alpha x acc + P.V[:, COL0:COL0 + 256] of tile t, once the scorer handed its P
-        over, waited; P.V lo then tells P.V hi that the stage's P is read."""
+    def _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS: gl.constexpr,
+                              BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """acc = alpha x acc + P.V[:, 256:] of tile t, once the scorer handed its P over."""
         ACC: gl.constexpr = _gluon_acc_layout()
         stage, parity = _gluon_ring_slot(t, NUM_STAGES)
         mbarrier.wait(p_ready.index(stage), parity)
@@ -1004,75 +988,33 @@ if _HAS_GLUON:
         alpha = alpha_smem.index(stage).load(gl.SliceLayout(1, ACC))
         acc = acc * alpha[:, None]
         acc = warpgroup_mma(_gluon_p_view(k_pe_stages, stage, ROWS, BLOCK_N),
-                            k_nope_stages.index(stage).slice(COL0, NOPE_DIM // 2, dim=1), acc, is_async=True)
+                            k_nope_stages.index(stage).slice(NOPE_DIM // 2, NOPE_DIM // 2, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        if COL0 == 0:
-            gl.thread_barrier()  # every warp's P.V on the stage is done
-            mbarrier.arrive(pv_done.index(stage), count=1)
+        _gluon_release_stage(empty, stage)
         return acc
 
     @gluon.jit
-    def _gluon_pv_step(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, alpha_smem, ready, p_ready,
-                       pv_done, acc, entries, tok, t, num_gathered, num_tiles, split_start, split_end, page_shift,
-                       stride_k_page, stride_k_slot, k_head, q_start, q_len, ke_head, stride_ke_tok,
-                       COL0: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                       INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """Tile t's P.V, then tile t + NUM_STAGES (if the split has it) gathered into the stage
-        it leaves. Returns (acc, the next gather's tokens and table entries)."""
-        acc = _gluon_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, pv_done, t, acc, COL0, ROWS, BLOCK_N,
-                             NUM_STAGES)
-        if t + NUM_STAGES < num_gathered:
-            tok, entries = _gluon_pv_gather(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready,
-                                            pv_done, entries, tok, t + NUM_STAGES, num_tiles, split_start, split_end,
-                                            page_shift, stride_k_page, stride_k_slot, k_head, q_start, q_len, ke_head,
-                                            stride_ke_tok, COL0, BLOCK_N, NUM_STAGES, INDEX_WORDS, BLOCK_TABLE)
-        return acc, tok, entries
-
-    @gluon.jit
-    def _gluon_pv(Out, Partial_O, K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, alpha_smem,
-                  row_stats_smem, ready, p_ready, pv_done, stats_ready, q_start, q_len, kv_head, head_block,
-                  first_row, slot,
-                  num_written, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
-                  stride_k_slot, k_head, ke_head, stride_ke_tok, v_scale, stride_o_tok, stride_o_head,
-                  stride_po_tok, stride_po_head, stride_po_split, COL0: gl.constexpr, GROUP: gl.constexpr,
-                  BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """A P.V partition (output columns COL0 .. COL0 + 255). It fills the ring's first round,
-        then per tile: its P.V on the tile, and the tile NUM_STAGES ahead gathered into the
-        stage it has just finished with. The draft tile comes last (the request's last split);
-        then its half of o or of the split's partial."""
+    def _gluon_second_pv(Out, Partial_O, k_nope_stages, k_pe_stages, alpha_smem, row_stats_smem, empty, p_ready,
+                         stats_ready, q_start, q_len, kv_head, head_block,
+                         first_row, slot,
+                         num_written, num_tiles, draft_tiles, v_scale, stride_o_tok, stride_o_head, stride_po_tok,
+                         stride_po_head, stride_po_split, GROUP: gl.constexpr, BLOCK_H: gl.constexpr,
+                         L_PAD: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """The worker partition of the last 256 output columns: every tile's P.V on them, the
+        draft tile's too, then its half of o or of the split's partial."""
         ROWS: gl.constexpr = BLOCK_H * L_PAD
         ACC: gl.constexpr = _gluon_acc_layout()
-        num_gathered = num_tiles + draft_tiles
-        tok = _gluon_tile_tokens(split_start, split_end, 0, BLOCK_N, _gluon_gather_layout())
-        entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
-        for u in gl.static_range(NUM_STAGES):
-            if u < num_gathered:
-                tok, entries = _gluon_pv_gather(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready,
-                                                pv_done, entries, tok, u, num_tiles, split_start, split_end,
-                                                page_shift, stride_k_page, stride_k_slot, k_head, q_start, q_len,
-                                                ke_head, stride_ke_tok, COL0, BLOCK_N, NUM_STAGES, INDEX_WORDS,
-                                                BLOCK_TABLE)
         acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
         for t in range(num_tiles):
-            acc, tok, entries = _gluon_pv_step(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages,
-                                               alpha_smem, ready, p_ready, pv_done, acc, entries, tok, t,
-                                               num_gathered, num_tiles, split_start, split_end, page_shift,
-                                               stride_k_page, stride_k_slot, k_head, q_start, q_len, ke_head,
-                                               stride_ke_tok, COL0, ROWS, BLOCK_N, NUM_STAGES, INDEX_WORDS,
-                                               BLOCK_TABLE)
-        # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
+            acc = _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS, BLOCK_N,
+                                        NUM_STAGES)
         acc = acc * v_scale
-        for t in range(num_tiles, num_gathered):
-            acc, tok, entries = _gluon_pv_step(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages,
-                                               alpha_smem, ready, p_ready, pv_done, acc, entries, tok, t,
-                                               num_gathered, num_tiles, split_start, split_end, page_shift,
-                                               stride_k_page, stride_k_slot, k_head, q_start, q_len, ke_head,
-                                               stride_ke_tok, COL0, ROWS, BLOCK_N, NUM_STAGES, INDEX_WORDS,
-                                               BLOCK_TABLE)
+        for t in range(num_tiles, num_tiles + draft_tiles):
+            acc = _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS, BLOCK_N,
+                                        NUM_STAGES)
         mbarrier.wait(stats_ready.index(0), 0)
         l_i = row_stats_smem.index(1).load(gl.SliceLayout(1, ACC))
-        _gluon_store_rows(Out, Partial_O, acc, l_i, q_start, q_len, kv_head, head_block, COL0,
+        _gluon_store_rows(Out, Partial_O, acc, l_i, q_start, q_len, kv_head, head_block, NOPE_DIM // 2,
                           first_row, slot,
                           num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
                           GROUP, BLOCK_H, L_PAD)
@@ -1165,48 +1107,41 @@ if _HAS_GLUON:
             alpha_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, ROWS], ROW_SMEM)
             row_stats_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], ROW_SMEM)
             ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
             p_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-            pv_done = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
             stats_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(NUM_STAGES):
-                mbarrier.init(ready.index(i), count=2 * GLUON_PV_WARPS * 32)  # every P.V thread's copies
+                mbarrier.init(ready.index(i), count=GLUON_PRODUCER_WARPS * 32)  # every producer thread's copies
+                mbarrier.init(empty.index(i), count=2)  # the scorer and the second PV, one thread each
                 mbarrier.init(p_ready.index(i), count=1)  # one scorer thread, after its warps' barrier
-                mbarrier.init(pv_done.index(i), count=1)  # one P.V lo thread, after its warps' barrier
             mbarrier.init(stats_ready.index(0), count=1)
 
             num_tiles = gl.cdiv(split_end - split_start, BLOCK_N)
             draft_tiles = (split == num_written - 1).to(gl.int32)  # the request's last split adds the draft tile
             INDEX_WORDS: gl.constexpr = Kv_Table.dtype.element_ty.primitive_bitwidth // 32
             table_words = Kv_Table.to(gl.pointer_type(gl.int32)) + table_start * INDEX_WORDS
-            # The default partition, then the workers: P.V lo and P.V hi (one function, its first
-            # output column a constexpr).
             gl.warp_specialize([
                 (_gluon_scorer, (
-                    Q, Partial_Lse, Custom_Mask, Mask_Indptr, q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages,
-                    alpha_smem, row_stats_smem, ready, p_ready, stats_ready, q_start, q_len, kv_head, head_block,
+                    Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_nope_smem, q_pe_smem, k_nope_stages,
+                    k_pe_stages, alpha_smem, row_stats_smem, ready, empty, p_ready, stats_ready, q_start, q_len,
+                    kv_head, head_block,
                     first_row, slot,
                     batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale,
-                    k_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head, stride_pl_tok,
-                    stride_pl_head, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE)),
-                (_gluon_pv, (
-                    Out, Partial_O, K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, alpha_smem,
-                    row_stats_smem, ready, p_ready, pv_done, stats_ready, q_start, q_len, kv_head, head_block,
+                    k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head, stride_o_tok,
+                    stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head, GROUP,
+                    BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE)),
+                (_gluon_second_pv, (
+                    Out, Partial_O, k_nope_stages, k_pe_stages, alpha_smem, row_stats_smem, empty, p_ready,
+                    stats_ready, q_start, q_len, kv_head, head_block,
                     first_row, slot,
-                    num_written, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
-                    stride_k_slot, kv_head.to(gl.int64) * stride_k_head, kv_head.to(gl.int64) * stride_ke_head,
-                    stride_ke_tok, v_scale, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
-                    stride_po_split, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, INDEX_WORDS,
-                    BLOCK_TABLE)),
-                (_gluon_pv, (
-                    Out, Partial_O, K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, alpha_smem,
-                    row_stats_smem, ready, p_ready, pv_done, stats_ready, q_start, q_len, kv_head, head_block,
-                    first_row, slot,
-                    num_written, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
-                    stride_k_slot, kv_head.to(gl.int64) * stride_k_head, kv_head.to(gl.int64) * stride_ke_head,
-                    stride_ke_tok, v_scale, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
-                    stride_po_split, NOPE_DIM // 2, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, INDEX_WORDS,
-                    BLOCK_TABLE)),
-            ], [GLUON_PV_WARPS, GLUON_PV_WARPS], [GLUON_PV_REGISTERS, GLUON_PV_REGISTERS])
+                    num_written, num_tiles, draft_tiles, v_scale, stride_o_tok, stride_o_head, stride_po_tok,
+                    stride_po_head, stride_po_split, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES)),
+                (_gluon_producer, (
+                    K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty, split_start,
+                    split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
+                    kv_head.to(gl.int64) * stride_k_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
+                    stride_ke_tok, BLOCK_N, NUM_STAGES, INDEX_WORDS, BLOCK_TABLE)),
+            ], [4, GLUON_PRODUCER_WARPS], [GLUON_SECOND_PV_REGISTERS, GLUON_PRODUCER_REGISTERS])
 
 
 # ---------------------------------------------------------------------------------------
