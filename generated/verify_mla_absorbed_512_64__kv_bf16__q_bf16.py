@@ -829,12 +829,25 @@ if _HAS_GLUON:
     # ---- the scorer -----------------------------------------------------------------------
 
     @gluon.jit
+    def _gluon_rescale(acc, alpha, LAZY_RESCALE: gl.constexpr):
+        """acc x alpha per row. Under the lazy rescale almost every tile moves no row's
+        reference, and then every alpha is exactly 1: the warpgroup skips the multiply of its
+        128 accumulator registers, which stands between the tile's P and its P.V."""
+        if LAZY_RESCALE:
+            if gl.max((alpha != 1.0).to(gl.int32), 0) > 0:
+                acc = acc * alpha[:, None]
+        else:
+            acc = acc * alpha[:, None]
+        return acc
+
+    @gluon.jit
     def _gluon_score_tile(q_nope, q_pe, k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, stage, m_i, l_i,
                           acc, visible, qk_scale, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-                          LAZY_RESCALE: gl.constexpr):
-        """One tile on a landed stage: S, the online softmax (log2 domain; column c is visible to
-        row r where visible[r, c]), P and alpha handed to the second PV, then this warpgroup's
-        half of P.V, waited, and the stage released. Returns (m_i, l_i, acc)."""
+                          MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+        """One tile on a landed stage: S, the online softmax (log2 domain; with MASKED, column c
+        is visible to row r where visible[r, c], else every column is), P and alpha handed to
+        the second PV, then this warpgroup's half of P.V, waited, and the stage released.
+        Returns (m_i, l_i, acc)."""
         S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                             instr_shape=[16, BLOCK_N, 16])
         ACC: gl.constexpr = _gluon_acc_layout()
@@ -843,8 +856,11 @@ if _HAS_GLUON:
         s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma(q_pe, k_pe_stages.index(stage).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        s = gl.where(visible, s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
+        if MASKED:
+            s = gl.where(visible, s, float("-inf"))
+        # qk_scale > 0: the scaled row max is the row max scaled (rounding is monotonic), and
+        # p below scales and subtracts in one fma an element.
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         if LAZY_RESCALE:
             # A row's max moves only when it grows by more than 2**8 (p stays <= 256, exact in
             # fp32), so most tiles rescale by exactly 1.
@@ -852,7 +868,7 @@ if _HAS_GLUON:
         # A row that has seen nothing yet keeps a finite reference (no -inf - -inf).
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_ref)
-        p = gl.exp2(s - m_ref[:, None])
+        p = gl.exp2(s * qk_scale - m_ref[:, None])
         l_i = l_i * alpha + gl.sum(p, 1)
         p_smem = _gluon_p_view(k_pe_stages, stage, ROWS, BLOCK_N)
         p_smem.store(p.to(p_smem.dtype))  # S's wgmma on this stage's PE slot has completed
@@ -860,7 +876,7 @@ if _HAS_GLUON:
         fence_async_shared()  # P is read next by wgmma, through the async proxy
         gl.thread_barrier()  # all of P and alpha are stored
         mbarrier.arrive(p_ready.index(stage), count=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, ACC))[:, None]
+        acc = _gluon_rescale(acc, gl.convert_layout(alpha, gl.SliceLayout(1, ACC)), LAZY_RESCALE)
         acc = warpgroup_mma(p_smem, k_nope.slice(0, NOPE_DIM // 2, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _gluon_release_stage(empty, stage)
@@ -912,12 +928,19 @@ if _HAS_GLUON:
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
         acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
         tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-        for t in range(num_tiles):
+        # The split's whole tiles see every column; only its last tile may be cut short.
+        full_tiles = (split_end - split_start) // BLOCK_N
+        for t in range(full_tiles):
+            stage = _gluon_stage_landed(ready, t, NUM_STAGES)
+            m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
+                                              empty, stage, m_i, l_i, acc, None, qk_scale * k_scale, ROWS,
+                                              BLOCK_N, False, LAZY_RESCALE)
+        for t in range(full_tiles, num_tiles):
             stage = _gluon_stage_landed(ready, t, NUM_STAGES)
             visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
             m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
                                               empty, stage, m_i, l_i, acc, visible, qk_scale * k_scale, ROWS,
-                                              BLOCK_N, LAZY_RESCALE)
+                                              BLOCK_N, True, LAZY_RESCALE)
         # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
         acc = acc * v_scale
 
@@ -942,7 +965,8 @@ if _HAS_GLUON:
                 # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
                 visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
             m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
-                                              empty, stage, m_i, l_i, acc, visible, qk_scale, ROWS, BLOCK_N, False)
+                                              empty, stage, m_i, l_i, acc, visible, qk_scale, ROWS, BLOCK_N, True,
+                                              False)
 
         # The rows' max and sum-exp, for the second PV's half of the output.
         row_stats_smem.index(0).store(m_i)
@@ -968,14 +992,13 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS: gl.constexpr,
-                              BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+                              BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr):
         """acc = alpha x acc + P.V[:, 256:] of tile t, once the scorer handed its P over."""
         ACC: gl.constexpr = _gluon_acc_layout()
         stage, parity = _gluon_ring_slot(t, NUM_STAGES)
         mbarrier.wait(p_ready.index(stage), parity)
         fence_async_shared()  # the scorer's generic-proxy P, read by wgmma
-        alpha = alpha_smem.index(stage).load(gl.SliceLayout(1, ACC))
-        acc = acc * alpha[:, None]
+        acc = _gluon_rescale(acc, alpha_smem.index(stage).load(gl.SliceLayout(1, ACC)), LAZY_RESCALE)
         acc = warpgroup_mma(_gluon_p_view(k_pe_stages, stage, ROWS, BLOCK_N),
                             k_nope_stages.index(stage).slice(NOPE_DIM // 2, NOPE_DIM // 2, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -988,7 +1011,8 @@ if _HAS_GLUON:
                          split,
                          num_written, num_tiles, draft_tiles, v_scale, stride_o_tok, stride_o_head, stride_po_tok,
                          stride_po_head, stride_po_split, GROUP: gl.constexpr, BLOCK_H: gl.constexpr,
-                         L_PAD: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+                         L_PAD: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                         LAZY_RESCALE: gl.constexpr):
         """The worker partition of the last 256 output columns: every tile's P.V on them, the
         draft tile's too, then its half of o or of the split's partial."""
         ROWS: gl.constexpr = BLOCK_H * L_PAD
@@ -996,11 +1020,11 @@ if _HAS_GLUON:
         acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
         for t in range(num_tiles):
             acc = _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS, BLOCK_N,
-                                        NUM_STAGES)
+                                        NUM_STAGES, LAZY_RESCALE)
         acc = acc * v_scale
         for t in range(num_tiles, num_tiles + draft_tiles):
             acc = _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS, BLOCK_N,
-                                        NUM_STAGES)
+                                        NUM_STAGES, LAZY_RESCALE)
         mbarrier.wait(stats_ready.index(0), 0)
         l_i = row_stats_smem.index(1).load(gl.SliceLayout(1, ACC))
         _gluon_store_rows(Out, Partial_O, acc, l_i, q_start, q_len, kv_head, head_block, NOPE_DIM // 2,
@@ -1117,7 +1141,7 @@ if _HAS_GLUON:
                     stats_ready, q_start, q_len, kv_head, head_block,
                     split,
                     num_written, num_tiles, draft_tiles, v_scale, stride_o_tok, stride_o_head, stride_po_tok,
-                    stride_po_head, stride_po_split, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES)),
+                    stride_po_head, stride_po_split, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE)),
                 (_gluon_producer, (
                     K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty, split_start,
                     split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,

@@ -103,6 +103,24 @@ def test_bf16_scale_tensors_and_bad_values_are_refused():
     _refused(module, case, "v_scale must be None or a finite float")
 
 
+@pytest.mark.parametrize("layout", [GQA, MLA])
+def test_non_positive_score_scales_are_refused(layout):
+    """The Gluon prefix stage scales a row's max of the raw scores, which is the max of the
+    scaled scores only for a positive scale: sm_scale and a 16-bit pool's k_scale at or below
+    zero (or not finite) are refused by both entries, whichever lowering would run."""
+    module = _load(layout)
+    case = build(layout, [20], [2], 4, seed=1)
+    for bad in (0.0, -0.125, float("nan"), float("inf")):
+        case.sm_scale = bad
+        _refused(module, case, "sm_scale must be None or a finite float > 0")
+        assert "sm_scale must be None or a finite float > 0" in module.why_not_paged(
+            *to_paged(case, 16).paged_args(case))
+    case.sm_scale = None
+    for bad in (0.0, -1.0):
+        case.k_scale = bad
+        _refused(module, case, "k_scale must be > 0")
+
+
 def test_fp8_scales_unchanged_as_tensors():
     """FP8 modules take device-tensor descales as well as floats (the kernel reads tensors)."""
     case = build(GQA, [33], [3], 4, kv_dtype="float8_e4m3fn", k_scale=0.5, v_scale=0.25, seed=4)

@@ -99,9 +99,15 @@ def draft_reason(qo_indptr: Any, max_len_extend: Any, q: torch.Tensor, max_draft
     return ""
 
 
-def scale_reason(ident: ModuleIdentity, k_scale: Any, v_scale: Any, q: torch.Tensor) -> str:
+def scale_reason(ident: ModuleIdentity, k_scale: Any, v_scale: Any, q: torch.Tensor, sm_scale: Any = None) -> str:
     """FP8 modules read scales from 1-element fp32 device tensors (a float becomes one); a 16-bit
-    pool's scales are float kernel arguments."""
+    pool's scales are float kernel arguments. The score scale (sm_scale x k_scale, as floats)
+    must be positive: the Gluon prefix stage takes a row's max of the unscaled scores and scales it."""
+    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale)
+                                     and sm_scale > 0):
+        return f"sm_scale must be None or a finite float > 0, got {sm_scale!r}"
+    if isinstance(k_scale, (int, float)) and math.isfinite(k_scale) and k_scale <= 0:
+        return f"k_scale must be > 0 (it scales every score), got {k_scale!r}"
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         if ident.fp8_kv:
             if isinstance(scale, torch.Tensor) and (scale.numel() != 1 or scale.device != q.device

@@ -41,7 +41,8 @@ class CallShapes:
                  prefix_trim_len=-int(kv_len_adjust))
 
     def common_reason(self, q: Any, k_extend: Any, v_extend: Any, o: Any, k_pool: Any, v_pool: Any,
-                      qo_indptr: Any, max_len_extend: Any, k_scale: Any, v_scale: Any, pool_ndim: int = 3) -> str:
+                      qo_indptr: Any, max_len_extend: Any, k_scale: Any, v_scale: Any, pool_ndim: int = 3,
+                      sm_scale: Any = None) -> str:
         """Reasons shared by both entry points; '' when the shapes and dtypes are ours."""
         ident = self.identity
         tensors = {"q_extend": q, "k_extend": k_extend, "v_extend": v_extend, "o_extend": o,
@@ -51,7 +52,7 @@ class CallShapes:
         return (checks.tensor_reason(tensors, q, pool_ndim, self.interpret)
                 or checks.shape_reason(ident, q, k_extend, v_extend, o, k_pool, v_pool)
                 or checks.draft_reason(qo_indptr, max_len_extend, q, ident.max_draft_tokens)
-                or checks.scale_reason(ident, k_scale, v_scale, q)
+                or checks.scale_reason(ident, k_scale, v_scale, q, sm_scale)
                 or checks.v_view_reason(ident, k_pool, v_pool)
                 or self.target_reason(q, q.shape[1] // k_extend.shape[1], qo_indptr.shape[0] - 1, max_len_extend))
 
@@ -86,7 +87,7 @@ class CallShapes:
             return ("skip_prefix_custom_mask=False: the kernels read only the mask's draft block (every draft token "
                     "sees the whole prefix); honouring its prefix columns would need a host read of them")
         reason = self.common_reason(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr,
-                                    max_len_extend, k_scale, v_scale)
+                                    max_len_extend, k_scale, v_scale, sm_scale=sm_scale)
         if not reason and custom_mask is not None:
             reason = checks.mask_reason(custom_mask, mask_indptr, q_extend, qo_indptr.shape[0] - 1, max_len_extend,
                                         False)
@@ -145,7 +146,7 @@ class CallShapes:
                       custom_mask=None, mask_indptr=None, is_causal=True) -> str:
         """Why verify_paged_fwd cannot run these arguments ('' when it can)."""
         reason = (self.common_reason(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, qo_indptr,
-                                     max_len_extend, k_scale, v_scale, pool_ndim=4)
+                                     max_len_extend, k_scale, v_scale, pool_ndim=4, sm_scale=sm_scale)
                   or checks.paged_reason(self.identity, q_extend, k_cache, v_cache, block_table, prefix_lens,
                                          qo_indptr, is_causal))
         if not reason and custom_mask is not None:
