@@ -117,6 +117,8 @@ def test_bench_flashinfer_measures_the_cases_of_record(tmp_path: Path) -> None:
     assert listed["mla_g128"] == {"mla_absorbed_512_64/g128/bf16/bs16/p4096/L4"}
     assert listed["mla_small"] == {"mla_absorbed_512_64/g16/bf16/bs16/p1024/L4"}
     assert listed["trees"] == {f"qwen3_5_gqa256/g16/bf16/bs64/p16384/L{n}/mask-tree" for n in (8, 16, 64)}
+    assert listed["gqa128"] == {f"gqa128/g{g}/bf16/bs64/p16384/L{n}" for g in (8, 16) for n in (4, 8, 16)}
+    assert listed["gqa64"] == {f"gqa64/g8/bf16/bs64/p16384/L{n}" for n in (4, 8, 16)}
 
 
 def test_env_copies_flashinfers_prebuilt_kernels_next_to_the_installed_package(tmp_path: Path) -> None:

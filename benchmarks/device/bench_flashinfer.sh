@@ -7,6 +7,8 @@
 #   mla_g128  absorbed MLA 512+64, group 128, batch 16, prefix 4K, L 4
 #   mla_small absorbed MLA 512+64, group 16, batch 16, prefix 1K, L 4 (a small batch)
 #   trees     GQA 256 group 16, batch 64, prefix 16K, a random EAGLE tree (--mask tree) of 8, 16 and 64 tokens
+#   gqa128    GQA 128 (Llama, Qwen3, MiniMax-M3), groups 8 and 16, batch 64, prefix 16K, L 4, 8, 16
+#   gqa64     GQA 64, group 8, batch 64, prefix 16K, L 4, 8, 16
 #
 # Usage, from the repository root, with .whl/ (the flashinfer and apache-tvm-ffi wheels next to kgen's) and
 # .fi-aot/ carried (both from /work/shared/device/flashinfer/fetch.sh; env.sh installs them):
@@ -37,12 +39,13 @@ case "$parts_arg" in
     -*) parts_arg=all ;;
     *) [ $# -gt 0 ] && shift ;;
 esac
-[ "$parts_arg" = all ] && parts_arg=gqa,mla,mla_g128,mla_small,trees
+[ "$parts_arg" = all ] && parts_arg=gqa,mla,mla_g128,mla_small,trees,gqa128,gqa64
 IFS=, read -r -a parts <<<"$parts_arg"
 for part in "${parts[@]}"; do
     case "$part" in
-        gqa | mla | mla_g128 | mla_small | trees) ;;
-        *) echo "bench_flashinfer.sh: unknown part '$part': give all, or some of gqa,mla,mla_g128,mla_small,trees" \
+        gqa | mla | mla_g128 | mla_small | trees | gqa128 | gqa64) ;;
+        *) echo "bench_flashinfer.sh: unknown part '$part': give all, or some of" \
+               "gqa,mla,mla_g128,mla_small,trees,gqa128,gqa64" \
                "(then kgen bench options)" >&2
            exit 2 ;;
     esac
@@ -76,6 +79,8 @@ for part in "${parts[@]}"; do
         mla_g128) bench mla_g128 --layout mla_absorbed_512_64:128 --batch 16 --prefix 4K --draft 4 "$@" ;;
         mla_small) bench mla_small --layout mla_absorbed_512_64:16 --batch 16 --prefix 1K --draft 4 "$@" ;;
         trees) bench trees --layout qwen3_5_gqa256:16 --batch 64 --prefix 16K --draft 8,16,64 --mask tree "$@" ;;
+        gqa128) bench gqa128 --layout gqa128:8,gqa128:16 --batch 64 --prefix 16K --draft 4,8,16 "$@" ;;
+        gqa64) bench gqa64 --layout gqa64:8 --batch 64 --prefix 16K --draft 4,8,16 "$@" ;;
     esac
 done
 echo "== bench_flashinfer.sh: exit $status" | tee -a "$log"
