@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from case_tools import batch_of, set_draft_masks, to_paged
@@ -115,6 +116,8 @@ def test_non_positive_score_scales_are_refused(layout):
         _refused(module, case, "sm_scale must be None or a finite float > 0")
         assert "sm_scale must be None or a finite float > 0" in module.why_not_paged(
             *to_paged(case, 16).paged_args(case))
+    case.sm_scale = np.float32(0.125)  # a NumPy scalar is a number
+    assert module.why_not(*case.sglang_args()) == ""
     case.sm_scale = None
     for bad in (0.0, -1.0):
         case.k_scale = bad

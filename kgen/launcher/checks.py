@@ -7,6 +7,7 @@ They read shapes, dtypes, strides, devices and Python scalars only, never tensor
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import torch
@@ -103,8 +104,8 @@ def scale_reason(ident: ModuleIdentity, k_scale: Any, v_scale: Any, q: torch.Ten
     """FP8 modules read scales from 1-element fp32 device tensors (a float becomes one); a 16-bit
     pool's scales are float kernel arguments. The score scale (sm_scale x k_scale, as floats)
     must be positive: the Gluon prefix stage takes a row's max of the unscaled scores and scales it."""
-    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale)
-                                     and sm_scale > 0):
+    if sm_scale is not None and not (isinstance(sm_scale, numbers.Real) and not isinstance(sm_scale, bool)
+                                     and math.isfinite(sm_scale) and sm_scale > 0):
         return f"sm_scale must be None or a finite float > 0, got {sm_scale!r}"
     if isinstance(k_scale, (int, float)) and math.isfinite(k_scale) and k_scale <= 0:
         return f"k_scale must be > 0 (it scales every score), got {k_scale!r}"
