@@ -616,51 +616,47 @@ def _verify_merge_stage(
 
 
 # ---------------------------------------------------------------------------------------
-# Hopper lowering of the prefix stage (Gluon, sm_90, Triton 3.6.x): the seesaw.
+# Hopper lowering of the prefix stage (Gluon, sm_90, Triton 3.6.x): warp-specialized.
 #
 # One program is 64 rows (BLOCK_H heads x L_PAD draft tokens) of one split of one request, and
-# two warpgroups, each a partition of its own that holds one half of O (64 x 256 fp32, 128
-# registers a thread) and takes turns scoring the tiles:
-#   warpgroup 0 (default partition): scores the even tiles (stage 0) and owns o[:, :256];
-#   warpgroup 1 (worker):            scores the odd tiles (stage 1) and owns o[:, 256:].
-# The scorer of tile t computes S over all of its keys (wgmma, q and K from shared memory), the
-# online softmax against m of tile t - 1 (which the other warpgroup published), and hands P,
-# the rescale factor and the new row max over to the other; both add their half of P.V. So one
-# warpgroup's softmax runs while the other's MMAs keep the tensor cores busy (FlashMLA's
-# sm90 decode schedule), and the row statistics pass from one to the other once a tile.
+# three warpgroups, each a partition of its own:
+#   scorer    (default partition, 4 warps): per tile, S = q_nope.k_nope^T + q_pe.k_pe^T over
+#             all of the tile's keys (wgmma, q and K from shared memory), the online softmax,
+#             P (16-bit) into the stage's PE slot (dead once S is computed) and the rescale
+#             factor into alpha_smem, then acc[:, :256] += P.V[:, :256].
+#   second PV (worker, 4 warps): per tile, once P is in place, acc[:, 256:] = alpha x acc +
+#             P.V[:, 256:], so its half of P.V runs while the scorer computes the next tile's S.
+#   producer  (worker, 4 warps): gathers each prefix tile's K rows through the request's
+#             kv_indices (token slots) or block-table row (pages) with cp.async into the stage
+#             ring, then the draft rows. It issues every global load of the loop; the other
+#             two issue none.
+# V is the K tile's latent columns (a view of the same stage, no V copy). Each accumulator half
+# is 64 x 256 fp32, 128 registers a thread; setmaxnreg gives the scorer the most (it also holds
+# S and P), the producer the fewest (GLUON_*_REGISTERS).
 #
-# There is no producer: Triton 3.6 compiles every partition within the launch's .maxnreg,
-# and a third warpgroup caps each at 168 registers (docs/perf-notes.md, "What Triton 3.6's
-# Gluon does on sm_90"). Each warpgroup refills the blocks it was the last to read, as soon as
-# it is done with them, with cp.async through the request's table:
-#   L  (latent columns 0..255: S's first half, V of o[:, :256])   warpgroup 0, after its P.V;
-#   R  (latent columns 256..511: S's second half, V of o[:, 256:]) warpgroup 1, after its P.V;
-#   PE (the 64 PE columns: S's last part, then the tile's P)       the stage's scorer, once the
-#                                                                  other warpgroup read P.
-# V is the K tile's latent columns (a view of the same stage, no V copy).
-#
-# Shared memory (64-token tiles, 2 stages: the even and the odd tile of a pair; 221,696 B of
-# sm_90's 232,448 with the row buffers):
-#   q_nope_smem [64, 512], q_pe_smem [64, 64]   written once before the partitions, read by S
-#   k_nope_stages / k_pe_stages [2, 64, 512 | 64]   stage t % 2 holds tile t; its L, R and PE
-#             block groups are refilled separately (above); the PE slot holds the tile's P once
-#             S of the tile is computed
-#   alpha_smem, m_smem [2, 64]  the scorer's rescale factor and new row max of stage t % 2's tile
-#   l_smem [2, 64]              each warpgroup's sum-exp at the end, for the other
-#   ready [2 x 3]   a stage's block group landed: initialised to a warpgroup's 128 threads, each
-#             arriving once its copies land (cp.async.mbarrier.arrive.noinc); S waits all three
-#   p_ready [2]     the stage's P, alpha and m are in place (one thread of the scorer)
-#   p_free [2]      the other warpgroup's P.V read P (one thread of it): the scorer may refill
-#             the PE slot
-#   stats_ready [1] both warpgroups' sum-exp are in l_smem (one thread of each)
-# A fresh mbarrier counts as having completed a phase of parity 1: round r = t // 2 of a stage
-# waits ready / p_ready on parity r & 1 and p_free on parity r & 1 of the round before.
+# Shared memory (64-token tiles, 2 stages: 221,696 B of sm_90's 232,448):
+#   q_nope_smem [64, 512], q_pe_smem [64, 64]   written once by the scorer, read by S's wgmma
+#   k_nope_stages / k_pe_stages [NUM_STAGES, BLOCK_N, 512 | 64]   the ring: written by the
+#             producer's cp.async; k_nope is read by S's wgmma and by both P.V halves; k_pe by
+#             S's wgmma, then overwritten with the tile's P by the scorer
+#   alpha_smem [NUM_STAGES, 64]   the tile's rescale factor per row, scorer -> second PV
+#   row_stats_smem [2, 64]        the rows' final max and sum-exp, scorer -> second PV
+#   ready, empty [NUM_STAGES]     the ring's mbarriers (pipeline.py.j2 says how they count;
+#             `empty` completes when the scorer and the second PV both released the stage)
+#   p_ready [NUM_STAGES]          the tile's P and alpha are in place (one scorer thread)
+#   stats_ready [1]               the rows' max and sum-exp are in place (one scorer thread)
 # ---------------------------------------------------------------------------------------
-GLUON_NUM_WARPS = tl.constexpr(4)  # the default partition: warpgroup 0
-# 8 warps x 32 threads x 256 = the 65,536 registers of an SM: each warpgroup holds its half of O
-# (128), S (32) and P, and its gathers' offsets; no register reallocation.
-GLUON_MAX_REGISTERS = tl.constexpr(256)
-GLUON_HALF = tl.constexpr(NOPE_DIM // 2)  # one warpgroup's output columns, one block group of latent columns
+GLUON_NUM_WARPS = tl.constexpr(4)  # the default partition: the scorer warpgroup
+GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup of cp.async gathers
+# Registers a thread of the workers: the second PV (its accumulator half and the rescale) and the
+# producer (a few 64-bit row offsets); the scorer takes what they leave. setmaxnreg moves the
+# physical registers; ptxas compiles every partition within GLUON_MAX_REGISTERS (no spills at
+# 168): no partition's code uses more than 168, whatever its share of the register file
+# (docs/perf-notes.md, "What Triton 3.6's Gluon does on sm_90").
+GLUON_SECOND_PV_REGISTERS = tl.constexpr(208)
+GLUON_PRODUCER_REGISTERS = tl.constexpr(40)
+# 12 warps x 32 threads x 168 = 64,512 of the 65,536 registers: what setmaxnreg redistributes.
+GLUON_MAX_REGISTERS = tl.constexpr(168)
 
 if _HAS_GLUON:
 
@@ -773,23 +769,28 @@ if _HAS_GLUON:
                              in_rows=(offs_n < q_len)[:, None])
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
 
-    # ---- shared by both warpgroups ----------------------------------------------------------
+    # ---- both P.V warpgroups --------------------------------------------------------------
 
     @gluon.constexpr_function
     def _gluon_acc_layout():
         """One warpgroup's accumulator half: 64 rows x 256 columns, wgmma's register layout."""
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NOPE_DIM // 2, 16])
 
-    @gluon.constexpr_function
-    def _gluon_s_layout(block_n):
-        """A tile's S: 64 rows x BLOCK_N keys, wgmma's register layout."""
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_n, 16])
+    @gluon.jit
+    def _gluon_stage_landed(ready, t, NUM_STAGES: gl.constexpr):
+        """Wait until tile t is in its stage; then its bytes may be read by wgmma."""
+        stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+        mbarrier.wait(ready.index(stage), parity)
+        # The producer's cp.async wrote through the generic proxy; wgmma reads through the async one.
+        fence_async_shared()
+        return stage
 
-    @gluon.constexpr_function
-    def _gluon_row_load():
-        """The gathers' layout: 8 lanes cover one row's 128 bytes (one line) a copy, 16 rows an
-        instruction over a warpgroup, so a thread holds 4 of a tile's 64 row offsets."""
-        return gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    @gluon.jit
+    def _gluon_release_stage(empty, stage):
+        """Hand this warpgroup's use of a stage back: its warps' barrier first, so that its whole
+        P.V on the stage is done before the one thread that arrives does."""
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(stage), count=1)
 
     @gluon.jit
     def _gluon_p_view(k_pe_stages, stage, ROWS: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -797,183 +798,6 @@ if _HAS_GLUON:
         (BLOCK_N x 64 = 64 x BLOCK_N), free once S of the tile is computed."""
         P_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_N], k_pe_stages.dtype)
         return k_pe_stages.index(stage)._reinterpret(k_pe_stages.dtype, [ROWS, BLOCK_N], P_SMEM)
-
-    @gluon.jit
-    def _gluon_tile_entries(src, t, BLOCK_N: gl.constexpr, INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """The table entries of tile t's 64 tokens (zeros past the split's prefix tiles), loaded
-        a turn before its refill so that their latency is off the refilling warpgroup's path."""
-        (K_Buffer, K_Extend, table_words, split_start, split_end, num_tiles, page_shift, stride_k_page,
-         stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok) = src
-        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _gluon_row_load()))
-        tok = gl.minimum(split_start + t * BLOCK_N + offs_n, split_end - 1)
-        tok = gl.where(t < num_tiles, tok, -1)  # -1: no read (_gluon_table_entries)
-        return _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
-
-    @gluon.jit
-    def _gluon_tile_rows(src, t, entries, BLOCK_N: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """The 64 K rows of tile t, as row pointers and which of them exist. Tiles 0 .. num_tiles - 1
-        are the split's prefix tokens, through their table entries (tokens past the split read
-        its last token again: finite data, which S's mask scores -inf); tile num_tiles is the
-        draft's rows of K_Extend (zeros past the draft)."""
-        (K_Buffer, K_Extend, table_words, split_start, split_end, num_tiles, page_shift, stride_k_page,
-         stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok) = src
-        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _gluon_row_load()))
-        if t < num_tiles:
-            tok = gl.minimum(split_start + t * BLOCK_N + offs_n, split_end - 1)
-            rows = K_Buffer + _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off,
-                                                 BLOCK_TABLE)
-            in_rows = offs_n < BLOCK_N
-        else:
-            rows = K_Extend + ((q_start + offs_n) * stride_ke_tok + ke_head)
-            in_rows = offs_n < q_len
-        return rows, in_rows
-
-    @gluon.jit
-    def _gluon_copy_group(dst, rows, in_rows, ready_bar, COL0: gl.constexpr, NCOLS: gl.constexpr):
-        """cp.async columns COL0 .. COL0 + NCOLS of the tile's rows into dst (16 bytes a copy);
-        every thread of the warpgroup arrives on ready_bar once its own copies land."""
-        cols = COL0 + gl.arange(0, NCOLS, layout=gl.SliceLayout(0, _gluon_row_load()))
-        async_copy.async_copy_global_to_shared(dst, rows[:, None] + cols[None, :], mask=in_rows[:, None])
-        async_copy.mbarrier_arrive(ready_bar, increment_count=False)
-
-    @gluon.jit
-    def _gluon_refill(src, k_nope_stages, k_pe_stages, ready, t, entries, num_all_tiles, BLOCK: gl.constexpr,
-                      BLOCK_N: gl.constexpr, INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """Load block group BLOCK (0: L, 1: R, 2: PE) of tile t into stage t % 2, if the split has a
-        tile t. The caller was the last to read that group of tile t - 2 (its warps' barrier
-        first, so that all of its wgmma reads are done)."""
-        if t < num_all_tiles:
-            stage = t % 2
-            rows, in_rows = _gluon_tile_rows(src, t, entries, BLOCK_N, BLOCK_TABLE)
-            if BLOCK == 2:
-                _gluon_copy_group(k_pe_stages.index(stage), rows, in_rows, ready.index(stage * 3 + 2), NOPE_DIM,
-                                  PE_DIM)
-            else:
-                _gluon_copy_group(k_nope_stages.index(stage).slice(BLOCK * GLUON_HALF, GLUON_HALF, dim=1), rows,
-                                  in_rows, ready.index(stage * 3 + BLOCK), BLOCK * GLUON_HALF, GLUON_HALF)
-
-    @gluon.jit
-    def _gluon_issue_scores(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, ready, t, BLOCK_N: gl.constexpr):
-        """Issue S of tile t (async): q_nope.L^T, q_nope.R^T and q_pe.PE^T, each once its block
-        group has landed, so S starts on the first group while the others still arrive."""
-        # q's buffers are one-element arrays indexed by t - t (0, unknown to the compiler): their
-        # wgmma descriptors are then computed where they are used, not hoisted and spilled.
-        q_index = t - _gluon_opaque(t)
-        q_nope_smem = q_nope_smem.index(q_index)
-        q_pe_smem = q_pe_smem.index(q_index)
-        stage = t % 2
-        parity = (t // 2) & 1
-        k_nope = k_nope_stages.index(stage)
-        s = gl.zeros([64, BLOCK_N], gl.float32, layout=_gluon_s_layout(BLOCK_N))
-        mbarrier.wait(ready.index(stage * 3), parity)
-        fence_async_shared()  # the copies wrote through the generic proxy; wgmma reads through the async one
-        s = warpgroup_mma(q_nope_smem.slice(0, GLUON_HALF, dim=1), k_nope.slice(0, GLUON_HALF, dim=1).permute((1, 0)),
-                          s, use_acc=False, is_async=True)
-        mbarrier.wait(ready.index(stage * 3 + 1), parity)
-        fence_async_shared()
-        s = warpgroup_mma(q_nope_smem.slice(GLUON_HALF, GLUON_HALF, dim=1),
-                          k_nope.slice(GLUON_HALF, GLUON_HALF, dim=1).permute((1, 0)), s, is_async=True)
-        mbarrier.wait(ready.index(stage * 3 + 2), parity)
-        fence_async_shared()
-        return warpgroup_mma(q_pe_smem, k_pe_stages.index(stage).permute((1, 0)), s, is_async=True)
-
-    @gluon.jit
-    def _gluon_tile_visible(t, tiles, Custom_Mask, Mask_Indptr, batch, prefix_len, q_len, draft_lookahead_len,
-                            stride_mask_row, first_row, BLOCK_N: gl.constexpr, L_PAD: gl.constexpr,
-                            HAS_MASK: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """Which of tile t's columns each row sees. A prefix tile: the split's tokens (only its
-        last tile is cut short). The draft tile: draft token j (zero rows past the draft) is seen
-        where the request's custom mask says (a tree: SGLang's [L, P + L] bytes at
-        mask_indptr[b], only the draft columns read; the paged entry's rows), else by draft
-        positions >= j - draft_lookahead_len (0: the chain)."""
-        (split_len_left, num_tiles) = tiles
-        S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
-        tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-        draft_pos = first_row + gl.arange(0, 64, layout=gl.SliceLayout(1, S_LAYOUT)) % L_PAD
-        if t < num_tiles:
-            visible = (tile_cols < split_len_left - t * BLOCK_N)[None, :] & (draft_pos >= 0)[:, None]
-        else:
-            if HAS_MASK:
-                mask_start = gl.load(Mask_Indptr + batch).to(gl.int64)
-                if BLOCK_TABLE:
-                    # The paged entry's [rows, W] mask: draft token i reads row mask_indptr[b] + i.
-                    mask_row = Custom_Mask + (mask_start + draft_pos) * stride_mask_row
-                else:
-                    mask_row = Custom_Mask + mask_start + draft_pos.to(gl.int64) * (prefix_len + q_len) + prefix_len
-                bits = gl.load(mask_row[:, None] + tile_cols[None, :],
-                               mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
-                visible = bits != 0
-            else:
-                visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
-        return visible
-
-    @gluon.jit
-    def _gluon_softmax(s, m_i, scale, visible, MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
-        """The online softmax of one tile in the log2 domain: (m_new, alpha, p). Column c is
-        visible to row r where visible[r, c] (MASKED), else every column is. scale > 0, so the
-        scaled row max is the row max scaled, and p's argument is one fma an element."""
-        if MASKED:
-            s = gl.where(visible, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1) * scale)
-        if LAZY_RESCALE:
-            # A row's max moves only when it grows by more than 2**8 (p stays <= 256, exact in
-            # fp32), so most tiles rescale by exactly 1.
-            m_new = gl.where(m_new > m_i + 8.0, m_new, m_i)
-        # A row that has seen nothing yet keeps a finite reference (no -inf - -inf).
-        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_ref)
-        p = gl.exp2(s * scale - m_ref[:, None])
-        return m_new, alpha, p
-
-    @gluon.jit
-    def _gluon_publish(p, alpha, m_new, k_pe_stages, alpha_smem, m_smem, p_ready, t, BLOCK_N: gl.constexpr):
-        """Hand tile t's P (into its PE slot: S has read the PE columns), alpha and new row max
-        to the other warpgroup."""
-        stage = t % 2
-        p_smem = _gluon_p_view(k_pe_stages, stage, 64, BLOCK_N)
-        p_smem.store(p.to(p_smem.dtype))
-        alpha_smem.index(stage).store(alpha)
-        m_smem.index(stage).store(m_new)
-        fence_async_shared()  # P is read next by wgmma, through the async proxy
-        gl.thread_barrier()  # all of P, alpha and m are stored
-        mbarrier.arrive(p_ready.index(stage), count=1)
-
-    @gluon.jit
-    def _gluon_take(alpha_smem, m_smem, p_ready, t):
-        """Wait for the other warpgroup's tile t; its (alpha, m_new) in S's row layout, and alpha
-        in the accumulator's."""
-        stage = t % 2
-        mbarrier.wait(p_ready.index(stage), (t // 2) & 1)
-        fence_async_shared()  # the scorer's generic-proxy P, read next by wgmma
-        ROWS_S: gl.constexpr = gl.SliceLayout(1, _gluon_s_layout(64))
-        return (alpha_smem.index(stage).load(ROWS_S), m_smem.index(stage).load(ROWS_S),
-                alpha_smem.index(stage).load(gl.SliceLayout(1, _gluon_acc_layout())))
-
-    @gluon.jit
-    def _gluon_rescale(acc, alpha, LAZY_RESCALE: gl.constexpr):
-        """acc x alpha per row. Under the lazy rescale almost every tile moves no row's
-        reference, and then every alpha is exactly 1: the warpgroup skips the multiply of its
-        128 accumulator registers."""
-        if LAZY_RESCALE:
-            if gl.max((alpha != 1.0).to(gl.int32), 0) > 0:
-                acc = acc * alpha[:, None]
-        else:
-            acc = acc * alpha[:, None]
-        return acc
-
-    @gluon.jit
-    def _gluon_issue_pv(acc, k_nope_stages, k_pe_stages, t, COL0: gl.constexpr, BLOCK_N: gl.constexpr):
-        """Issue acc += P.V[:, COL0:COL0 + 256] of tile t (async): P from the stage's PE slot, V
-        the stage's latent columns."""
-        stage = t % 2
-        return warpgroup_mma(_gluon_p_view(k_pe_stages, stage, 64, BLOCK_N),
-                             k_nope_stages.index(stage).slice(COL0, GLUON_HALF, dim=1), acc, is_async=True)
-
-    @gluon.jit
-    def _gluon_done_with(bar):
-        """One arrival on bar once all of this warpgroup's warps got here (their wgmma reads done)."""
-        gl.thread_barrier()
-        mbarrier.arrive(bar, count=1)
 
     @gluon.jit
     def _gluon_store_rows(Out, Partial_O, acc, l_i, q_start, q_len, kv_head, head_block, col0,
@@ -1002,224 +826,211 @@ if _HAS_GLUON:
                       + split * stride_po_split + cols_o[None, :])
             gl.store(po_ptr, out, mask=ok_o[:, None])
 
-    # ---- the two warpgroups' turns -----------------------------------------------------------
+    # ---- the scorer -----------------------------------------------------------------------
 
     @gluon.jit
-    def _gluon_scored(s, smem, vis, t, m_i, l_i, scale, MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-                      L_PAD: gl.constexpr, BLOCK_N: gl.constexpr, HAS_MASK: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """The scorer's softmax of tile t on its waited S, handed over to the other warpgroup:
-        (m_new, alpha in the accumulator's row layout, l_i)."""
-        (q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, m_smem, ready, p_ready, p_free) = smem
-        (Custom_Mask, Mask_Indptr, batch, prefix_len, q_len, draft_lookahead_len, stride_mask_row, first_row,
-         tiles) = vis
-        if MASKED:
-            visible = _gluon_tile_visible(t, tiles, Custom_Mask, Mask_Indptr, batch, prefix_len, q_len,
-                                          draft_lookahead_len, stride_mask_row, first_row, BLOCK_N, L_PAD,
-                                          HAS_MASK, BLOCK_TABLE)
-            m_new, alpha, p = _gluon_softmax(s, m_i, scale, visible, True, False)
+    def _gluon_rescale(acc, alpha, LAZY_RESCALE: gl.constexpr):
+        """acc x alpha per row. Under the lazy rescale almost every tile moves no row's
+        reference, and then every alpha is exactly 1: the warpgroup skips the multiply of its
+        128 accumulator registers, which stands between the tile's P and its P.V."""
+        if LAZY_RESCALE:
+            if gl.max((alpha != 1.0).to(gl.int32), 0) > 0:
+                acc = acc * alpha[:, None]
         else:
-            m_new, alpha, p = _gluon_softmax(s, m_i, scale, None, False, LAZY_RESCALE)
-        _gluon_publish(p, alpha, m_new, k_pe_stages, alpha_smem, m_smem, p_ready, t, BLOCK_N)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        return m_new, gl.convert_layout(alpha, gl.SliceLayout(1, _gluon_acc_layout())), l_i
+            acc = acc * alpha[:, None]
+        return acc
 
     @gluon.jit
-    def _gluon_tile_scale(t, tiles, qk_scale, k_scale, v_scale):
-        """(score scale, P.V scale) of tile t: the pool's k_scale and v_scale apply to the prefix
-        tiles alone; the draft tile's P.V is added after the prefix's was scaled by v_scale."""
-        (split_len_left, num_tiles) = tiles
-        score_scale = gl.where(t < num_tiles, qk_scale * k_scale, qk_scale)
-        pv_scale = gl.where(t == num_tiles, v_scale, 1.0)
-        return score_scale, pv_scale
-
-    @gluon.jit
-    def _gluon_opaque(x):
-        """x, through an asm the compiler cannot see into. A pair's tiles always sit in stages 0
-        and 1; were that a constant, the wgmma descriptors of both stages' every k-step would be
-        hoisted out of the pair loop and spilled (2 KiB a thread), so the stage is computed from
-        the tile at run time, as in a ring."""
-        return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=True, pack=1)
-
-    @gluon.jit
-    def _gluon_pair_wg0(src, smem, vis, p, m_i, l_i, acc, num_all_tiles, qk_scale, k_scale, v_scale,
-                        MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr, L_PAD: gl.constexpr,
-                        BLOCK_N: gl.constexpr, HAS_MASK: gl.constexpr, BLOCK_TABLE: gl.constexpr,
-                        INDEX_WORDS: gl.constexpr):
-        """Warpgroup 0's turn on pair p: score tile e = 2p and add its P.V[:, :256], refill the
-        L group of stage 0; then tile o = 2p + 1's P.V[:, :256] from warpgroup 1's P, refill
-        stage 0's PE slot (P of e read by both) and stage 1's L group."""
-        (q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, m_smem, ready, p_ready, p_free) = smem
-        tiles = vis[8]
-        e = _gluon_opaque(2 * p)
-        o = e + 1
-        # The next pair's table entries, for this turn's refills.
-        entries_e2 = _gluon_tile_entries(src, e + 2, BLOCK_N, INDEX_WORDS, BLOCK_TABLE)
-        entries_o2 = _gluon_tile_entries(src, o + 2, BLOCK_N, INDEX_WORDS, BLOCK_TABLE)
-        score_scale, pv_scale = _gluon_tile_scale(e, tiles, qk_scale, k_scale, v_scale)
-        s = _gluon_issue_scores(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, ready, e, BLOCK_N)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        m_i, alpha, l_i = _gluon_scored(s, smem, vis, e, m_i, l_i, score_scale, MASKED, LAZY_RESCALE, L_PAD,
-                                        BLOCK_N, HAS_MASK, BLOCK_TABLE)
-        acc = _gluon_rescale(acc, alpha * pv_scale, LAZY_RESCALE)
-        acc = _gluon_issue_pv(acc, k_nope_stages, k_pe_stages, e, 0, BLOCK_N)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        gl.thread_barrier()  # every warp's P.V on stage 0's L group is done
-        _gluon_refill(src, k_nope_stages, k_pe_stages, ready, e + 2, entries_e2, num_all_tiles, 0, BLOCK_N, INDEX_WORDS,
-                      BLOCK_TABLE)
-
-        alpha_s, m_i, alpha = _gluon_take(alpha_smem, m_smem, p_ready, o)
-        l_i = l_i * alpha_s
-        score_scale, pv_scale = _gluon_tile_scale(o, tiles, qk_scale, k_scale, v_scale)
-        acc = _gluon_rescale(acc, alpha * pv_scale, LAZY_RESCALE)
-        acc = _gluon_issue_pv(acc, k_nope_stages, k_pe_stages, o, 0, BLOCK_N)
-        mbarrier.wait(p_free.index(0), p & 1)  # warpgroup 1's P.V read P of e
-        _gluon_refill(src, k_nope_stages, k_pe_stages, ready, e + 2, entries_e2, num_all_tiles, 2, BLOCK_N, INDEX_WORDS,
-                      BLOCK_TABLE)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        _gluon_done_with(p_free.index(1))  # P of o read: warpgroup 1 may refill its PE slot
-        _gluon_refill(src, k_nope_stages, k_pe_stages, ready, o + 2, entries_o2, num_all_tiles, 0, BLOCK_N, INDEX_WORDS,
-                      BLOCK_TABLE)
-        return m_i, l_i, acc
-
-    @gluon.jit
-    def _gluon_pair_wg1(src, smem, vis, p, m_i, l_i, acc, num_all_tiles, qk_scale, k_scale, v_scale,
-                        MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr, L_PAD: gl.constexpr,
-                        BLOCK_N: gl.constexpr, HAS_MASK: gl.constexpr, BLOCK_TABLE: gl.constexpr,
-                        INDEX_WORDS: gl.constexpr):
-        """Warpgroup 1's turn on pair p: S of tile o = 2p + 1 issued first (it runs under
-        warpgroup 0's softmax of e), then e's P.V[:, 256:] issued, o's softmax under it and
-        handed over, the R group of stage 0 refilled; then o's P.V[:, 256:], and stage 1's R
-        group and PE slot refilled."""
-        (q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, m_smem, ready, p_ready, p_free) = smem
-        tiles = vis[8]
-        e = _gluon_opaque(2 * p)
-        o = e + 1
-        # The next pair's table entries, for this turn's refills.
-        entries_e2 = _gluon_tile_entries(src, e + 2, BLOCK_N, INDEX_WORDS, BLOCK_TABLE)
-        entries_o2 = _gluon_tile_entries(src, o + 2, BLOCK_N, INDEX_WORDS, BLOCK_TABLE)
-        s = _gluon_issue_scores(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, ready, o, BLOCK_N)
-        alpha_s, m_i, alpha = _gluon_take(alpha_smem, m_smem, p_ready, e)
-        l_i = l_i * alpha_s
-        score_scale, pv_scale = _gluon_tile_scale(e, tiles, qk_scale, k_scale, v_scale)
-        acc = _gluon_rescale(acc, alpha * pv_scale, LAZY_RESCALE)
-        acc = _gluon_issue_pv(acc, k_nope_stages, k_pe_stages, e, GLUON_HALF, BLOCK_N)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # S of o; e's P.V may still run
-        score_scale, pv_scale = _gluon_tile_scale(o, tiles, qk_scale, k_scale, v_scale)
-        m_i, alpha, l_i = _gluon_scored(s, smem, vis, o, m_i, l_i, score_scale, MASKED, LAZY_RESCALE, L_PAD,
-                                        BLOCK_N, HAS_MASK, BLOCK_TABLE)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        _gluon_done_with(p_free.index(0))  # P of e read: warpgroup 0 may refill its PE slot
-        acc = _gluon_rescale(acc, alpha * pv_scale, LAZY_RESCALE)
-        acc = _gluon_issue_pv(acc, k_nope_stages, k_pe_stages, o, GLUON_HALF, BLOCK_N)
-        _gluon_refill(src, k_nope_stages, k_pe_stages, ready, e + 2, entries_e2, num_all_tiles, 1, BLOCK_N, INDEX_WORDS,
-                      BLOCK_TABLE)  # stage 0's R group: e's P.V above was its last reader
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        gl.thread_barrier()  # every warp's P.V on stage 1's R group is done
-        _gluon_refill(src, k_nope_stages, k_pe_stages, ready, o + 2, entries_o2, num_all_tiles, 1, BLOCK_N, INDEX_WORDS,
-                      BLOCK_TABLE)
-        mbarrier.wait(p_free.index(1), p & 1)  # warpgroup 0's P.V read P of o
-        _gluon_refill(src, k_nope_stages, k_pe_stages, ready, o + 2, entries_o2, num_all_tiles, 2, BLOCK_N, INDEX_WORDS,
-                      BLOCK_TABLE)
-        return m_i, l_i, acc
-
-    @gluon.jit
-    def _gluon_warpgroup(WG: gl.constexpr, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, K_Buffer, K_Extend,
-                         table_words, q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, m_smem, l_smem,
-                         ready, p_ready, p_free, stats_ready, q_start, q_len, kv_head, head_block, first_row,
-                         split,
-                         batch, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale,
-                         k_scale, v_scale, draft_lookahead_len, stride_mask_row, page_shift, stride_k_page,
-                         stride_k_slot, head_off, ke_head, stride_ke_tok, stride_o_tok, stride_o_head, stride_po_tok,
-                         stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head, GROUP: gl.constexpr,
-                         BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
-                         LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr, BLOCK_TABLE: gl.constexpr,
-                         INDEX_WORDS: gl.constexpr):
-        """Warpgroup WG's whole split: its turns on every pair of tiles (the split's whole pairs
-        unmasked, then the pairs that hold its cut tile or the draft tile), warpgroup 0's last
-        tile alone when the count is odd, then its half of o or of the split's partial, with the
-        sum-exp of both; warpgroup 0 also writes the partial's log2-sum-exp."""
+    def _gluon_score_tile(q_nope, q_pe, k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, stage, m_i, l_i,
+                          acc, visible, qk_scale, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                          MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+        """One tile on a landed stage: S, the online softmax (log2 domain; with MASKED, column c
+        is visible to row r where visible[r, c], else every column is), P and alpha handed to
+        the second PV, then this warpgroup's half of P.V, waited, and the stage released.
+        Returns (m_i, l_i, acc)."""
+        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_N, 16])
         ACC: gl.constexpr = _gluon_acc_layout()
-        ROWS_S: gl.constexpr = gl.SliceLayout(1, _gluon_s_layout(BLOCK_N))
-        src = (K_Buffer, K_Extend, table_words, split_start, split_end, num_tiles, page_shift, stride_k_page,
-               stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok)
-        smem = (q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, m_smem, ready, p_ready, p_free)
-        tiles = (split_end - split_start, num_tiles)
-        vis = (Custom_Mask, Mask_Indptr, batch, prefix_len, q_len, draft_lookahead_len, stride_mask_row, first_row,
-               tiles)
-        num_all_tiles = num_tiles + draft_tiles
-        m_i = gl.full([64], float("-inf"), gl.float32, layout=ROWS_S)
-        l_i = gl.zeros([64], gl.float32, layout=ROWS_S)
-        acc = gl.zeros([64, GLUON_HALF], gl.float32, layout=ACC)
-        # Pairs of whole prefix tiles take no mask; the pairs after them may hold the cut tile or the draft tile.
-        full_pairs = ((split_end - split_start) // BLOCK_N) // 2
-        for p in range(full_pairs):
-            if WG == 0:
-                m_i, l_i, acc = _gluon_pair_wg0(src, smem, vis, p, m_i, l_i, acc, num_all_tiles, qk_scale, k_scale,
-                                                v_scale, False, LAZY_RESCALE, L_PAD, BLOCK_N, HAS_MASK, BLOCK_TABLE,
-                                                INDEX_WORDS)
-            else:
-                m_i, l_i, acc = _gluon_pair_wg1(src, smem, vis, p, m_i, l_i, acc, num_all_tiles, qk_scale, k_scale,
-                                                v_scale, False, LAZY_RESCALE, L_PAD, BLOCK_N, HAS_MASK, BLOCK_TABLE,
-                                                INDEX_WORDS)
-        for p in range(full_pairs, num_all_tiles // 2):
-            if WG == 0:
-                m_i, l_i, acc = _gluon_pair_wg0(src, smem, vis, p, m_i, l_i, acc, num_all_tiles, qk_scale, k_scale,
-                                                v_scale, True, False, L_PAD, BLOCK_N, HAS_MASK, BLOCK_TABLE,
-                                                INDEX_WORDS)
-            else:
-                m_i, l_i, acc = _gluon_pair_wg1(src, smem, vis, p, m_i, l_i, acc, num_all_tiles, qk_scale, k_scale,
-                                                v_scale, True, False, L_PAD, BLOCK_N, HAS_MASK, BLOCK_TABLE,
-                                                INDEX_WORDS)
-        if num_all_tiles % 2 == 1:
-            # The last tile, even: warpgroup 0 scores it, warpgroup 1 adds its P.V; nothing to refill.
-            t = num_all_tiles - 1
-            score_scale, pv_scale = _gluon_tile_scale(t, tiles, qk_scale, k_scale, v_scale)
-            if WG == 0:
-                s = _gluon_issue_scores(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, ready, t, BLOCK_N)
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-                m_i, alpha, l_i = _gluon_scored(s, smem, vis, t, m_i, l_i, score_scale, True, False, L_PAD,
-                                                BLOCK_N, HAS_MASK, BLOCK_TABLE)
-            else:
-                alpha_s, m_i, alpha = _gluon_take(alpha_smem, m_smem, p_ready, t)
-                l_i = l_i * alpha_s
-            acc = acc * (alpha * pv_scale)[:, None]
-            acc = _gluon_issue_pv(acc, k_nope_stages, k_pe_stages, t, WG * GLUON_HALF, BLOCK_N)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        if draft_tiles == 0:
-            acc = acc * v_scale  # the pool's v_scale on the prefix's P.V (a draft tile took it above)
+        k_nope = k_nope_stages.index(stage)
+        s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_pe, k_pe_stages.index(stage).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        if MASKED:
+            s = gl.where(visible, s, float("-inf"))
+        # qk_scale > 0: the scaled row max is the row max scaled (rounding is monotonic), and
+        # p below scales and subtracts in one fma an element.
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        if LAZY_RESCALE:
+            # A row's max moves only when it grows by more than 2**8 (p stays <= 256, exact in
+            # fp32), so most tiles rescale by exactly 1.
+            m_new = gl.where(m_new > m_i + 8.0, m_new, m_i)
+        # A row that has seen nothing yet keeps a finite reference (no -inf - -inf).
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_ref)
+        p = gl.exp2(s * qk_scale - m_ref[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        p_smem = _gluon_p_view(k_pe_stages, stage, ROWS, BLOCK_N)
+        p_smem.store(p.to(p_smem.dtype))  # S's wgmma on this stage's PE slot has completed
+        alpha_smem.index(stage).store(alpha)
+        fence_async_shared()  # P is read next by wgmma, through the async proxy
+        gl.thread_barrier()  # all of P and alpha are stored
+        mbarrier.arrive(p_ready.index(stage), count=1)
+        acc = _gluon_rescale(acc, gl.convert_layout(alpha, gl.SliceLayout(1, ACC)), LAZY_RESCALE)
+        acc = warpgroup_mma(p_smem, k_nope.slice(0, NOPE_DIM // 2, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _gluon_release_stage(empty, stage)
+        return m_new, l_i, acc
 
-        # Both halves are normalized by the sum-exp over all tiles: each warpgroup holds its own tiles'.
-        l_smem.index(WG).store(l_i)
-        _gluon_done_with(stats_ready.index(0))
-        mbarrier.wait(stats_ready.index(0), 0)
-        l_i = l_i + l_smem.index(1 - WG).load(ROWS_S)
-        _gluon_store_rows(Out, Partial_O, acc, gl.convert_layout(l_i, gl.SliceLayout(1, ACC)), q_start, q_len,
-                          kv_head, head_block, WG * GLUON_HALF,
+    @gluon.jit
+    def _gluon_scorer(Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_nope_smem, q_pe_smem,
+                      k_nope_stages, k_pe_stages, alpha_smem, row_stats_smem, ready, empty, p_ready, stats_ready,
+                      q_start, q_len, kv_head, head_block,
+                      batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
+                      qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
+                      stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
+                      stride_pl_head, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, L_PAD: gl.constexpr,
+                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+                      HAS_MASK: gl.constexpr, BLOCK_TABLE: gl.constexpr):
+        """The default partition: q into shared memory, every tile's S and softmax, the first
+        256 columns of P.V, the draft tile on the request's last split, then its half of o or
+        of the split's partial and the partial's log2-sum-exp."""
+        ROWS: gl.constexpr = BLOCK_H * L_PAD
+        S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_N, 16])
+        ACC: gl.constexpr = _gluon_acc_layout()
+        # q's load layouts: 8 elements (16 bytes) a thread, a warp per row of latent columns, a
+        # quarter warp per row of PE columns.
+        NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GLUON_NUM_WARPS, 1], [1, 0])
+        PE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_NUM_WARPS, 1], [1, 0])
+
+        # q into shared memory. Row r is (head head_block * BLOCK_H + r // L_PAD, draft token
+        # r % L_PAD); padding rows (past the group or the draft) are zeros.
+        rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, NOPE_LOAD))
+        head = head_block * BLOCK_H + rows // L_PAD
+        q_row = ((q_start + rows % L_PAD) * stride_q_tok
+                 + (kv_head * GROUP + head).to(gl.int64) * stride_q_head)
+        cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, NOPE_LOAD))
+        row_ok = (head < GROUP) & (rows % L_PAD < q_len)
+        q_nope_smem.store(gl.load(Q + q_row[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0))
+        rows_pe = gl.arange(0, ROWS, layout=gl.SliceLayout(1, PE_LOAD))
+        head_pe = head_block * BLOCK_H + rows_pe // L_PAD
+        q_row_pe = ((q_start + rows_pe % L_PAD) * stride_q_tok
+                    + (kv_head * GROUP + head_pe).to(gl.int64) * stride_q_head)
+        cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, PE_LOAD))
+        ok_pe = (head_pe < GROUP) & (rows_pe % L_PAD < q_len)
+        q_pe = gl.load(Q + NOPE_DIM + q_row_pe[:, None] + cols_pe[None, :], mask=ok_pe[:, None], other=0.0)
+        q_pe_smem.store(q_pe)
+        fence_async_shared()  # q's generic-proxy stores, read by wgmma
+        gl.thread_barrier()  # all of q is in shared memory
+
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+        l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+        acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
+        tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        # The split's whole tiles see every column; only its last tile may be cut short.
+        full_tiles = (split_end - split_start) // BLOCK_N
+        for t in range(full_tiles):
+            stage = _gluon_stage_landed(ready, t, NUM_STAGES)
+            m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
+                                              empty, stage, m_i, l_i, acc, None, qk_scale * k_scale, ROWS,
+                                              BLOCK_N, False, LAZY_RESCALE)
+        for t in range(full_tiles, num_tiles):
+            stage = _gluon_stage_landed(ready, t, NUM_STAGES)
+            visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
+            m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
+                                              empty, stage, m_i, l_i, acc, visible, qk_scale * k_scale, ROWS,
+                                              BLOCK_N, True, LAZY_RESCALE)
+        # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
+        acc = acc * v_scale
+
+        if draft_tiles > 0:
+            # The draft tile (the producer's tile num_tiles): draft token j (zero rows past the
+            # draft) is seen where the request's custom mask says (a tree: SGLang's [L, P + L]
+            # bytes at mask_indptr[b], only the draft columns read; the paged entry's rows),
+            # else by draft positions >= j.
+            stage = _gluon_stage_landed(ready, num_tiles, NUM_STAGES)
+            draft_pos = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) % L_PAD
+            if HAS_MASK:
+                mask_start = gl.load(Mask_Indptr + batch).to(gl.int64)
+                if BLOCK_TABLE:
+                    # The paged entry's [rows, W] mask: draft token i reads row mask_indptr[b] + i.
+                    mask_row = Custom_Mask + (mask_start + draft_pos) * stride_mask_row
+                else:
+                    mask_row = Custom_Mask + mask_start + draft_pos.to(gl.int64) * (prefix_len + q_len) + prefix_len
+                bits = gl.load(mask_row[:, None] + tile_cols[None, :],
+                               mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
+                visible = bits != 0
+            else:
+                # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
+                visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
+            m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
+                                              empty, stage, m_i, l_i, acc, visible, qk_scale, ROWS, BLOCK_N, True,
+                                              False)
+
+        # The rows' max and sum-exp, for the second PV's half of the output.
+        row_stats_smem.index(0).store(m_i)
+        row_stats_smem.index(1).store(l_i)
+        gl.thread_barrier()
+        mbarrier.arrive(stats_ready.index(0), count=1)
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, ACC))
+        _gluon_store_rows(Out, Partial_O, acc, l_o, q_start, q_len, kv_head, head_block, 0,
                           split,
                           num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
                           GROUP, BLOCK_H, L_PAD)
-        if WG == 0:
-            if num_written > 1:
-                rows_s = gl.arange(0, 64, layout=ROWS_S)
-                head_s = head_block * BLOCK_H + rows_s // L_PAD
-                draft_s = rows_s % L_PAD
-                ok_s = (head_s < GROUP) & (draft_s < q_len)
-                q_head_s = (kv_head * GROUP + head_s).to(gl.int64)
-                lse = m_i + gl.log2(gl.where(ok_s & (l_i > 0), l_i, 1.0))
-                gl.store(Partial_Lse + (q_start + draft_s) * stride_pl_tok + q_head_s * stride_pl_head + split, lse,
-                         mask=ok_s)
+        if num_written > 1:
+            rows_s = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))
+            head_s = head_block * BLOCK_H + rows_s // L_PAD
+            draft_s = rows_s % L_PAD
+            ok_s = (head_s < GROUP) & (draft_s < q_len)
+            q_head_s = (kv_head * GROUP + head_s).to(gl.int64)
+            lse = m_i + gl.log2(gl.where(ok_s & (l_i > 0), l_i, 1.0))
+            gl.store(Partial_Lse + (q_start + draft_s) * stride_pl_tok + q_head_s * stride_pl_head + split, lse,
+                     mask=ok_s)
+
+    # ---- the second PV --------------------------------------------------------------------
 
     @gluon.jit
-    def _gluon_warpgroup0(Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, K_Buffer, K_Extend, table_words, q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, m_smem, l_smem, ready, p_ready, p_free, stats_ready, q_start, q_len, kv_head, head_block, first_row, split, batch, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, page_shift, stride_k_page, stride_k_slot, head_off, ke_head, stride_ke_tok, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head,
-                          GROUP: gl.constexpr, BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr, LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr, BLOCK_TABLE: gl.constexpr, INDEX_WORDS: gl.constexpr):
-        """Warpgroup 0's partition (the default one): _gluon_warpgroup with WG = 0."""
-        _gluon_warpgroup(0, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, K_Buffer, K_Extend, table_words, q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, m_smem, l_smem, ready, p_ready, p_free, stats_ready, q_start, q_len, kv_head, head_block, first_row, split, batch, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, page_shift, stride_k_page, stride_k_slot, head_off, ke_head, stride_ke_tok, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD, BLOCK_N, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE, INDEX_WORDS)
+    def _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS: gl.constexpr,
+                              BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+        """acc = alpha x acc + P.V[:, 256:] of tile t, once the scorer handed its P over."""
+        ACC: gl.constexpr = _gluon_acc_layout()
+        stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+        mbarrier.wait(p_ready.index(stage), parity)
+        fence_async_shared()  # the scorer's generic-proxy P, read by wgmma
+        acc = _gluon_rescale(acc, alpha_smem.index(stage).load(gl.SliceLayout(1, ACC)), LAZY_RESCALE)
+        acc = warpgroup_mma(_gluon_p_view(k_pe_stages, stage, ROWS, BLOCK_N),
+                            k_nope_stages.index(stage).slice(NOPE_DIM // 2, NOPE_DIM // 2, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _gluon_release_stage(empty, stage)
+        return acc
 
     @gluon.jit
-    def _gluon_warpgroup1(Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, K_Buffer, K_Extend, table_words, q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, m_smem, l_smem, ready, p_ready, p_free, stats_ready, q_start, q_len, kv_head, head_block, first_row, split, batch, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, page_shift, stride_k_page, stride_k_slot, head_off, ke_head, stride_ke_tok, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head,
-                          GROUP: gl.constexpr, BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr, LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr, BLOCK_TABLE: gl.constexpr, INDEX_WORDS: gl.constexpr):
-        """Warpgroup 1's partition: _gluon_warpgroup with WG = 1."""
-        _gluon_warpgroup(1, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, K_Buffer, K_Extend, table_words, q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, m_smem, l_smem, ready, p_ready, p_free, stats_ready, q_start, q_len, kv_head, head_block, first_row, split, batch, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, page_shift, stride_k_page, stride_k_slot, head_off, ke_head, stride_ke_tok, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD, BLOCK_N, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE, INDEX_WORDS)
+    def _gluon_second_pv(Out, Partial_O, k_nope_stages, k_pe_stages, alpha_smem, row_stats_smem, empty, p_ready,
+                         stats_ready, q_start, q_len, kv_head, head_block,
+                         split,
+                         num_written, num_tiles, draft_tiles, v_scale, stride_o_tok, stride_o_head, stride_po_tok,
+                         stride_po_head, stride_po_split, GROUP: gl.constexpr, BLOCK_H: gl.constexpr,
+                         L_PAD: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                         LAZY_RESCALE: gl.constexpr):
+        """The worker partition of the last 256 output columns: every tile's P.V on them, the
+        draft tile's too, then its half of o or of the split's partial."""
+        ROWS: gl.constexpr = BLOCK_H * L_PAD
+        ACC: gl.constexpr = _gluon_acc_layout()
+        acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
+        for t in range(num_tiles):
+            acc = _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS, BLOCK_N,
+                                        NUM_STAGES, LAZY_RESCALE)
+        acc = acc * v_scale
+        for t in range(num_tiles, num_tiles + draft_tiles):
+            acc = _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS, BLOCK_N,
+                                        NUM_STAGES, LAZY_RESCALE)
+        mbarrier.wait(stats_ready.index(0), 0)
+        l_i = row_stats_smem.index(1).load(gl.SliceLayout(1, ACC))
+        _gluon_store_rows(Out, Partial_O, acc, l_i, q_start, q_len, kv_head, head_block, NOPE_DIM // 2,
+                          split,
+                          num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
+                          GROUP, BLOCK_H, L_PAD)
 
     # ---- the kernel ---------------------------------------------------------------------
 
@@ -1277,17 +1088,15 @@ if _HAS_GLUON:
         k_scale / v_scale are the 16-bit pool's scales (floats), on the prefix only."""
         ROWS: gl.constexpr = BLOCK_H * L_PAD
         gl.static_assert(ROWS == 64, "a program is one wgmma's 64 rows (rules.GLUON_ROWS)")
-        gl.static_assert(NUM_STAGES == 2, "the seesaw holds a pair of tiles: two stages")
         # 128-byte swizzle: conflict-free wgmma reads of 64-element (128-byte) column blocks.
         TILE_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        # Rows of fp32 (a stage's alpha and m, each warpgroup's sum-exp), indexed along the first dim.
+        # Rows of fp32 (a stage's alpha, the final max and sum-exp), indexed along the first dim.
         ROW_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
 
         HEAD_BLOCKS: gl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
         pid_heads = gl.program_id(0)
         split = gl.program_id(1)
         batch = gl.program_id(2)
-        first_row = 0
         kv_head = pid_heads // HEAD_BLOCKS
         head_block = pid_heads % HEAD_BLOCKS
 
@@ -1297,67 +1106,48 @@ if _HAS_GLUON:
         split_start = split * split_len
         split_end = gl.minimum(split_start + split_len, prefix_len)
         if split < num_written:
-            q_nope_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [1, ROWS, NOPE_DIM], TILE_SMEM)
-            q_pe_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [1, ROWS, PE_DIM], TILE_SMEM)
-            k_nope_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [2, BLOCK_N, NOPE_DIM], TILE_SMEM)
-            k_pe_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [2, BLOCK_N, PE_DIM], TILE_SMEM)
-            alpha_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], ROW_SMEM)
-            m_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], ROW_SMEM)
-            l_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], ROW_SMEM)
-            ready = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
-            p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            q_nope_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, NOPE_DIM], TILE_SMEM)
+            q_pe_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, PE_DIM], TILE_SMEM)
+            k_nope_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [NUM_STAGES, BLOCK_N, NOPE_DIM],
+                                                      TILE_SMEM)
+            k_pe_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [NUM_STAGES, BLOCK_N, PE_DIM], TILE_SMEM)
+            alpha_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, ROWS], ROW_SMEM)
+            row_stats_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], ROW_SMEM)
+            ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            p_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
             stats_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(6):
-                mbarrier.init(ready.index(i), count=GLUON_NUM_WARPS * 32)  # every thread of the loading warpgroup
-            for i in gl.static_range(2):
-                mbarrier.init(p_ready.index(i), count=1)  # one thread of the scorer, after its warps' barrier
-                mbarrier.init(p_free.index(i), count=1)  # one thread of the other warpgroup, after its P.V
-            mbarrier.init(stats_ready.index(0), count=2)  # one thread of each warpgroup
-            gl.thread_barrier()  # the barriers are initialised before any copy arrives on them
+            for i in gl.static_range(NUM_STAGES):
+                mbarrier.init(ready.index(i), count=GLUON_PRODUCER_WARPS * 32)  # every producer thread's copies
+                mbarrier.init(empty.index(i), count=2)  # the scorer and the second PV, one thread each
+                mbarrier.init(p_ready.index(i), count=1)  # one scorer thread, after its warps' barrier
+            mbarrier.init(stats_ready.index(0), count=1)
 
             num_tiles = gl.cdiv(split_end - split_start, BLOCK_N)
             draft_tiles = (split == num_written - 1).to(gl.int32)  # the request's last split adds the draft tile
             INDEX_WORDS: gl.constexpr = Kv_Table.dtype.element_ty.primitive_bitwidth // 32
             table_words = Kv_Table.to(gl.pointer_type(gl.int32)) + table_start * INDEX_WORDS
-            head_off = kv_head.to(gl.int64) * stride_k_head
-            ke_head = kv_head.to(gl.int64) * stride_ke_head
-            # The first pair's tiles, all three groups of each, issued before q's loads so that they overlap.
-            src = (K_Buffer, K_Extend, table_words, split_start, split_end, num_tiles, page_shift, stride_k_page,
-                   stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok)
-            for t in gl.static_range(2):
-                for block in gl.static_range(3):
-                    _gluon_refill(src, k_nope_stages, k_pe_stages, ready, t,
-                                  _gluon_tile_entries(src, t, BLOCK_N, INDEX_WORDS, BLOCK_TABLE), num_tiles + draft_tiles, block, BLOCK_N,
-                                  INDEX_WORDS, BLOCK_TABLE)
-
-            # q into shared memory: 8 elements (16 bytes) a thread, a warp per row of latent columns,
-            # a quarter warp per row of PE columns. Row r is (head head_block * BLOCK_H + r // L_PAD,
-            # draft token r % L_PAD); padding rows (past the group or the draft) are zeros.
-            NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GLUON_NUM_WARPS, 1], [1, 0])
-            PE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_NUM_WARPS, 1], [1, 0])
-            rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, NOPE_LOAD))
-            head = head_block * BLOCK_H + rows // L_PAD
-            q_row = ((q_start + rows % L_PAD) * stride_q_tok
-                     + (kv_head * GROUP + head).to(gl.int64) * stride_q_head)
-            cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, NOPE_LOAD))
-            row_ok = (head < GROUP) & (rows % L_PAD < q_len)
-            q_nope_smem.index(0).store(gl.load(Q + q_row[:, None] + cols[None, :], mask=row_ok[:, None], other=0.0))
-            rows_pe = gl.arange(0, ROWS, layout=gl.SliceLayout(1, PE_LOAD))
-            head_pe = head_block * BLOCK_H + rows_pe // L_PAD
-            q_row_pe = ((q_start + rows_pe % L_PAD) * stride_q_tok
-                        + (kv_head * GROUP + head_pe).to(gl.int64) * stride_q_head)
-            cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, PE_LOAD))
-            ok_pe = (head_pe < GROUP) & (rows_pe % L_PAD < q_len)
-            q_pe_smem.index(0).store(gl.load(Q + NOPE_DIM + q_row_pe[:, None] + cols_pe[None, :], mask=ok_pe[:, None],
-                                    other=0.0))
-            fence_async_shared()  # q's generic-proxy stores, read by wgmma
-            gl.thread_barrier()  # all of q is in shared memory
-
             gl.warp_specialize([
-                (_gluon_warpgroup0, (Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, K_Buffer, K_Extend, table_words, q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, m_smem, l_smem, ready, p_ready, p_free, stats_ready, q_start, q_len, kv_head, head_block, first_row, split, batch, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, page_shift, stride_k_page, stride_k_slot, head_off, ke_head, stride_ke_tok, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD, BLOCK_N, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE, INDEX_WORDS)),
-                (_gluon_warpgroup1, (Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, K_Buffer, K_Extend, table_words, q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, m_smem, l_smem, ready, p_ready, p_free, stats_ready, q_start, q_len, kv_head, head_block, first_row, split, batch, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, page_shift, stride_k_page, stride_k_slot, head_off, ke_head, stride_ke_tok, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD, BLOCK_N, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE, INDEX_WORDS)),
-            ], [GLUON_NUM_WARPS], [GLUON_MAX_REGISTERS])
+                (_gluon_scorer, (
+                    Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_nope_smem, q_pe_smem, k_nope_stages,
+                    k_pe_stages, alpha_smem, row_stats_smem, ready, empty, p_ready, stats_ready, q_start, q_len,
+                    kv_head, head_block,
+                    batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale,
+                    k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head, stride_o_tok,
+                    stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head, GROUP,
+                    BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE)),
+                (_gluon_second_pv, (
+                    Out, Partial_O, k_nope_stages, k_pe_stages, alpha_smem, row_stats_smem, empty, p_ready,
+                    stats_ready, q_start, q_len, kv_head, head_block,
+                    split,
+                    num_written, num_tiles, draft_tiles, v_scale, stride_o_tok, stride_o_head, stride_po_tok,
+                    stride_po_head, stride_po_split, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE)),
+                (_gluon_producer, (
+                    K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty, split_start,
+                    split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
+                    kv_head.to(gl.int64) * stride_k_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
+                    stride_ke_tok, BLOCK_N, NUM_STAGES, INDEX_WORDS, BLOCK_TABLE)),
+            ], [4, GLUON_PRODUCER_WARPS], [GLUON_SECOND_PV_REGISTERS, GLUON_PRODUCER_REGISTERS])
 
 
 # ---------------------------------------------------------------------------------------
