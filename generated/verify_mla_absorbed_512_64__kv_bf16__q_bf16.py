@@ -117,6 +117,16 @@ _BLOCK_CONFIGS = {
                     'num_stages': 2,
                     'lazy_rescale': False,
                     'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}),
+        (128, 9, 32,
+         {'block_h': 16,
+          'block_n': 32,
+          'num_warps': 8,
+          'num_stages': 3,
+          'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128},
+          'gluon': {'block_n': 64,
+                    'num_stages': 2,
+                    'lazy_rescale': False,
+                    'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}),
     ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
