@@ -76,14 +76,6 @@ BATCH_INVARIANT = False
 # kgen.load hands the launcher the rows of $KGEN_TABLES_DIR / $KGEN_TABLE instead (kgen/retable.py).
 _BLOCK_CONFIGS = {
     "sm_90": (
-        (4, 33, 96,
-         {'block_h': 4,
-          'block_n': 128,
-          'num_warps': 2,
-          'num_stages': 3,
-          'split': {'programs_per_sm': 2, 'max_splits': 128, 'min_tokens_per_split': 512},
-          'lazy_rescale': True,
-          'draft_tile': 'first'}),
         (8, 33, 96,
          {'block_h': 4,
           'block_n': 64,
