@@ -12,9 +12,11 @@
 #
 # Environment:
 #   STUDY_S        each study's search time in seconds (`kgen tune --timeout`, default 45). A job
-#                  is stopped with SIGINT after STUDY_S + 45 s per bucket (twice that for MLA,
-#                  whose kernels take seconds each to compile); the tuner then finishes the
+#                  is stopped with SIGINT after STUDY_S + 45 + FIT_S s per bucket (twice that for
+#                  MLA, whose kernels take seconds each to compile); the tuner then finishes the
 #                  running trial and writes what it has
+#   FIT_S          seconds a bucket's fit check may add (default 120: the winner's programs over
+#                  the whole domain, compiled offline; docs/tuning.md, "Choosing the winner")
 #   KGEN_TABLE     a table whose rows are offered as the current configs: kgen tune times them
 #                  next to the default and its own best and keeps whichever wins beyond noise
 #                  (docs/tuning.md, "Offering candidate configs")
@@ -40,6 +42,7 @@ done
 source "$(dirname "$0")/env.sh"
 kgen_device_setup tune-out
 STUDY_S="${STUDY_S:-45}"
+FIT_S="${FIT_S:-120}"
 log="$OUT/tune.log"
 status=0
 
@@ -49,7 +52,7 @@ for job in "$@"; do
     limit=0
     for bucket in ${buckets//,/ }; do
         bucket_args+=(--bucket "$bucket")
-        limit=$((limit + STUDY_S + 45))
+        limit=$((limit + STUDY_S + 45 + FIT_S))
     done
     case "$layout" in mla*) limit=$((limit * 2)) ;; esac
     args=(--no-progress --timeout "$STUDY_S" --layout "$layout" --kv-dtype "$kv" --group "$group" "${bucket_args[@]}")

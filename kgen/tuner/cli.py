@@ -40,6 +40,8 @@ from kgen.tuner.study import (
 from kgen.tuner.workloads import WORKLOADS_FILE, Bucket, WorkloadsFile, load_workloads
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kgen.tuner.results import JobResult
 
 EPILOG = """\
@@ -117,6 +119,14 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
         default="gpu",
         help="gpu: time the generated kernels (default); synthetic: a CPU stand-in with a "
         "known optimum, to test the tuner itself (writes a table only with --out DIR)",
+    )
+    obj.add_argument(
+        "--fit-check",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="judge each winner's row over its whole domain (every draft length, entry and mask) with kgen "
+        "check's rule before writing it, and fall back to the next finalist where it fails (compiled offline; "
+        "docs/tuning.md, 'Choosing the winner'); auto: on with the gpu objective, off with synthetic",
     )
     obj.add_argument(
         "--synthetic-delay",
@@ -303,8 +313,20 @@ def _tune_job(
         ]
         study = run_workers(specs, space, enqueue, progress, stop=stop)
         backend = make_backend(spec, job, space, workloads)
-    result = finalize(job, study, enqueue[0], backend, workloads.timing)
-    return _with_unsearched_kept(result, space, current_config(job) or space.default)
+    source = current_config(job) or space.default
+    result = finalize(job, study, enqueue[0], backend, workloads.timing, _fit_check(job, args, space, source))
+    return _with_unsearched_kept(result, space, source)
+
+
+def _fit_check(job: TuneJob, args: argparse.Namespace, space: SearchSpace,
+               source: BlockConfig | None) -> Callable[[BlockConfig], str | None] | None:
+    """The judge of a winner's row (kgen/tuner/fit.py), on the config it would be written with
+    (the unsearched fields of ``source`` kept); None where --fit-check leaves it off."""
+    if args.fit_check == "off" or (args.fit_check == "auto" and args.objective != "gpu"):
+        return None
+    from kgen.tuner.fit import fit_error
+
+    return lambda config: fit_error(job, space.keep_unsearched(config, source)[0])
 
 
 def _with_unsearched_kept(result: JobResult, space: SearchSpace, source: BlockConfig | None) -> JobResult:
@@ -313,7 +335,7 @@ def _with_unsearched_kept(result: JobResult, space: SearchSpace, source: BlockCo
     if result.chosen is None:
         return result
     chosen, notes = space.keep_unsearched(result.chosen, source)
-    return dataclasses.replace(result, chosen=chosen, replaced=chosen != result.default, notes=notes)
+    return dataclasses.replace(result, chosen=chosen, replaced=chosen != result.default, notes=[*result.notes, *notes])
 
 
 def _default_out(args: argparse.Namespace, arch: str) -> Path | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.metadata
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,7 +64,8 @@ class JobResult:
     candidates: list[tuple[BlockConfig, float]] = field(default_factory=list)
     # A Gluon winner's Triton fallback (its row's Triton fields): its median in the re-measurement.
     triton_us: float | None = None
-    # What the row kept or dropped of the fields no axis searches (SearchSpace.keep_unsearched).
+    # Finalists the fit check refused (finalize), and what the row kept or dropped of the fields
+    # no axis searches (SearchSpace.keep_unsearched).
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -186,16 +188,38 @@ def decide_lowerings(
     return (triton_part, gluon_part, gluon_noise) if won is not None else (triton_part, None, noise)
 
 
+def _refused_part(triton: Samples | None, gluon: Samples | None, references: list[BlockConfig],
+                  accept: Callable[[BlockConfig], str | None], chosen: BlockConfig) -> tuple[Samples, str] | None:
+    """The finalist that keeps ``chosen`` from its row, and why (None: the row may be written).
+    A part that is the default's is never refused (CI's kgen check proves the defaults); where
+    both parts are finalists, the Triton part is judged alone first."""
+    triton_own = triton is not None and triton[0] not in references
+    gluon_own = gluon is not None and gluon[0] not in references
+    if not (triton_own or gluon_own):
+        return None
+    if triton_own and gluon_own:
+        reason = accept(triton[0])
+        if reason is not None:
+            return triton, reason
+    reason = accept(chosen)
+    if reason is None:
+        return None
+    return (gluon if gluon_own else triton), reason
+
+
 def finalize(
     job: TuneJob,
     study: optuna.Study,
     default: BlockConfig,
     backend: Backend,
     timing: Timing,
+    accept: Callable[[BlockConfig], str | None] | None = None,
 ) -> JobResult:
     """Re-measure the default (and its Triton fields alone where it has a gluon section) and
     the finalists; decide the row (``decide_lowerings``). A Gluon part takes the Triton part as
-    its Triton fields (the default's when no Triton config ran)."""
+    its Triton fields (the default's when no Triton config ran). ``accept`` judges the row a
+    decision would write over its whole domain (kgen/tuner/fit.py): a finalist it refuses is
+    dropped and the row decided again, with the refusal among the result's notes."""
     import optuna
 
     triton_default = default.model_copy(update={"gluon": None})
@@ -205,16 +229,25 @@ def finalize(
     measured = list(zip([*references, *tops], samples, strict=True))
     default_samples, default_error = samples[0], errors[0]
     candidates = measured[len(references):]
-    triton, gluon, noise = decide_lowerings(measured[0], measured[len(references) - 1], candidates,
-                                            timing.min_gain_pct)
+    notes: list[str] = []
+    while True:
+        triton, gluon, noise = decide_lowerings(measured[0], measured[len(references) - 1], candidates,
+                                                timing.min_gain_pct)
+        chosen, chosen_us, triton_us = None, None, None
+        if gluon is not None:
+            fallback = triton[0] if triton is not None else triton_default
+            chosen, chosen_us = fallback.model_copy(update={"gluon": gluon[0].gluon}), statistics.median(gluon[1])
+            triton_us = statistics.median(triton[1]) if triton is not None else None
+        elif triton is not None:
+            chosen, chosen_us = triton[0], statistics.median(triton[1])
+        refused = None if accept is None or chosen is None else _refused_part(triton, gluon, references, accept,
+                                                                             chosen)
+        if refused is None:
+            break
+        (config, _), reason = refused
+        notes.append(f"{config.short()} refused: {reason}")
+        candidates = [c for c in candidates if c[0] != config]
     default_us = statistics.median(default_samples) if default_samples else None
-    chosen, chosen_us, triton_us = None, None, None
-    if gluon is not None:
-        fallback = triton[0] if triton is not None else triton_default
-        chosen, chosen_us = fallback.model_copy(update={"gluon": gluon[0].gluon}), statistics.median(gluon[1])
-        triton_us = statistics.median(triton[1]) if triton is not None else None
-    elif triton is not None:
-        chosen, chosen_us = triton[0], statistics.median(triton[1])
     pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     return JobResult(
@@ -231,6 +264,7 @@ def finalize(
         replaced=chosen is not None and chosen != default,
         candidates=[(c, statistics.median(s)) for c, s in candidates if s],
         triton_us=triton_us,
+        notes=notes,
     )
 
 
@@ -387,5 +421,5 @@ def format_results(results: list[JobResult]) -> str:
         lines += ["", "tuned configs:", *chosen]
     notes = [f"  {r.job.label()}: {note}" for r in results for note in r.notes]
     if notes:
-        lines += ["", "fields no axis searches:", *notes]
+        lines += ["", "notes (refused finalists, fields no axis searches):", *notes]
     return "\n".join(lines)
