@@ -59,6 +59,8 @@ def test_dry_run_prints_space_and_workloads_without_torch(tmp_path: Path) -> Non
         (["--dry-run", "--arch", "sm_90", "--kv-dtype", "int4"], "unknown KV dtype"),
         (["--dry-run", "--arch", "sm_90", "--layout", "gqa64", "--group", "2"], r"group size\(s\) \[2\]"),
         (["--dry-run", "--arch", "sm_90", "--trials", "0"], "--trials must be >= 1"),
+        (["--dry-run", "--arch", "sm_90", "--draft-tokens", "0,4"], "draft lengths are 1 to 64"),
+        (["--dry-run", "--arch", "sm_90", "--draft-tokens", "4,x"], "as integers"),
     ],
 )
 def test_bad_selections_are_errors_that_say_what_to_fix(argv: list[str], pattern: str) -> None:
@@ -69,6 +71,18 @@ def test_bad_selections_are_errors_that_say_what_to_fix(argv: list[str], pattern
 def test_standalone_main_prints_errors_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tune", "--dry-run", "--arch", "sm_90", "--bucket", "huge"]) == 2
     assert "kgen tune: error: unknown bucket" in capsys.readouterr().err
+
+
+def test_draft_tokens_time_every_bucket_at_those_lengths_in_new_studies(capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--dry-run", "--arch", "sm_90", "--layout", "gqa64", "--group", "8", "--bucket", "b33-96"]
+    assert run_tune(parse(*common)) == 0
+    plain = capsys.readouterr().out
+    assert run_tune(parse(*common, "--draft-tokens", "4,16,4")) == 0
+    both = capsys.readouterr().out
+    assert "bs64/P16384/L16" in both and "bs64/P16384/L16" not in plain
+    assert both.count("/L4") == plain.count("/L4") and both.count("/L16") == plain.count("/L4")
+    study = [line for line in both.splitlines() if "study kgen-tune:" in line]
+    assert study and study[0] not in plain  # the workloads' hash names another study
 
 
 def test_synthetic_run_writes_and_merges_a_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

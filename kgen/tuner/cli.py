@@ -111,6 +111,9 @@ def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.Argument
     io.add_argument("--no-progress", action="store_true", help="no progress bar")
     io.add_argument("--spaces", type=Path, default=SPACES_FILE, metavar="TOML", help="search-space file")
     io.add_argument("--workloads", type=Path, default=WORKLOADS_FILE, metavar="TOML", help="buckets/workloads file")
+    io.add_argument("--draft-tokens", metavar="L[,L...]",
+                    help="time every bucket at these draft lengths instead of the workloads file's (e.g. 4,16: "
+                    "a row then answers for the MMA-bound drafts too); new studies, as any change of workloads")
 
     obj = p.add_argument_group("objective")
     obj.add_argument(
@@ -269,6 +272,20 @@ def _check_args(args: argparse.Namespace) -> None:
         raise TuneError(f"--workers must be >= 1, got {args.workers}")
     if args.timeout is not None and args.timeout <= 0:
         raise TuneError(f"--timeout must be > 0 seconds, got {args.timeout}")
+
+
+def _with_drafts(workloads: WorkloadsFile, text: str | None) -> WorkloadsFile:
+    """The workloads with every bucket timed at the draft lengths of ``--draft-tokens``."""
+    if not text:
+        return workloads
+    try:
+        drafts = tuple(dict.fromkeys(int(x) for x in text.split(",")))
+    except ValueError:
+        raise TuneError(f"--draft-tokens {text!r}: give draft lengths as integers, e.g. 4,16") from None
+    if not drafts or not all(1 <= d <= 64 for d in drafts):
+        raise TuneError(f"--draft-tokens {text!r}: draft lengths are 1 to 64")
+    buckets = tuple(b.model_copy(update={"draft_tokens": None}) for b in workloads.bucket)
+    return workloads.model_copy(update={"draft_tokens": drafts, "bucket": buckets})
 
 
 def _gpus(args: argparse.Namespace) -> list[str | None]:
@@ -434,7 +451,7 @@ def run_tune(args: argparse.Namespace) -> int:
         _require_optuna()
         _quiet_optuna()
         return run_report(storage, args.workers)
-    spaces, workloads = load_spaces(args.spaces), load_workloads(args.workloads)
+    spaces, workloads = load_spaces(args.spaces), _with_drafts(load_workloads(args.workloads), args.draft_tokens)
     arch, gpu_name = _device(args)
     jobs = plan_jobs(args, arch, spaces, workloads)
     out = _default_out(args, arch)
