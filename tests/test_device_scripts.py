@@ -70,6 +70,14 @@ def test_tune_dry_run_names_the_studies_of_each_job(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "env.log").exists()
 
 
+def test_tune_drafts_reach_kgen_tune(tmp_path: Path) -> None:
+    proc = _run([str(DEVICE / "tune.sh"), "mla_absorbed_512_64:bf16:16:b33-96"], tmp_path, TUNE_DRY_RUN="1",
+                TUNE_DRAFTS="4,16")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (tmp_path / "out" / "tune.log").read_text()
+    assert "bs64/P16384/L4" in log and "bs64/P16384/L16" in log
+
+
 def test_bench_of_record_refuses_an_unknown_part(tmp_path: Path) -> None:
     proc = _run([str(DEVICE / "bench_of_record.sh"), "headlines"], tmp_path)
     assert proc.returncode == 2 and "unknown part 'headlines'" in proc.stderr

@@ -17,6 +17,8 @@
 #                  running trial and writes what it has
 #   FIT_S          seconds a bucket's fit check may add (default 120: the winner's programs over
 #                  the whole domain, compiled offline; docs/tuning.md, "Choosing the winner")
+#   TUNE_DRAFTS    draft lengths every bucket is timed at (`kgen tune --draft-tokens`, e.g. 4,16);
+#                  default: the workloads file's
 #   KGEN_TABLE     a table whose rows are offered as the current configs: kgen tune times them
 #                  next to the default and its own best and keeps whichever wins beyond noise
 #                  (docs/tuning.md, "Offering candidate configs")
@@ -56,6 +58,7 @@ for job in "$@"; do
     done
     case "$layout" in mla*) limit=$((limit * 2)) ;; esac
     args=(--no-progress --timeout "$STUDY_S" --layout "$layout" --kv-dtype "$kv" --group "$group" "${bucket_args[@]}")
+    [ -z "${TUNE_DRAFTS:-}" ] || args+=(--draft-tokens "$TUNE_DRAFTS")
     echo "== tune.sh: $job${KGEN_TABLE:+ (candidates: $KGEN_TABLE)}" | tee -a "$log"
     if [ "${TUNE_DRY_RUN:-0}" = 1 ]; then
         python3 -m kgen.cli tune --dry-run --arch "${TUNE_ARCH:-sm_90}" "${args[@]}" 2>&1 | tee -a "$log"
