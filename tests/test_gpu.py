@@ -34,6 +34,11 @@ CASES = [
     # the head dim 128 default's 128 rows, both at 8 warps.
     ("qwen3_5_gqa256", "bfloat16", 4, 40, 8192, 16),
     ("gqa128", "bfloat16", 8, 24, 4096, 16),
+    # The GQA 64 rows of batch 33-96 (4430f47): BF16 group 8 in head blocks of 4 on 2 warps, the
+    # draft tile first; FP8 group 4 with 128-token tiles in 1 stage; FP8 group 8, the draft tile after.
+    ("gqa64", "bfloat16", 8, 40, 8192, 16),
+    ("gqa64", "float8_e4m3fn", 4, 48, 4096, 8),
+    ("gqa64", "float8_e4m3fn", 8, 36, 8192, 4),
 ]
 
 
