@@ -4,15 +4,15 @@ CPU), the others plant the judge."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from test_tuner_cli import parse
 
 import kgen.tuner.fit as fit
 from kgen.blockconfig import BlockConfig, read_table
-from kgen.tuner.cli import add_tune_parser, run_tune
+from kgen.tuner.cli import run_tune
 
 # GQA 64 g4 BF16 at batch 33-96 as a 60-trial study chose it on the H200 (4430f47): its L 4
 # programs are fine, its programs for drafts 17-64 (128 rows, 128-token tiles on 2 warps) spill.
@@ -43,16 +43,10 @@ def test_the_candidate_table_holds_the_row_alone():
     assert (entry.batch_min, entry.batch_max, entry.config) == (33, 96, BlockConfig.model_validate(FITTING))
 
 
-def test_a_check_that_cannot_run_refuses(monkeypatch):
+def test_a_check_that_cannot_run_refuses():
     reason = fit.fit_error(SimpleNamespace(**{**vars(_job()), "layout": SimpleNamespace(name="no_such_layout")}),
                            BlockConfig.model_validate(FITTING))
     assert reason is not None and reason.startswith("the fit check could not run (exit 1")
-
-
-def _parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="kgen")
-    add_tune_parser(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(["tune", *argv])
 
 
 @pytest.mark.parametrize("mode", ["on", "auto"])
@@ -71,7 +65,7 @@ def test_the_tuner_writes_no_refused_winner(tmp_path: Path, capsys: pytest.Captu
     args = ["--objective", "synthetic", "--arch", "sm_90", "--layout", "gqa64", "--group", "8", "--kv-dtype",
             "bf16", "--storage", f"sqlite:///{tmp_path / 'tune.db'}", "--out", str(tmp_path), "--no-progress",
             "--trials", "25", "--bucket", "b1-8", "--fit-check", mode]
-    assert run_tune(_parse(*args)) == 0
+    assert run_tune(parse(*args)) == 0
     (row,) = [e for e in read_table(tmp_path / "sm_90.json").entries
               if (e.layout, e.group_size, e.batch_min) == ("gqa64", 8, 1)]
     out = capsys.readouterr().out
