@@ -880,14 +880,18 @@ if _HAS_GLUON:
         alpha = gl.exp2(m_i - m_ref)
         p = gl.exp2(s * qk_scale - m_ref[:, None])
         l_i = l_i * alpha + gl.sum(p, 1)
+        p16 = p.to(k_pe_stages.dtype)
+        # This warpgroup's half of P.V takes P from registers, issued before P is stored for the
+        # second PV: the store, fence and barrier below overlap the MMA instead of leading it.
+        acc = _gluon_rescale(acc, gl.convert_layout(alpha, gl.SliceLayout(1, ACC)), LAZY_RESCALE)
+        p_operand = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2))
+        acc = warpgroup_mma(p_operand, k_nope.slice(0, NOPE_DIM // 2, dim=1), acc, is_async=True)
         p_smem = _gluon_p_view(k_pe_stages, stage, ROWS, BLOCK_N)
-        p_smem.store(p.to(p_smem.dtype))  # S's wgmma on this stage's PE slot has completed
+        p_smem.store(p16)  # S's wgmma on this stage's PE slot has completed
         alpha_smem.index(stage).store(alpha)
         fence_async_shared()  # P is read next by wgmma, through the async proxy
         gl.thread_barrier()  # all of P and alpha are stored
         mbarrier.arrive(p_ready.index(stage), count=1)
-        acc = _gluon_rescale(acc, gl.convert_layout(alpha, gl.SliceLayout(1, ACC)), LAZY_RESCALE)
-        acc = warpgroup_mma(p_smem, k_nope.slice(0, NOPE_DIM // 2, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _gluon_release_stage(empty, stage)
         return m_new, l_i, acc
