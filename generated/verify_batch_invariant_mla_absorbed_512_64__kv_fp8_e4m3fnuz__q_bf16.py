@@ -79,7 +79,7 @@ MAX_DRAFT_TOKENS = 64
 # the split grows to a whole multiple of it. Every program is fitted for drafts of DRAFT_ROWS
 # tokens; longer drafts run in row blocks of L_PAD rows, one program each.
 BATCH_INVARIANT = True
-TOKENS_PER_SPLIT = 4096
+TOKENS_PER_SPLIT = 256
 MAX_SPLITS_PER_REQUEST = 8
 DRAFT_ROWS = 4
 

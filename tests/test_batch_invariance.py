@@ -12,7 +12,7 @@ The engine entries with their bf16 o are compared too.
 
 CPU tests run in Triton's interpreter. Most shrink the module's split size (TOKENS_PER_SPLIT,
 read by the launcher at run time) so that prefixes of a few hundred tokens take several splits
-and the merge; one runs the shipped 4096. GPU tests (``-m gpu``) run the shipped modules at the
+and the merge; one runs the shipped 256. GPU tests (``-m gpu``) run the shipped modules at the
 speed bar's sizes and replay CUDA graphs.
 """
 
@@ -217,11 +217,12 @@ def test_other_layouts_and_fp8(small_splits, monkeypatch, layout, group, kv, sca
 
 
 def test_the_shipped_split_size(monkeypatch):
-    """TOKENS_PER_SPLIT as shipped (4096): a 4200-token prefix has 2 splits and the merge, alone
-    and beside a request of one split."""
+    """TOKENS_PER_SPLIT as shipped (256): a 2500-token prefix is 10 of them, past
+    MAX_SPLITS_PER_REQUEST, so it takes 5 splits of 512 and the merge, alone and beside a request
+    of one split."""
     module = kgen.load(GQA, "bfloat16", batch_invariant=True)
-    assert module.TOKENS_PER_SPLIT == 4096
-    target = (4200, 2)
+    assert (module.TOKENS_PER_SPLIT, module.MAX_SPLITS_PER_REQUEST) == (256, 8)
+    target = (2500, 2)
     alone = _run(module, _request(GQA, *target, 8, seed=1000), 4, monkeypatch)
     batch, rows = _batch(GQA, 8, [(9, 5)], 1, target, seed=6)
     assert torch.equal(_run(module, batch, 132, monkeypatch)[rows], alone)
@@ -384,8 +385,8 @@ def test_scratch_of_a_preallocated_kv_indices_is_bounded_by_the_batch():
     rows, heads, width = 4, 16, module.V_HEAD_DIM.value + 1
     assert worst == 4 * rows * heads * 128 * module.MAX_SPLITS_PER_REQUEST * width <= 135 << 20
     # An eager call whose kv_indices holds just the batch's prefixes takes compact slots: batch 128,
-    # prefix 16K: 16384 // 4096 + 1 slots a request.
-    compact = module.scratch_bytes(128 * 4, 16, 1, 128, 4, "sm_90", 132, kv_indices_len=128 * 16384)
+    # prefix 1K: 1024 // 256 + 1 slots a request.
+    compact = module.scratch_bytes(128 * 4, 16, 1, 128, 4, "sm_90", 132, kv_indices_len=128 * 1024)
     assert compact == 4 * rows * heads * 128 * 5 * width
 
 
@@ -462,7 +463,7 @@ def _vendor_fp8(kv: str) -> str:
     return "float8_e4m3fnuz" if kv == "float8_e4m3fn" and torch.version.hip else kv
 
 
-GPU_TARGET = (16384 + 5, 4)  # the speed bar's request: 4 splits of 4096 and one of 5, draft 4
+GPU_TARGET = (16384 + 5, 4)  # the speed bar's request: 8 splits of 2304, the last of 261; draft 4
 
 
 @pytest.mark.gpu
@@ -495,7 +496,7 @@ def test_gpu_alone_in_7_and_in_64_eager_and_graph(layout, group, kv):
         assert torch.equal(_gpu_run(module, alone_case, graph=True, fp32=fp32), alone[fp32])
 
 
-GPU_TREE_TARGET = (16384 + 5, 16)  # the tree bar's request: 5 splits, a tree of 16 (row blocks of 4)
+GPU_TREE_TARGET = (16384 + 5, 16)  # the tree bar's request: 8 splits, a tree of 16 (row blocks of 4)
 
 
 @pytest.mark.gpu

@@ -23,16 +23,17 @@ from kgen.passes.context import BuildContext
 from kgen.plan import ConfigEntry, Decision, Invariance, Plan
 
 NAME = "fix_invariance"
-# Prefix tokens per split. Batch 64, prefix 16K (the mode's speed bar) then has 4 splits a
-# request: 256 programs for one KV head and one head block, two waves at one program per SM,
-# the same tokens per SM as the default's 2 splits of 8K in one wave. The partials cost
-# 8 x rows x D_v bytes a split (written, then read by the merge) against S x K/V row bytes of
-# prefix: 128 / S of the KV traffic for GQA 256 group 16 (3.1% at 4096, where the default's
-# 8K splits pay 1.6%); 2048 would double that and the waves' pipeline starts.
-TOKENS_PER_SPLIT = 4096
-# Splits per request before the split size grows: prefixes up to 32K keep splits of exactly
-# TOKENS_PER_SPLIT; a longer one takes splits of a whole multiple of it (its own length
-# decides). It bounds the split grid and the scratch of a call whose kv_indices (or block
+# Prefix tokens per split: the granule of the split plan. A prefix of up to MAX_SPLITS granules
+# has splits of exactly one (prefix 1K: 4 splits); a longer one takes MAX_SPLITS splits of a whole
+# multiple of it (16K: 8 of 2048), so short and long prefixes both spread over the GPU at every
+# batch. Measured against the default (docs/perf-notes.md, "The batch-invariant split granule"):
+# 256 keeps batch 16 near the default's time and every batch / prefix point within 1.5x; 4096
+# ran batch 16 prefix 1K as one split a request (1.9x), 128 and 512 lose at batch 64 prefix 1K
+# and batch 16 prefix 1K.
+TOKENS_PER_SPLIT = 256
+# Splits per request before the split size grows: prefixes up to MAX_SPLITS x TOKENS_PER_SPLIT
+# keep splits of exactly TOKENS_PER_SPLIT; a longer one takes splits of a whole multiple of it
+# (its own length decides). It bounds the split grid and the scratch of a call whose kv_indices (or block
 # table) is sized for the engine's longest context, as under CUDA-graph capture: MLA at
 # batch 128, L 4 then takes 134 MB (16 would double it).
 MAX_SPLITS = 8
@@ -148,10 +149,11 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                  f"split k of every request covers prefix tokens [k x {TOKENS_PER_SPLIT}, (k + 1) x "
                  f"{TOKENS_PER_SPLIT}): a fixed split size, not a count (Thinking Machines, 'Defeating "
                  "Nondeterminism in LLM Inference', 2025), so the splits depend on the request's own prefix "
-                 "only. Batch 64, prefix 16K: 4 splits a request, two waves of one program per SM on 132 SMs, "
-                 "the tokens per SM of the default's 2 splits of 8K; the partials cost 128 / S of the KV "
-                 "traffic at GQA 256 group 16 (3.1%, the default's 8K splits 1.6%), 2048 would double it. A "
-                 "request with one split writes o itself (its own length decides)",
+                 f"only. Prefix 1K: 4 splits a request (batch 16: 64 programs); prefix 16K: {MAX_SPLITS} of "
+                 "2048 (max splits). On the H200 every batch / prefix point of batch 16 and 64, prefix 1K and "
+                 "16K, stays within 1.5x of the default (docs/perf-notes.md, 'The batch-invariant split "
+                 "granule'), where 4096 ran a 1K prefix as one split (1.9x at batch 16). A request with one "
+                 "split writes o itself (its own length decides)",
                  "a fixed split size, not a count"),
         Decision(NAME, "max splits", MAX_SPLITS,
                  f"a prefix up to {MAX_SPLITS * TOKENS_PER_SPLIT} tokens keeps splits of exactly "
