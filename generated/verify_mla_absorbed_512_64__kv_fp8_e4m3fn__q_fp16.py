@@ -249,69 +249,6 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
     tl.store(o_ptr, (acc / l_sum[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
 
 
-@triton.jit
-def _merge_slice(slice_id, Out, Partial_O, Partial_Lse, num_written, q_start, q_len, kv_head, head_block, first_row,
-                 stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
-                 stride_pl_head, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, L_PAD: tl.constexpr,
-                 SLICE_ROWS: tl.constexpr, SPLIT_CHUNK: tl.constexpr):
-    """o of one slice of a program's rows: SLICE_ROWS rows x MERGE_BLOCK_DV columns, from the
-    request's partials of this row block, read through L2 (other programs just wrote them)."""
-    COL_SLICES: tl.constexpr = (V_HEAD_DIM + MERGE_BLOCK_DV - 1) // MERGE_BLOCK_DV
-    rows = (slice_id // COL_SLICES) * SLICE_ROWS + tl.arange(0, SLICE_ROWS)
-    head_in_group = head_block * BLOCK_H + rows // L_PAD
-    draft_pos = first_row + rows % L_PAD
-    row_ok = (head_in_group < GROUP) & (draft_pos < q_len)
-    q_head = (kv_head * GROUP + head_in_group).to(tl.int64)
-    q_tok = q_start + draft_pos
-    offs_dv = (slice_id % COL_SLICES) * MERGE_BLOCK_DV + tl.arange(0, MERGE_BLOCK_DV)
-    dv_ok = offs_dv < V_HEAD_DIM
-    _combine_splits(
-        Partial_Lse + q_tok * stride_pl_tok + q_head * stride_pl_head,
-        Partial_O + q_tok[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + offs_dv[None, :],
-        Out + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :],
-        stride_po_split, num_written, row_ok, row_ok[:, None] & dv_ok[None, :], SLICE_ROWS, MERGE_BLOCK_DV,
-        SPLIT_CHUNK, ".cg",
-    )
-
-
-@triton.jit
-def _arrive_and_merge(Counters, Out, Partial_O, Partial_Lse, num_written, q_start, q_len, kv_head, head_block,
-                      first_row, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
-                      stride_pl_tok, stride_pl_head, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
-                      L_PAD: tl.constexpr, SPLIT_CHUNK: tl.constexpr):
-    """The merge inside the prefix stage (one launch). Counters are this row block's four words:
-    [started | arrived << 16, slices claimed, programs done, unused], zero between launches.
-
-    Every split program arrives once its partial is stored. The last to arrive merges what is
-    left. One that arrives when all of the request's split programs have started (so all are
-    running or done, and none waits on anything) waits for the rest to arrive and claims
-    slices too: the merge is spread over the programs still resident, with no launch of its
-    own. A program that arrives before the last one started leaves. The last program done
-    zeroes the counters for the next launch (a CUDA graph replays the same buffer)."""
-    ROWS: tl.constexpr = BLOCK_H * L_PAD
-    SLICE_ROWS: tl.constexpr = ROWS if ROWS < 16 else 16
-    NUM_SLICES: tl.constexpr = (ROWS // SLICE_ROWS) * ((V_HEAD_DIM + MERGE_BLOCK_DV - 1) // MERGE_BLOCK_DV)
-    tl.debug_barrier()  # every thread's partial stores come before the arrival (its release)
-    word = tl.atomic_add(Counters, 1 << 16, sem="acq_rel", scope="gpu")
-    is_last = (word >> 16) == num_written - 1
-    if is_last | ((word & 0xFFFF) == num_written):
-        if not is_last:
-            while (tl.atomic_add(Counters, 0, sem="acquire", scope="gpu") >> 16) < num_written:
-                pass
-        slice_id = tl.atomic_add(Counters + 1, 1, sem="relaxed", scope="gpu")
-        while slice_id < NUM_SLICES:
-            _merge_slice(slice_id, Out, Partial_O, Partial_Lse, num_written, q_start, q_len, kv_head, head_block,
-                         first_row, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
-                         stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD, SLICE_ROWS, SPLIT_CHUNK)
-            slice_id = tl.atomic_add(Counters + 1, 1, sem="relaxed", scope="gpu")
-    tl.debug_barrier()  # this program's merge stores come before it counts itself done
-    if tl.atomic_add(Counters + 2, 1, sem="acq_rel", scope="gpu") == num_written - 1:
-        # Every program of the row block is done with the counters: zero them.
-        tl.atomic_xchg(Counters, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(Counters + 1, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(Counters + 2, 0, sem="relaxed", scope="gpu")
-
-
 # Ints the launcher computes from shapes are not value-specialized: one compiled kernel serves
 # every batch size, split count and page size (the JIT would otherwise compile a variant per
 # value class, and `kgen check` would have to prove each).
@@ -328,7 +265,6 @@ def _verify_prefix_stage(
     Kv_Table,
     Partial_O,
     Partial_Lse,
-    Merge_Counters,
     qk_scale,
     k_scale,
     v_scale,
@@ -370,8 +306,6 @@ def _verify_prefix_stage(
     DOT_DTYPE: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
-    MERGE_IN_PREFIX: tl.constexpr,
-    MERGE_CHUNK: tl.constexpr,
 ):
     ROWS: tl.constexpr = BLOCK_H * L_PAD
 
@@ -410,11 +344,6 @@ def _verify_prefix_stage(
     runs = split < num_written
     if ROW_BLOCKS > 1:
         runs = runs & (first_row < q_len)  # a row block past this request's draft has no rows
-    if MERGE_IN_PREFIX:
-        # This row block's merge counters; a program of a request with splits counts itself started.
-        counters = Merge_Counters + (batch * tl.num_programs(0) + tl.program_id(0)) * 4
-        if runs & (num_written > 1):
-            tl.atomic_add(counters, 1, sem="relaxed", scope="gpu")
     if runs:
         # Row r of the tile is (head head_block*BLOCK_H + r // L_PAD, draft token first_row + r % L_PAD).
         rows = tl.arange(0, ROWS)
@@ -553,10 +482,6 @@ def _verify_prefix_stage(
             tl.store(po_ptr + offs_dv[None, :], acc / l_safe[:, None], mask=row_ok[:, None])
             pl_ptr = Partial_Lse + q_tok * stride_pl_tok + q_head * stride_pl_head + split
             tl.store(pl_ptr, m_i + tl.log2(l_safe), mask=row_ok)
-            if MERGE_IN_PREFIX:
-                _arrive_and_merge(counters, Out, Partial_O, Partial_Lse, num_written, q_start, q_len, kv_head,
-                                  head_block, first_row, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
-                                  stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD, MERGE_CHUNK)
 
 
 @triton.jit(do_not_specialize=["num_q_heads", "max_splits", "min_tokens_per_split", "block_n", "prefix_trim_len",

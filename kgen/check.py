@@ -96,7 +96,6 @@ AXES = ("all", "index_dtype", "q_dtype", "runtime int specialization")
 _Q_POINTERS = frozenset({"Q", "K_Extend", "V_Extend", "Out"})
 _KV_POINTERS = frozenset({"K_Buffer", "V_Buffer"})
 _MASK_POINTERS = frozenset({"Custom_Mask"})  # read as bytes: the launcher views bool/int8 masks as uint8
-_COUNTER_POINTERS = frozenset({"Merge_Counters"})  # int32 arrival counters, whatever the index dtype
 _INDEX_POINTER = re.compile(r"^[A-Z]\w*_(Indptr|Indices|Bounds|Table|Lens|Counters)$")
 _FP32_POINTER = re.compile(r"^Partial_\w+$")
 _FP32_SCALARS = frozenset({"qk_scale", "sm_scale"})
@@ -360,8 +359,6 @@ def kernel_signature(module: ModuleType, kernel_name: str, constexprs: dict[str,
             signature[name] = kv_type
         elif name in _MASK_POINTERS:
             signature[name] = "*u8"
-        elif name in _COUNTER_POINTERS:
-            signature[name] = "*i32"
         elif _INDEX_POINTER.match(name):
             signature[name] = "*" + _TRITON_TYPES[index_dtype]
         elif _FP32_POINTER.match(name):

@@ -66,7 +66,6 @@ class VerifyLauncher(CallShapes):
         # Scratch (by stream) and FP8 device scales, cached so that graph replays see one address.
         self.scratch: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self.device_scales: dict[tuple[float, str], torch.Tensor] = {}
-        self.counters: dict[tuple[Any, ...], torch.Tensor] = {}
         self.cached_setup = functools.lru_cache(maxsize=4096)(self._table_setup)
 
     # ---- block configs --------------------------------------------------------------------
@@ -128,8 +127,6 @@ class VerifyLauncher(CallShapes):
         if self.identity.draft_first_rows is not None:
             constexprs["DRAFT_FIRST"] = self.draft_first(config, block_h * l_pad)
         constexprs["USE_PDL"] = self.use_pdl(arch, is_rocm)
-        if not self.invariant:
-            constexprs.update(MERGE_IN_PREFIX=True, MERGE_CHUNK=self.identity.merge_split_chunk)
         return constexprs, {"num_warps": fitted.num_warps, "num_stages": fitted.num_stages,
                             **backend_knobs(config, is_rocm)}
 
@@ -246,14 +243,6 @@ class VerifyLauncher(CallShapes):
             buffers = self.scratch[key] = self.new_partials(device, rows, num_q_heads, splits)
         return buffers
 
-    def merge_counters(self, device: torch.device, row_blocks: int) -> torch.Tensor:
-        """EXPERIMENT: four zeroed int32 words per (request, row block), shared by every call."""
-        key = (str(device), row_blocks)
-        counters = self.counters.get(key)
-        if counters is None:
-            counters = self.counters[key] = torch.zeros(row_blocks * 4, dtype=torch.int32, device=device)
-        return counters
-
     def new_partials(self, device: torch.device, rows: int, num_q_heads: int,
                      splits: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Uninitialized partials and log2-sum-exp of ``scratch_buffers``' shapes."""
@@ -349,8 +338,7 @@ class VerifyLauncher(CallShapes):
         else:
             self.launch_triton_prefix(grid, setup, common, v_pool, v_extend, stride_table, k_strides, v_strides,
                                       mask_arguments)
-        merged = setup.prefix_constexprs.get("MERGE_IN_PREFIX", False) and setup.prefix_kernel not in self.prefix_lowerings
-        if setup.merge is not None and grid_splits > 1 and not merged:
+        if setup.merge is not None and grid_splits > 1:
             self.launch_merge(setup, o, qo_indptr, kv_bounds, partials, num_q_heads, batch, split_ints,
                               prefix_trim_len, stride_table)
 
@@ -370,10 +358,9 @@ class VerifyLauncher(CallShapes):
          split_ints, prefix_trim_len, draft_lookahead_len) = common
         v_pointer = () if self.identity.v_from_k_tile else (v_pool,)
         v_pool_strides = () if self.identity.v_from_k_tile else v_strides
-        counters = () if self.invariant else (self.merge_counters(q.device, grid[0] * grid[2]),)
         self.kernels.prefix[grid](
             q, k_pool, *v_pointer, k_extend, v_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse,
-            *counters, qk_scale, k_scale, v_scale, *split_ints, setup.page_shift, prefix_trim_len, draft_lookahead_len,
+            qk_scale, k_scale, v_scale, *split_ints, setup.page_shift, prefix_trim_len, draft_lookahead_len,
             stride_table, q.stride(0), q.stride(1), *k_strides, *v_pool_strides,
             k_extend.stride(0), k_extend.stride(1), v_extend.stride(0), v_extend.stride(1), o.stride(0), o.stride(1),
             partial_o.stride(0), partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0),
