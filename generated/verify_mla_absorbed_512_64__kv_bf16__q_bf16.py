@@ -659,10 +659,10 @@ def _verify_merge_stage(
 GLUON_NUM_WARPS = tl.constexpr(4)  # the default partition: the scorer warpgroup
 GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup of cp.async gathers
 # Registers a thread of the workers: the second PV (its accumulator half and the rescale) and the
-# producer (a few 64-bit row offsets); the scorer takes what they leave. setmaxnreg moves the
-# physical registers; ptxas compiles every partition within GLUON_MAX_REGISTERS (no spills at
-# 168): no partition's code uses more than 168, whatever its share of the register file
-# (docs/perf-notes.md, "What Triton 3.6's Gluon does on sm_90").
+# producer (a few 64-bit row offsets); the scorer takes what they leave (256: S, P and its half).
+# setmaxnreg moves the physical registers and ptxas compiles each partition within its share;
+# every single instruction must still fit GLUON_MAX_REGISTERS (docs/perf-notes.md, "What Triton
+# 3.6's Gluon does on sm_90").
 GLUON_SECOND_PV_REGISTERS = tl.constexpr(208)
 GLUON_PRODUCER_REGISTERS = tl.constexpr(40)
 # 12 warps x 32 threads x 168 = 64,512 of the 65,536 registers: what setmaxnreg redistributes.
