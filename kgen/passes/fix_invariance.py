@@ -149,11 +149,11 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                  f"split k of every request covers prefix tokens [k x {TOKENS_PER_SPLIT}, (k + 1) x "
                  f"{TOKENS_PER_SPLIT}): a fixed split size, not a count (Thinking Machines, 'Defeating "
                  "Nondeterminism in LLM Inference', 2025), so the splits depend on the request's own prefix "
-                 f"only. Prefix 1K: 4 splits a request (batch 16: 64 programs); prefix 16K: {MAX_SPLITS} of "
-                 "2048 (max splits). On the H200 every batch / prefix point of batch 16 and 64, prefix 1K and "
-                 "16K, stays within 1.5x of the default (docs/perf-notes.md, 'The batch-invariant split "
-                 "granule'), where 4096 ran a 1K prefix as one split (1.9x at batch 16). A request with one "
-                 "split writes o itself (its own length decides)",
+                 f"only. Prefix 1K: {1024 // TOKENS_PER_SPLIT} splits a request; prefix 16K: {MAX_SPLITS} of "
+                 f"{16384 // MAX_SPLITS} (max splits). On the H200 every batch / prefix point of batch 16 and "
+                 "64, prefix 1K and 16K, stays within 1.5x of the default (docs/perf-notes.md, 'The "
+                 "batch-invariant split granule'), where 4096 ran a 1K prefix as one split (1.9x at batch "
+                 "16). A request with one split writes o itself (its own length decides)",
                  "a fixed split size, not a count"),
         Decision(NAME, "max splits", MAX_SPLITS,
                  f"a prefix up to {MAX_SPLITS * TOKENS_PER_SPLIT} tokens keeps splits of exactly "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from kgen.blockconfig import TABLE_DIR, BlockConfig, TableFile, resolve_tables
 from kgen.errors import KgenError
 from kgen.locations import TABLES_DIR_ENV, source_root
+from kgen.passes.legalize import MAX_DRAFT_TOKENS
 from kgen.spec import KV_DTYPES, Q_DTYPES, LayoutSpec, canonical_dtype, load_layouts
 from kgen.tuner.errors import TuneError
 from kgen.tuner.job import TuneJob
@@ -282,8 +283,8 @@ def _with_drafts(workloads: WorkloadsFile, text: str | None) -> WorkloadsFile:
         drafts = tuple(dict.fromkeys(int(x) for x in text.split(",")))
     except ValueError:
         raise TuneError(f"--draft-tokens {text!r}: give draft lengths as integers, e.g. 4,16") from None
-    if not drafts or not all(1 <= d <= 64 for d in drafts):
-        raise TuneError(f"--draft-tokens {text!r}: draft lengths are 1 to 64")
+    if not drafts or not all(1 <= d <= MAX_DRAFT_TOKENS for d in drafts):
+        raise TuneError(f"--draft-tokens {text!r}: draft lengths are 1 to {MAX_DRAFT_TOKENS}")
     buckets = tuple(b.model_copy(update={"draft_tokens": None}) for b in workloads.bucket)
     return workloads.model_copy(update={"draft_tokens": drafts, "bucket": buckets})
 
