@@ -943,6 +943,7 @@ if _HAS_GLUON:
         fence_async_shared()  # q's generic-proxy stores, read by wgmma
         gl.thread_barrier()  # all of q is in shared memory
 
+        prefix_qk_scale = qk_scale * k_scale  # the pool's k_scale, on the prefix only
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
         acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
@@ -952,13 +953,13 @@ if _HAS_GLUON:
         for t in range(full_tiles):
             stage = _gluon_stage_landed(ready, t, NUM_STAGES)
             m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
-                                              empty, stage, m_i, l_i, acc, None, qk_scale * k_scale, ROWS,
+                                              empty, stage, m_i, l_i, acc, None, prefix_qk_scale, ROWS,
                                               BLOCK_N, False, LAZY_RESCALE)
         for t in range(full_tiles, num_tiles):
             stage = _gluon_stage_landed(ready, t, NUM_STAGES)
             visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
             m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
-                                              empty, stage, m_i, l_i, acc, visible, qk_scale * k_scale, ROWS,
+                                              empty, stage, m_i, l_i, acc, visible, prefix_qk_scale, ROWS,
                                               BLOCK_N, True, LAZY_RESCALE)
         # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
         acc = acc * v_scale
@@ -1130,11 +1131,11 @@ if _HAS_GLUON:
         split_end = gl.minimum(split_start + split_len, prefix_len)
         if split < num_written and first_row < q_len:  # a row block past the draft has no rows
             slot = _gluon_first_slot(table_start, batch, tokens_per_split, slots_per_request) + split
-            q_nope_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, NOPE_DIM], TILE_SMEM)
-            q_pe_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [ROWS, PE_DIM], TILE_SMEM)
-            k_nope_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [NUM_STAGES, BLOCK_N, NOPE_DIM],
-                                                      TILE_SMEM)
-            k_pe_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [NUM_STAGES, BLOCK_N, PE_DIM], TILE_SMEM)
+            STAGE_DTYPE: gl.constexpr = K_Buffer.dtype.element_ty  # q's dtype too (the lowering's requirement)
+            q_nope_smem = gl.allocate_shared_memory(STAGE_DTYPE, [ROWS, NOPE_DIM], TILE_SMEM)
+            q_pe_smem = gl.allocate_shared_memory(STAGE_DTYPE, [ROWS, PE_DIM], TILE_SMEM)
+            k_nope_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, NOPE_DIM], TILE_SMEM)
+            k_pe_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, PE_DIM], TILE_SMEM)
             alpha_smem = gl.allocate_shared_memory(gl.float32, [NUM_STAGES, ROWS], ROW_SMEM)
             row_stats_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], ROW_SMEM)
             ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())

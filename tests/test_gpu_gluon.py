@@ -104,6 +104,34 @@ def test_gluon_domain(q_dtype, group, config_name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("group", _groups())
+@pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
+def test_gluon_fp8_domain(q_dtype, group):
+    """e4m3fn KV through the converting producer (fp16 stages, q scaled by K's descale): every
+    draft length to the 64-token tile, several splits and one, non-unit scales, both index dtypes."""
+    module = kgen.load(LAYOUT, "float8_e4m3fn", q_dtype)
+    gluon = GLUON_CONFIGS["n64s2"]
+    for splits in (64, 1):
+        config = gluon_config(module, gluon, max_splits=splits)
+        for draft in range(1, module.MAX_DRAFT_TOKENS + 1):
+            prefixes, drafts = request_lengths(draft, BATCH)
+            prefixes = [p * 7 for p in prefixes]
+            problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, q_dtype=q_dtype, kv_dtype="float8_e4m3fn",
+                                k_scale=0.75, v_scale=1.25, device="cuda",
+                                seed=zlib.crc32(f"fp8/{q_dtype}/{group}/{draft}".encode()))
+            reference = problem.reference(torch.float64)
+            _assert_gluon(module, config, group, BATCH, problem.max_len_extend)
+            for index_dtype in INDEX_DTYPES:
+                problem.kv_indices = problem.kv_indices.to(index_dtype)
+                problem.o.fill_(float("nan"))
+                _poison_scratch(module)
+                module.launch(*problem.launch_args(), config=config)
+                err = relative_error(problem.o, reference)
+                where = f"L {draft}, splits {splits}, {index_dtype}, prefixes {prefixes}, drafts {drafts}"
+                assert err <= tolerance(problem), f"{where}: relative error {err:.2e} > {tolerance(problem):.2e}"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("config_name", ["n64s2", "n32s4lazy"])
 def test_gluon_graph_replay_with_oversized_indices(config_name):
     """Capture once, replay on new data of the same shapes: kv_indices longer than the batch

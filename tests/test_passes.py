@@ -451,18 +451,21 @@ def test_explain_one_pass_gives_its_whole_reasons():
         explain("gqa128", only_pass="fitt")
 
 
-@pytest.mark.parametrize(("kv", "q", "offered"), [("bfloat16", "bfloat16", True), ("float8_e4m3fn", "bfloat16", False),
+@pytest.mark.parametrize(("kv", "q", "offered"), [("bfloat16", "bfloat16", True), ("float8_e4m3fn", "bfloat16", True),
+                                                  ("float8_e4m3fn", "float16", True),
+                                                  ("float8_e4m3fnuz", "bfloat16", False),
                                                   ("bfloat16", "float16", False)])
 def test_the_gluon_prefix_stage_is_offered_only_where_it_applies(ctx, kv, q, offered):
-    """kgen/templates/gluon/lowering.json: absorbed MLA 512+64, 16-bit KV, q in the KV dtype; the
-    decision says which requirement a layout misses."""
+    """kgen/templates/gluon/lowering.json: absorbed MLA 512+64 whose stage holds 16-bit tiles: 16-bit
+    KV with q in its dtype, or e4m3fn KV (converted to fp16); the decision says which
+    requirement a layout misses."""
     plan = _through(new_plan(SPECS["mla_absorbed_512_64"], kv, q), ctx, "select_lowering")
     decision = plan.decisions_of("select_lowering")[1]
     assert (plan.lowering.gluon_prefix is not None) is offered
     if offered:
         assert decision.value == "gluon/mla_ws_prefix_stage.py.j2" and "sm_90" in decision.why
     else:
-        assert decision.value is None and ("kv_storage" in decision.why or "q_dtype_is_kv_dtype" in decision.why)
+        assert decision.value is None and "stage_dtype" in decision.why
 
 
 def _configs_with_rows(ctx, rows):

@@ -240,7 +240,9 @@ def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int) -> int
     sum-exp, plus the margin (measured with Triton 3.6 for sm_90: the four mbarrier arrays and
     Triton's own scratch add 336-352 bytes to these buffers)."""
     rows_fp32 = (num_stages + 2) * GLUON_ROWS * 4
-    tiles = GLUON_ROWS * shape["q_row_bytes"] + num_stages * block_n * shape["kv_row_bytes"]
+    # A stage holds 16-bit rows whatever the pool's bytes (an FP8 producer converts to fp16).
+    stage_row_bytes = shape["kv_row_bytes"] // shape["kv_bytes"] * 2
+    tiles = GLUON_ROWS * shape["q_row_bytes"] + num_stages * block_n * stage_row_bytes
     return tiles + rows_fp32 + SHARED_MARGIN_BYTES
 
 

@@ -47,23 +47,38 @@ def second_lowerings() -> dict[str, Any]:
     return {entry["name"]: entry for entry in manifests}
 
 
+def _stage_dtype(plan: Plan) -> str | None:
+    """The 16-bit type a Gluon stage's tiles hold: the KV dtype where q has it too, fp16 for
+    e4m3fn KV (its producer converts, exactly); None otherwise (no such stage)."""
+    if plan.kv_dtype == "float8_e4m3fn":
+        return "float16"
+    if plan.kv_dtype not in FP8_DTYPES and plan.q_dtype == plan.kv_dtype:
+        return plan.kv_dtype
+    return None
+
+
 def _layout_facts(plan: Plan) -> dict[str, Any]:
     shape = plan.spec.attention
     return {"variant": plan.variant, "v_source": shape.v_source, "nope_dim": shape.nope_dim,
-            "pe_dim": shape.pe_dim, "kv_storage": "fp8" if plan.kv_dtype in FP8_DTYPES else "16-bit",
-            "q_dtype_is_kv_dtype": plan.q_dtype == plan.kv_dtype}
+            "pe_dim": shape.pe_dim, "stage_dtype": _stage_dtype(plan)}
+
+
+def _met(wanted: Any, has: Any) -> bool:
+    """A requirement holds where the fact is its value, or one of its values (a list)."""
+    return has in wanted if isinstance(wanted, list) else has == wanted
 
 
 def unmet(requires: dict[str, Any], facts: dict[str, Any]) -> list[str]:
     """The requirements a layout misses, as 'field: wanted X, layout has Y'."""
-    return [f"{k}: wanted {v!r}, layout has {facts.get(k)!r}" for k, v in requires.items() if facts.get(k) != v]
+    return [f"{k}: wanted {v!r}, layout has {facts.get(k)!r}" for k, v in requires.items()
+            if not _met(v, facts.get(k))]
 
 
 def _needs(entry: dict[str, Any], facts: dict[str, Any]) -> str:
     """Why a layout has no such lowering, in one clause of at most BRIEF_WIDTH characters: the
     requirements it misses ("needs v_source 'k_latent', pe_dim 64") where they fit, else what
     the lowering serves (its manifest's ``serves``)."""
-    missed = ", ".join(f"{k} {v!r}" for k, v in entry["requires"].items() if facts.get(k) != v)
+    missed = ", ".join(f"{k} {v!r}" for k, v in entry["requires"].items() if not _met(v, facts.get(k)))
     return f"needs {missed}" if len(missed) <= BRIEF_WIDTH - len("needs ") else f"only for {entry['serves']}"
 
 
