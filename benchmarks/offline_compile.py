@@ -51,7 +51,7 @@ def compile_prefix(args) -> None:
         config["draft_tile"] = "first"
     name, constexprs, options = module.launch_params("sm_90", 132, args.group, 64, args.draft, None, config,
                                                      has_mask=args.mask)[0]
-    constexprs = check.complete_launch(module, name, constexprs)[0]
+    constexprs = check.complete_launch(module, name, constexprs)
     signature, constants, divisible = check.kernel_signature(module, name, constexprs, "int64", {})
     kernel = getattr(module, name)
     names = kernel.arg_names
