@@ -97,6 +97,16 @@ BATCH_INVARIANT = False
 # kgen.load hands the launcher the rows of $KGEN_TABLES_DIR / $KGEN_TABLE instead (kgen/retable.py).
 _BLOCK_CONFIGS = {
     "sm_90": (
+        (16, 1, 8,
+         {'block_h': 16,
+          'block_n': 32,
+          'num_warps': 8,
+          'num_stages': 3,
+          'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128},
+          'gluon': {'block_n': 64,
+                    'num_stages': 2,
+                    'lazy_rescale': False,
+                    'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128}}}),
         (16, 9, 32,
          {'block_h': 16,
           'block_n': 64,
