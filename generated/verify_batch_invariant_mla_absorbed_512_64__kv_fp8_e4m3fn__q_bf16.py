@@ -990,7 +990,6 @@ if _HAS_GLUON:
         head = head_block * BLOCK_H + rows // L_PAD
         q_row = ((q_start + first_row + rows % L_PAD) * stride_q_tok
                  + (kv_head * GROUP + head).to(gl.int64) * stride_q_head)
-        cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, NOPE_LOAD))
         row_ok = (head < GROUP) & (first_row + rows % L_PAD < q_len)
         # K's descale is folded into q once (the stages hold K as stored, converted exactly), in
         # 128-column chunks: the whole row block in fp32 would not fit the scorer's registers.
@@ -1013,6 +1012,7 @@ if _HAS_GLUON:
         gl.thread_barrier()  # all of q is in shared memory
 
         prefix_qk_scale = qk_scale  # K's descale is in q
+        draft_qk_scale = qk_scale / k_descale  # the draft's K is unscaled: take K's descale back out of q
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
         acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
@@ -1054,7 +1054,7 @@ if _HAS_GLUON:
                 # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
                 visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
             m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
-                                              empty, stage, m_i, l_i, acc, visible, qk_scale / k_descale, ROWS, BLOCK_N, True,
+                                              empty, stage, m_i, l_i, acc, visible, draft_qk_scale, ROWS, BLOCK_N, True,
                                               False)
 
         # The rows' max and sum-exp, for the second PV's half of the output.

@@ -173,7 +173,8 @@ def test_select_lowering_says_what_each_gluon_row_launches(tmp_path: Path) -> No
 @pytest.mark.parametrize(("layout", "kv", "q", "missing"), [
     ("qwen3_5_gqa256", "bfloat16", "bfloat16", "v_source: wanted 'k_latent'"),
     (MLA, "float8_e4m3fnuz", "bfloat16", "stage_dtype: wanted ['bfloat16', 'float16'], layout has None"),
-    (MLA, "bfloat16", "float16", "stage_dtype: wanted ['bfloat16', 'float16'], layout has None"),  # rows are shared by the query dtypes
+    # rows are shared by the query dtypes
+    (MLA, "bfloat16", "float16", "stage_dtype: wanted ['bfloat16', 'float16'], layout has None"),
 ])
 def test_a_module_without_the_gluon_stage_runs_a_gluon_rows_triton_fields(tmp_path: Path, layout: str, kv: str,
                                                                           q: str, missing: str) -> None:
