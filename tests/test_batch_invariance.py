@@ -350,18 +350,23 @@ def test_one_config_row_per_group_covers_every_batch():
             assert config == kgen.load("qwen3_5_gqa256", "bfloat16").select_config(arch, group, 64)
 
 
-def test_a_config_s_invariant_head_block_serves_the_invariant_mode_only():
-    """MLA FP8's default rule sets invariant_block_h 8: the invariant module's programs hold 8
-    heads x 4 rows (16 x 4 spill 2.7 KB a thread in its draft-column loop on sm_90); the default
-    module keeps 16 heads and does not carry the field."""
+def test_a_config_s_invariant_head_block_serves_the_invariant_mode_only(monkeypatch: pytest.MonkeyPatch):
+    """MLA FP8's default rule sets invariant_block_h 8: the invariant module's Triton programs hold
+    8 heads x 4 rows (16 x 4 spill 2.7 KB a thread in its draft-column loop on sm_90); the default
+    module keeps 16 heads and does not carry the field. The field is the Triton kernel's: where
+    the Gluon stage runs (sm_90 under Triton 3.6) its programs are 64 rows in both modes."""
     invariant = kgen.load("mla_absorbed_512_64", "float8_e4m3fn", batch_invariant=True)
     default = kgen.load("mla_absorbed_512_64", "float8_e4m3fn")
     for module, heads in ((invariant, 8), (default, 16)):
         config = module.select_config("sm_90", 16, 64)
         assert config["block_h"] == heads and "invariant_block_h" not in config
-    launched = invariant.launch_params("sm_90", 132, 16, 64, 4)[0][1]
-    assert (launched["BLOCK_H"], launched["L_PAD"]) == (8, 4)
-    assert default.launch_params("sm_90", 132, 16, 64, 4)[0][1]["BLOCK_H"] == 16
+        # An explicit config bypasses the launcher's set-up cache, filled with Gluon as found.
+        monkeypatch.setattr(module.LAUNCHER, "gluon_enabled", False)
+        name, launched, _ = module.launch_params("sm_90", 132, 16, 64, 4, config=config)[0]
+        assert name == "_verify_prefix_stage" and (launched["BLOCK_H"], launched["L_PAD"]) == (heads, 4)
+        monkeypatch.setattr(module.LAUNCHER, "gluon_enabled", True)
+        name, launched, _ = module.launch_params("sm_90", 132, 16, 64, 4, config=config)[0]
+        assert name == "_gluon_prefix_stage" and (launched["BLOCK_H"], launched["L_PAD"]) == (16, 4)
 
 
 def test_scratch_is_what_the_launcher_allocates_and_bounded(small_splits):
