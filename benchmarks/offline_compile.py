@@ -4,6 +4,8 @@ says (registers, spills, shared memory) and which MMA instructions the SASS uses
 Costs no device time: Triton's wheel ships ptxas and nvdisasm. Usage:
   python benchmarks/offline_compile.py --layout qwen3_5_gqa256 --kv bf16 --group 16 --draft 4 \
       --block-n 32 --warps 4 --stages 4
+  python benchmarks/offline_compile.py --layout mla_absorbed_512_64 --kv fp8 --as-launched --page-size 16
+(the second: what a call launches, the Gluon stage under Triton 3.6).
 
 Besides the totals it counts the spill loads and stores (LDL/STL) inside the program's
 longest loop, the prefix loop: spills there are paid every tile, spills outside it once.
@@ -41,39 +43,66 @@ def _module_from(path: str):
     return module
 
 
-def compile_prefix(args) -> None:
-    """The program the module's own launch rules pick for this config on sm_90 (launch_params,
-    with the fit applied), typed and specialized as `kgen check` types it."""
-    module = kgen.load(args.layout, args.kv) if not args.module else _module_from(args.module)
-    config = {"block_h": args.block_h, "block_n": args.block_n, "num_warps": args.warps, "num_stages": args.stages,
-              "lazy_rescale": args.lazy}
-    if args.draft_first:
-        config["draft_tile"] = "first"
-    name, constexprs, options = module.launch_params("sm_90", 132, args.group, 64, args.draft, None, config,
-                                                     has_mask=args.mask)[0]
+def chosen_program(module, args) -> tuple[str, dict, dict]:
+    """(kernel name, constexprs, compile options) of the prefix stage one call launches on sm_90:
+    with --as-launched the module's own choice at --batch (its table row or default, the Gluon
+    stage where that row launches it), else this config through the launch rules (the fit
+    applied)."""
+    if args.as_launched:
+        config = None
+    else:
+        config = {"block_h": args.block_h, "block_n": args.block_n, "num_warps": args.warps,
+                  "num_stages": args.stages, "lazy_rescale": args.lazy}
+        if args.draft_first:
+            config["draft_tile"] = "first"
+    launches = module.launch_params("sm_90", 132, args.group, args.batch, args.draft, args.page_size, config,
+                                    has_mask=args.mask)
+    if not launches:
+        raise SystemExit(f"no {args.layout} program fits sm_90 for this call (launch_params returned none)")
+    return launches[0]
+
+
+def compile_for_sm90(module, name: str, constexprs: dict, options: dict):
+    """Triton's compile of one program, typed and specialized as `kgen check` types it (int64
+    indices); a Gluon kernel compiles from Gluon's AST source."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
     constexprs = check.complete_launch(module, name, constexprs)
     signature, constants, divisible = check.kernel_signature(module, name, constexprs, "int64", {})
     kernel = getattr(module, name)
     names = kernel.arg_names
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
-    src = ASTSource(fn=kernel, signature=signature, constexprs={(names.index(k),): v for k, v in constants.items()},
-                    attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    block_h, l_pad = constexprs["BLOCK_H"], constexprs["L_PAD"]
-    args.block_n, args.warps, args.stages = constexprs["BLOCK_N"], options["num_warps"], options["num_stages"]
-    ptx = kernel.asm["ptx"]
+    source_type = GluonASTSource if getattr(kernel, "is_gluon", lambda: False)() else ASTSource
+    src = source_type(fn=kernel, signature=signature,
+                      constexprs={(names.index(k),): v for k, v in constants.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def ptxas_and_sass(ptx: str) -> tuple[list[str], str]:
+    """ptxas -v's report lines and the SASS (nvdisasm) of a PTX module, for sm_90a."""
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path = Path(tmp) / "k.ptx"
         ptx_path.write_text(ptx)
         out = subprocess.run([str(BIN / "ptxas"), "-v", "--gpu-name", "sm_90a", str(ptx_path), "-o",
                               str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
-        report = out.stderr.strip().splitlines()
         sass = subprocess.run([str(BIN / "nvdisasm"), str(Path(tmp) / "k.cubin")], capture_output=True,
                               text=True).stdout
+    return out.stderr.strip().splitlines(), sass
+
+
+def compile_prefix(args) -> None:
+    """Compile the chosen prefix-stage program for sm_90 and print what ptxas and the SASS say."""
+    module = kgen.load(args.layout, args.kv) if not args.module else _module_from(args.module)
+    name, constexprs, options = chosen_program(module, args)
+    kernel = compile_for_sm90(module, name, constexprs, options)
+    report, sass = ptxas_and_sass(kernel.asm["ptx"])
     ops = {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("HGMMA", "QGMMA", "HMMA", "LDGSTS", "LDG", "STL", "LDL",
                                                               "F2FP", "MUFU")}
-    print(f"{args.layout} kv={args.kv} group={args.group} L={args.draft} BLOCK_H={block_h} L_PAD={l_pad} "
-          f"BLOCK_N={args.block_n} warps={args.warps} stages={args.stages} shared={kernel.metadata.shared} B")
+    stages = constexprs.get("NUM_STAGES", options["num_stages"])  # a Gluon stage's ring is a constexpr
+    print(f"{name}: {args.layout} kv={args.kv} group={args.group} L={args.draft} batch={args.batch} "
+          f"page_size={args.page_size} BLOCK_H={constexprs['BLOCK_H']} L_PAD={constexprs['L_PAD']} "
+          f"BLOCK_N={constexprs['BLOCK_N']} warps={options['num_warps']} stages={stages} "
+          f"shared={kernel.metadata.shared} B")
     for line in report:
         if "registers" in line or "spill" in line or "stack" in line:
             print("  ptxas:", line.split("info    :")[-1].strip())
@@ -129,6 +158,12 @@ def main() -> int:
     ap.add_argument("--lazy", action="store_true", help="compile with LAZY_RESCALE (the block-config knob)")
     ap.add_argument("--draft-first", action="store_true", help="GQA: the draft tile before the loop (DRAFT_FIRST)")
     ap.add_argument("--mask", action="store_true", help="the custom-mask (tree) program (HAS_MASK)")
+    ap.add_argument("--as-launched", action="store_true",
+                    help="the module's own choice (its table row or default) instead of the config flags: "
+                         "the Gluon stage where that row launches it (Triton 3.6)")
+    ap.add_argument("--batch", type=int, default=64, help="the call's batch (picks the table row)")
+    ap.add_argument("--page-size", type=int, help="the paged entry with pages of this many tokens (default: "
+                                                  "token slots)")
     ap.add_argument("--module", help="compile this module file instead of the generated one (a variant)")
     ap.add_argument("--dump", help="write the SASS here")
     ap.add_argument("--dump-ttgir", help="write Triton's GPU IR (layouts, where values live) here")
