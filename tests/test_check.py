@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import kgen
 from kgen import check, cli
 
 
@@ -376,15 +377,7 @@ def test_json_and_markdown_reports_carry_every_variant_and_the_failures(monkeypa
 def test_offline_compile_finds_the_longest_loop(monkeypatch):
     """benchmarks/offline_compile.py counts spills inside the widest loop (nvdisasm's .L_x_N
     labels and backward branches), not the ones outside it."""
-    import importlib.util
-
-    # The script drops TRITON_INTERPRET at import (it compiles for a real target): monkeypatch
-    # puts it back for the tests after this one.
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "offline_compile.py"
-    spec = importlib.util.spec_from_file_location("offline_compile", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = _offline_compile_tool(monkeypatch)
     sass = "\n".join([
         "        /*0000*/                   STL [R1], R2 ;",
         ".L_x_1:",
@@ -425,3 +418,39 @@ def test_a_compile_does_not_change_the_next_one_in_its_worker():
 
     alone = compiled(target)
     assert alone["error"] is None and compiled(other, target) == alone
+
+
+def _offline_compile_tool(monkeypatch):
+    """benchmarks/offline_compile.py as a module. It drops TRITON_INTERPRET at import (it compiles
+    for a real target): monkeypatch puts it back for the tests after the caller."""
+    import importlib.util
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "offline_compile.py"
+    spec = importlib.util.spec_from_file_location("offline_compile", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_offline_compile_takes_the_program_a_call_launches(monkeypatch):
+    """--as-launched: the module's own choice (the Gluon stage where the launcher runs it); the
+    config flags otherwise, through the launch rules; no fitting program is an error."""
+    import argparse
+
+    tool = _offline_compile_tool(monkeypatch)
+    # A module object of its own: its launcher's set-up cache must not keep a Gluon choice for
+    # the shared module under another Triton.
+    module = tool._module_from(kgen.load("mla_absorbed_512_64", "float8_e4m3fn").__file__)
+    monkeypatch.setattr(module.LAUNCHER, "gluon_enabled", True)  # as under Triton 3.6
+    args = argparse.Namespace(layout="mla_absorbed_512_64", as_launched=True, group=16, batch=64, draft=4,
+                              page_size=16, mask=False, block_h=8, block_n=32, warps=4, stages=2, lazy=False,
+                              draft_first=False)
+    name, constexprs, _ = tool.chosen_program(module, args)
+    assert name == "_gluon_prefix_stage" and constexprs["BLOCK_TABLE"] is True
+    args.as_launched = False
+    name, constexprs, options = tool.chosen_program(module, args)
+    assert name == "_verify_prefix_stage" and (constexprs["BLOCK_N"], options["num_warps"]) == (32, 4)
+    monkeypatch.setattr(module, "launch_params", lambda *a, **k: [])
+    with pytest.raises(SystemExit, match="no mla_absorbed_512_64 program fits sm_90"):
+        tool.chosen_program(module, args)
