@@ -579,7 +579,7 @@ def _verify_merge_stage(
 #             P.V[:, 256:], so its half of P.V runs while the scorer computes the next tile's S.
 #   producer  (worker, 4 warps): gathers each prefix tile's e4m3 K rows through the request's
 #             kv_indices (token slots) or block-table row (pages) into registers (16-byte loads,
-#             each chunk of the next tile loaded as this tile's is stored), converts them to fp16
+#             the whole tile in flight before it waits for the stage), converts them to fp16
 #             (one exact cvt a pair) and stores them into the stage ring, then the draft rows
 #             (16-bit, converted to fp16). It issues every global load of the loop; the other
 #             two issue none, and no MMA warp converts.
@@ -733,40 +733,21 @@ if _HAS_GLUON:
     # stage; `ready` then counts one arrival, after the warps' stores and a proxy fence.
 
     @gluon.jit
-    def _gluon_fp8_words(src_words, row, in_split, col0, COLS: gl.constexpr, LOAD: gl.constexpr):
-        """One column chunk of a tile's e4m3 rows as 32-bit words (four e4m3 a word), 16 bytes a
-        load: words, not bytes, so that a tile carried across the loop stays 4 bytes a register."""
-        cols = (col0 // 4) + gl.arange(0, COLS // 4, layout=gl.SliceLayout(0, LOAD))
-        return gl.load(src_words + (row // 4)[:, None] + cols[None, :], mask=in_split[:, None], other=0)
-
-    @gluon.jit
-    def _gluon_fp8_rows(src, row, in_split, col0, COLS: gl.constexpr, LOAD: gl.constexpr):
-        """One column chunk [BLOCK_N, COLS] of a tile's e4m3 rows (element offsets `row`), as e4m3."""
+    def _gluon_fp8_rows(src, row, col0, COLS: gl.constexpr, LOAD: gl.constexpr):
+        """One column chunk [BLOCK_N, COLS] of a tile's e4m3 rows (element offsets `row`), 16
+        bytes a load."""
         cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, LOAD))
-        return gl.load(src + row[:, None] + cols[None, :], mask=in_split[:, None], other=0.0)
+        return gl.load(src + row[:, None] + cols[None, :])
 
     @gluon.jit
-    def _gluon_e4m3_words_to_f16(words):
-        """[R, W] words of four e4m3 each -> [R, 4 W] fp16 (exact), in the words' element order."""
-        f0, f1, f2, f3 = gl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; .reg .b32 a, b; mov.b32 {lo, hi}, $4; cvt.rn.f16x2.e4m3x2 a, lo; "
-            "cvt.rn.f16x2.e4m3x2 b, hi; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
-            "=h,=h,=h,=h,r", [words], dtype=(gl.float16, gl.float16, gl.float16, gl.float16), is_pure=True, pack=1)
-        quads = gl.join(gl.join(f0, f2), gl.join(f1, f3))  # [R, W, 2, 2]: [r, w, a, b] is element 4 w + 2 a + b
-        return gl.reshape(quads, [words.shape[0], words.shape[1] * 4])
-
-    @gluon.jit
-    def _gluon_tile_rows(table_words, first_tok, split_end, page_shift, stride_k_page, stride_k_slot, head_off,
+    def _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_k_page, stride_k_slot, head_off,
                          BLOCK_N: gl.constexpr, LOAD: gl.constexpr, INDEX_WORDS: gl.constexpr,
                          BLOCK_TABLE: gl.constexpr):
-        """(element offsets of a prefix tile's K rows, which of them lie in the split), in LOAD's
-        row layout. A tile past the split (the producer's look-ahead after the last) has none."""
-        tok = first_tok + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD))
-        in_split = tok < split_end
-        tok = gl.where(in_split, tok, -1)  # read no table entry for them
+        """Element offsets of a prefix tile's K rows, in LOAD's row layout; tokens past the split
+        read its last token again (finite data the consumers score -inf)."""
+        tok = gl.minimum(first_tok + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD)), last)
         entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
-        return _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off,
-                                  BLOCK_TABLE), in_split
+        return _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off, BLOCK_TABLE)
 
     @gluon.jit
     def _gluon_stage_filled(ready, stage):
@@ -785,75 +766,36 @@ if _HAS_GLUON:
         dst.slice(col0, COLS, dim=1).store(rows.to(dst.dtype))
 
     @gluon.jit
-    def _gluon_convert_tiles_as_words(K_Buffer, table_words, k_nope_stages, k_pe_stages, ready, empty,
-                                      split_start, split_end, num_tiles, page_shift, stride_k_page,
-                                      stride_k_slot, head_off, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                                      INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """The split's tiles with a rolling look-ahead of one tile: as each chunk of tile t is
-        converted and stored, the same chunk of tile t + 1 loads into its registers, so a tile's
-        loads are in flight through the tile before it and the wait for its own stage, at one
-        tile's registers. The tiles are carried as 32-bit words: carried as e4m3, each byte would
-        take a register of its own (Triton 3.6 lowers them to i8 phis, 288 a thread)."""
-        # 4 words (16 bytes) a thread a load: 8 lanes a row's 128-column chunk, 4 rows a thread.
-        CHUNK: gl.constexpr = NOPE_DIM // 4
-        NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        PE_LOAD: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        PE_ROWS: gl.constexpr = gl.SliceLayout(1, PE_LOAD)
-        src = K_Buffer.to(gl.pointer_type(gl.int32))
-        row, in_split = _gluon_tile_rows(table_words, split_start, split_end, page_shift, stride_k_page,
-                                         stride_k_slot, head_off, BLOCK_N, NOPE_LOAD, INDEX_WORDS, BLOCK_TABLE)
-        n0 = _gluon_fp8_words(src, row, in_split, 0 * CHUNK, CHUNK, NOPE_LOAD)
-        n1 = _gluon_fp8_words(src, row, in_split, 1 * CHUNK, CHUNK, NOPE_LOAD)
-        n2 = _gluon_fp8_words(src, row, in_split, 2 * CHUNK, CHUNK, NOPE_LOAD)
-        n3 = _gluon_fp8_words(src, row, in_split, 3 * CHUNK, CHUNK, NOPE_LOAD)
-        pe = _gluon_fp8_words(src, gl.convert_layout(row, PE_ROWS), gl.convert_layout(in_split, PE_ROWS),
-                              NOPE_DIM, PE_DIM, PE_LOAD)
-        for t in range(num_tiles):
-            # Tile t + 1's rows (none past the split): their table entries load before the wait.
-            row, in_split = _gluon_tile_rows(table_words, split_start + (t + 1) * BLOCK_N, split_end, page_shift,
-                                             stride_k_page, stride_k_slot, head_off, BLOCK_N, NOPE_LOAD,
-                                             INDEX_WORDS, BLOCK_TABLE)
-            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
-            mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
-            nope = k_nope_stages.index(stage)
-            nope.slice(0 * CHUNK, CHUNK, dim=1).store(_gluon_e4m3_words_to_f16(n0))
-            n0 = _gluon_fp8_words(src, row, in_split, 0 * CHUNK, CHUNK, NOPE_LOAD)
-            nope.slice(1 * CHUNK, CHUNK, dim=1).store(_gluon_e4m3_words_to_f16(n1))
-            n1 = _gluon_fp8_words(src, row, in_split, 1 * CHUNK, CHUNK, NOPE_LOAD)
-            nope.slice(2 * CHUNK, CHUNK, dim=1).store(_gluon_e4m3_words_to_f16(n2))
-            n2 = _gluon_fp8_words(src, row, in_split, 2 * CHUNK, CHUNK, NOPE_LOAD)
-            nope.slice(3 * CHUNK, CHUNK, dim=1).store(_gluon_e4m3_words_to_f16(n3))
-            n3 = _gluon_fp8_words(src, row, in_split, 3 * CHUNK, CHUNK, NOPE_LOAD)
-            k_pe_stages.index(stage).store(_gluon_e4m3_words_to_f16(pe))
-            pe = _gluon_fp8_words(src, gl.convert_layout(row, PE_ROWS), gl.convert_layout(in_split, PE_ROWS),
-                                  NOPE_DIM, PE_DIM, PE_LOAD)
-            _gluon_stage_filled(ready, stage)
-
-    @gluon.jit
-    def _gluon_convert_tiles_as_bytes(K_Buffer, table_words, k_nope_stages, k_pe_stages, ready, empty,
-                                      split_start, split_end, num_tiles, page_shift, stride_k_page,
-                                      stride_k_slot, head_off, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                                      INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """The split's tiles for a pool whose rows are not whole words: a tile's e4m3 loads are all
-        issued before the wait for its stage (no look-ahead: e4m3 carried across the loop takes a
-        register a byte), the next tile's table entries before its stores."""
-        # 16 bytes (16 elements) a thread a load: 8 lanes a row's 128-column chunk, 4 rows a thread.
+    def _gluon_converting_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty,
+                                   split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
+                                   stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok,
+                                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr,
+                                   BLOCK_TABLE: gl.constexpr):
+        """The producer partition of FP8 KV (GLUON_PRODUCER_WARPS warps, GLUON_PRODUCER_REGISTERS
+        registers a thread): the split's tiles, then (draft_tiles == 1) the draft rows, as
+        _gluon_producer fills them, but converted to fp16 on the way. A tile's loads are all
+        issued before the wait for its stage, so its memory latency overlaps the consumers'
+        use of that stage; the next tile's table entries load before this tile's stores."""
+        # e4m3 latent columns in 4 chunks of 128, 16 bytes (16 elements) a thread a load: 8 lanes a
+        # row's chunk (one 128-byte line), 4 rows a thread. The PE columns, 8 bytes a thread, give a
+        # thread the same rows (the same lanes and warps along them), so one set of row offsets
+        # serves both (the layout conversion between them moves nothing).
         CHUNK: gl.constexpr = NOPE_DIM // 4
         NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
         PE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        PE_ROWS: gl.constexpr = gl.SliceLayout(1, PE_LOAD)
-        row, in_split = _gluon_tile_rows(table_words, split_start, split_end, page_shift, stride_k_page,
-                                         stride_k_slot, head_off, BLOCK_N, NOPE_LOAD, INDEX_WORDS, BLOCK_TABLE)
+        gl.static_assert(NOPE_DIM == 4 * 128 and PE_DIM == 64, "the chunks are written for MLA 512+64")
+        last = split_end - 1
+        row = _gluon_tile_rows(table_words, split_start, last, page_shift, stride_k_page, stride_k_slot, head_off,
+                               BLOCK_N, NOPE_LOAD, INDEX_WORDS, BLOCK_TABLE)
         for t in range(num_tiles):
-            n0 = _gluon_fp8_rows(K_Buffer, row, in_split, 0 * CHUNK, CHUNK, NOPE_LOAD)
-            n1 = _gluon_fp8_rows(K_Buffer, row, in_split, 1 * CHUNK, CHUNK, NOPE_LOAD)
-            n2 = _gluon_fp8_rows(K_Buffer, row, in_split, 2 * CHUNK, CHUNK, NOPE_LOAD)
-            n3 = _gluon_fp8_rows(K_Buffer, row, in_split, 3 * CHUNK, CHUNK, NOPE_LOAD)
-            pe = _gluon_fp8_rows(K_Buffer, gl.convert_layout(row, PE_ROWS), gl.convert_layout(in_split, PE_ROWS),
-                                 NOPE_DIM, PE_DIM, PE_LOAD)
-            row, in_split = _gluon_tile_rows(table_words, split_start + (t + 1) * BLOCK_N, split_end, page_shift,
-                                             stride_k_page, stride_k_slot, head_off, BLOCK_N, NOPE_LOAD,
-                                             INDEX_WORDS, BLOCK_TABLE)
+            n0 = _gluon_fp8_rows(K_Buffer, row, 0 * CHUNK, CHUNK, NOPE_LOAD)
+            n1 = _gluon_fp8_rows(K_Buffer, row, 1 * CHUNK, CHUNK, NOPE_LOAD)
+            n2 = _gluon_fp8_rows(K_Buffer, row, 2 * CHUNK, CHUNK, NOPE_LOAD)
+            n3 = _gluon_fp8_rows(K_Buffer, row, 3 * CHUNK, CHUNK, NOPE_LOAD)
+            pe = _gluon_fp8_rows(K_Buffer, gl.convert_layout(row, gl.SliceLayout(1, PE_LOAD)), NOPE_DIM, PE_DIM,
+                                 PE_LOAD)
+            row = _gluon_tile_rows(table_words, split_start + (t + 1) * BLOCK_N, last, page_shift, stride_k_page,
+                                   stride_k_slot, head_off, BLOCK_N, NOPE_LOAD, INDEX_WORDS, BLOCK_TABLE)
             stage, parity = _gluon_ring_slot(t, NUM_STAGES)
             mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
             nope = k_nope_stages.index(stage)
@@ -863,30 +805,6 @@ if _HAS_GLUON:
             nope.slice(3 * CHUNK, CHUNK, dim=1).store(n3.to(nope.dtype))
             k_pe_stages.index(stage).store(pe.to(nope.dtype))
             _gluon_stage_filled(ready, stage)
-
-    @gluon.jit
-    def _gluon_converting_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty,
-                                   split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
-                                   stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok,
-                                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr,
-                                   BLOCK_TABLE: gl.constexpr):
-        """The producer partition of FP8 KV (GLUON_PRODUCER_WARPS warps, GLUON_PRODUCER_REGISTERS
-        registers a thread): the split's tiles, then (draft_tiles == 1) the draft rows, as
-        _gluon_producer fills them, but converted to fp16 on the way. Rows past the split are
-        zeros (finite data, which the consumers score -inf)."""
-        gl.static_assert(NOPE_DIM == 4 * 128 and PE_DIM == 64, "the chunks are written for MLA 512+64")
-        # The word path reads the pool through an int32 view: every row must start on a word.
-        pool_words = (K_Buffer.to(gl.int64) % 4 == 0) & (head_off % 4 == 0) & (stride_k_page % 4 == 0)
-        if BLOCK_TABLE:
-            pool_words = pool_words & (stride_k_slot % 4 == 0)
-        if pool_words:
-            _gluon_convert_tiles_as_words(K_Buffer, table_words, k_nope_stages, k_pe_stages, ready, empty,
-                                          split_start, split_end, num_tiles, page_shift, stride_k_page,
-                                          stride_k_slot, head_off, BLOCK_N, NUM_STAGES, INDEX_WORDS, BLOCK_TABLE)
-        else:
-            _gluon_convert_tiles_as_bytes(K_Buffer, table_words, k_nope_stages, k_pe_stages, ready, empty,
-                                          split_start, split_end, num_tiles, page_shift, stride_k_page,
-                                          stride_k_slot, head_off, BLOCK_N, NUM_STAGES, INDEX_WORDS, BLOCK_TABLE)
         for t in range(num_tiles, num_tiles + draft_tiles):
             # The draft tile: draft token j is row j; rows past the draft are zeros.
             DRAFT_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
