@@ -31,6 +31,17 @@ def test_gqa_groups_and_draft_widths(group, draft):
     check_parity(case, GQA, "bfloat16")
 
 
+@pytest.mark.parametrize("draft", [1, 4, 7])
+def test_the_sm90_batch_one_row_matches_the_reference(draft):
+    """GQA 256 group 16's batch-1 row on sm_90 (four heads a program: 16 rows on mma.sync for a
+    short draft), in the interpreter for one request, over one split and over several."""
+    config = dict(kgen.load(GQA, "bfloat16").select_config("sm_90", 16, 1))
+    assert config["block_h"] == 4
+    for split in (config["split"], {"programs_per_sm": 4, "min_tokens_per_split": 16}):
+        case = build(GQA, [300], [draft], 16, seed=draft)
+        check_parity(case, GQA, "bfloat16", config={**config, "split": split})
+
+
 @pytest.mark.parametrize("kv", ["float8_e4m3fn", "float8_e4m3fnuz"])
 def test_fp8_kv_with_scales(kv):
     case = build(GQA, [45, 90], [4, 2], 8, kv_dtype=kv, k_scale=0.37, v_scale=1.9, seed=3)
