@@ -230,12 +230,14 @@ def test_shared_memory_overflow_fails_the_command_and_names_the_variant(cache, m
 
 
 def _one_warp_launch_params(module):
-    """launch_params that runs GQA 256's 64-row program on one warp: its 64 x 256 fp32
-    accumulator alone is 512 registers a thread, so ptxas spills far past the limit."""
+    """launch_params that runs GQA 256's 64-row program (group 16 at batch 64, L 4) on one warp:
+    its 64 x 256 fp32 accumulator alone is 512 registers a thread, so ptxas spills far past the
+    limit."""
     real = module.launch_params
 
     def launch_params(arch, num_sms, group, batch, max_len, page_size=None, config=None, has_mask=False):
-        name, constexprs, options = real(arch, num_sms, 16, 1, 4, None, config)[0]
+        name, constexprs, options = real(arch, num_sms, 16, 64, 4, None, config)[0]
+        assert constexprs["BLOCK_H"] * constexprs["L_PAD"] == 64, constexprs
         return [(name, constexprs, {**options, "num_warps": 1})]
 
     return launch_params
