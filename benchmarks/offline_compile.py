@@ -25,7 +25,6 @@ os.environ.pop("TRITON_INTERPRET", None)
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 import kgen  # noqa: E402
 from kgen import check  # noqa: E402
@@ -63,18 +62,11 @@ def chosen_program(module, args) -> tuple[str, dict, dict]:
 
 
 def compile_for_sm90(module, name: str, constexprs: dict, options: dict):
-    """Triton's compile of one program, typed and specialized as `kgen check` types it (int64
-    indices); a Gluon kernel compiles from Gluon's AST source."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
+    """Triton's compile of one program, typed, specialized and sourced as `kgen check` compiles
+    it (int64 indices; a Gluon kernel from Gluon's AST source)."""
     constexprs = check.complete_launch(module, name, constexprs)
     signature, constants, divisible = check.kernel_signature(module, name, constexprs, "int64", {})
-    kernel = getattr(module, name)
-    names = kernel.arg_names
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
-    source_type = GluonASTSource if getattr(kernel, "is_gluon", lambda: False)() else ASTSource
-    src = source_type(fn=kernel, signature=signature,
-                      constexprs={(names.index(k),): v for k, v in constants.items()}, attrs=attrs)
+    src = check.ast_source(getattr(module, name), signature, constants, divisible)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 

@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -701,23 +701,32 @@ def compile_isolated(job: dict[str, Any]) -> dict[str, Any]:
     return json.loads(text)
 
 
+def ast_source(kernel: Any, signature: Mapping[str, str], constants: Mapping[str, Any],
+               divisible: Iterable[str]) -> Any:
+    """The source Triton compiles one program from: its signature, its constexpr values by
+    argument name and the arguments marked divisible by 16. Gluon kernels (the Hopper lowering
+    of a prefix stage) compile from their own AST source."""
+    from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = kernel.arg_names
+    source_type = GluonASTSource if getattr(kernel, "is_gluon", lambda: False)() else ASTSource
+    return source_type(fn=kernel, signature=dict(signature),
+                       constexprs={(names.index(k),): v for k, v in constants.items()},
+                       attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible})
+
+
 def compile_variant(job: dict[str, Any]) -> dict[str, Any]:
     """Compile one variant for its target and read its resources (runs in a worker process)."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.experimental.gluon._runtime import GluonASTSource
 
     started = time.perf_counter()
     arch = ARCHS[job["arch"]]
     try:
         kernel = getattr(_worker_module(job["module_path"]), job["kernel"])
-        names = kernel.arg_names
-        constexprs = {(names.index(k),): _decode(v) for k, v in job["constexprs"].items()}
-        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in job["divisible"]}
-        # Gluon kernels (the Hopper lowering of a prefix stage) compile from their own AST source.
-        source_type = GluonASTSource if getattr(kernel, "is_gluon", lambda: False)() else ASTSource
-        source = source_type(fn=kernel, signature=dict(job["signature"]), constexprs=constexprs, attrs=attrs)
+        constants = {k: _decode(v) for k, v in job["constexprs"].items()}
+        source = ast_source(kernel, job["signature"], constants, job["divisible"])
         target = GPUTarget(arch.backend, arch.target_arch, arch.warp_size)
         log = io.StringIO()
         with triton.knobs.compilation.scope(), triton.knobs.nvidia.scope():

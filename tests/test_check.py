@@ -376,6 +376,19 @@ def test_json_and_markdown_reports_carry_every_variant_and_the_failures(monkeypa
     assert f"FAIL ({len(prefix)})" in check.format_table(report)
 
 
+def _offline_compile_tool(monkeypatch):
+    """benchmarks/offline_compile.py as a module. It drops TRITON_INTERPRET at import (it compiles
+    for a real target): monkeypatch puts it back for the tests after the caller."""
+    import importlib.util
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "offline_compile.py"
+    spec = importlib.util.spec_from_file_location("offline_compile", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
 def test_offline_compile_finds_the_longest_loop(monkeypatch):
     """benchmarks/offline_compile.py counts spills inside the widest loop (nvdisasm's .L_x_N
     labels and backward branches), not the ones outside it."""
@@ -420,19 +433,6 @@ def test_a_compile_does_not_change_the_next_one_in_its_worker():
 
     alone = compiled(target)
     assert alone["error"] is None and compiled(other, target) == alone
-
-
-def _offline_compile_tool(monkeypatch):
-    """benchmarks/offline_compile.py as a module. It drops TRITON_INTERPRET at import (it compiles
-    for a real target): monkeypatch puts it back for the tests after the caller."""
-    import importlib.util
-
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "offline_compile.py"
-    spec = importlib.util.spec_from_file_location("offline_compile", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
 
 
 def test_offline_compile_takes_the_program_a_call_launches(monkeypatch):
