@@ -86,7 +86,7 @@ ARCHS: dict[str, Arch] = _archs()
 
 # Triton type names of torch dtypes as they appear in a kernel signature.
 _TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8e4nv",
-                 "float8_e4m3fnuz": "fp8e4b8", "int32": "i32", "int64": "i64"}
+                 "float8_e4m3fnuz": "fp8e4b8", "float8_e5m2": "fp8e5", "int32": "i32", "int64": "i64"}
 INDEX_DTYPES = ("int32", "int64")
 # Axes the plan reports how much each multiplies the distinct variants by.
 AXES = ("all", "index_dtype", "q_dtype", "runtime int specialization")

@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "which block-config table applies and why; and what the runtime gate would choose for "
                        "a model on a GPU.")
     p.add_argument("layout", help="layout name (see `kgen list`)")
-    p.add_argument("--kv-dtype", default="bfloat16", help="bf16 | fp8 | fp8_e4m3fnuz (default bf16)")
+    p.add_argument("--kv-dtype", default="bfloat16", help="bf16 | fp8 | fp8_e4m3fnuz | fp8_e5m2 (default bf16)")
     p.add_argument("--q-dtype", default="bfloat16", help="bf16 | fp16 (default bf16)")
     p.add_argument("--variant", default="grouped", choices=["grouped", "per_head"])
     p.add_argument("--batch-invariant", action="store_true",
@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", action="append", help="comma-separated: sm_80,sm_89,sm_90,sm_100,gfx942,gfx950 "
                    "(default all)")
     p.add_argument("--layout", action="append", help="only these layouts (repeatable or comma-separated)")
-    p.add_argument("--kv-dtype", action="append", help="only these KV dtypes (bf16, fp8, fp8_e4m3fnuz, ...)")
+    p.add_argument("--kv-dtype", action="append", help="only these KV dtypes (bf16, fp8, fp8_e4m3fnuz, fp8_e5m2)")
     p.add_argument("--q-dtype", action="append", help="only these query dtypes (bf16, fp16)")
     p.add_argument("--variant", action="append",
                    help="only grouped, per_head or batch_invariant (the grouped kernel's batch-invariant mode) modules")

@@ -32,9 +32,10 @@ KV_DTYPES: dict[str, str] = {
     "float16": "fp16",
     "float8_e4m3fn": "fp8_e4m3fn",
     "float8_e4m3fnuz": "fp8_e4m3fnuz",
+    "float8_e5m2": "fp8_e5m2",
 }
 Q_DTYPES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16"}
-FP8_DTYPES = frozenset({"float8_e4m3fn", "float8_e4m3fnuz"})
+FP8_DTYPES = frozenset({"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2"})
 # Friendly spellings accepted on the command line and in spec files.
 DTYPE_ALIASES: dict[str, str] = {
     "bf16": "bfloat16",
@@ -45,6 +46,8 @@ DTYPE_ALIASES: dict[str, str] = {
     "e4m3fn": "float8_e4m3fn",
     "fp8_e4m3fnuz": "float8_e4m3fnuz",
     "e4m3fnuz": "float8_e4m3fnuz",
+    "fp8_e5m2": "float8_e5m2",
+    "e5m2": "float8_e5m2",
 }
 
 _SAFE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")

@@ -39,6 +39,10 @@ CASES = [
     ("gqa64", "bfloat16", 8, 40, 8192, 16),
     ("gqa64", "float8_e4m3fn", 4, 48, 4096, 8),
     ("gqa64", "float8_e4m3fn", 8, 36, 8192, 4),
+    # e5m2 KV (SGLang's fp8_e5m2 pool): the default configs, GQA and MLA on the Triton kernel.
+    ("qwen3_5_gqa256", "float8_e5m2", 16, 32, 8192, 4),
+    ("mla_absorbed_512_64", "float8_e5m2", 16, 8, 16384, 3),
+    ("gqa128", "float8_e5m2", 8, 24, 4096, 16),
 ]
 
 

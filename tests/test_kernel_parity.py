@@ -42,7 +42,7 @@ def test_the_sm90_batch_one_row_matches_the_reference(draft):
         check_parity(case, GQA, "bfloat16", config={**config, "split": split})
 
 
-@pytest.mark.parametrize("kv", ["float8_e4m3fn", "float8_e4m3fnuz"])
+@pytest.mark.parametrize("kv", ["float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2"])
 def test_fp8_kv_with_scales(kv):
     case = build(GQA, [45, 90], [4, 2], 8, kv_dtype=kv, k_scale=0.37, v_scale=1.9, seed=3)
     try:
@@ -54,14 +54,15 @@ def test_fp8_kv_with_scales(kv):
         pytest.skip("Triton's interpreter cannot convert e4m3fnuz (fp8e4b8); runs on ROCm only")
 
 
-def test_fp8_scales_as_device_tensors():
-    case = build(GQA, [33], [3], 4, kv_dtype="float8_e4m3fn", k_scale=0.5, v_scale=2.0, seed=4)
+@pytest.mark.parametrize("kv", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_scales_as_device_tensors(kv):
+    case = build(GQA, [33], [3], 4, kv_dtype=kv, k_scale=0.5, v_scale=2.0, seed=4)
     case.k_scale, case.v_scale = torch.tensor([0.5]), torch.tensor([2.0])
-    check_parity(case, GQA, "float8_e4m3fn")
+    check_parity(case, GQA, kv)
 
 
 @pytest.mark.parametrize("group", [16, 8])
-@pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
 def test_mla_absorbed(group, kv):
     scales = {"k_scale": 0.8, "v_scale": 1.25} if kv != "bfloat16" else {}
     case = build(MLA, [50, 17, 0], [4, 1, 3], group, kv_dtype=kv, seed=group, **scales)

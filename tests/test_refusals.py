@@ -120,3 +120,15 @@ def test_accepts_what_it_should():
     assert module.can_handle(*case.sglang_args())
     ok, _ = _call(module, case, k_scale=None, v_scale=None)
     assert ok
+
+
+@pytest.mark.parametrize(("arch", "sms", "served"), [("sm_90", 132, True), ("gfx950", 256, True), ("sm_80", 108, False),
+                                                      ("gfx942", 304, False)])
+def test_e5m2_module_is_served_where_the_arch_has_e5m2(monkeypatch, arch, sms, served):
+    """e5m2 (SGLang's fp8_e5m2 pool) on the archs whose tensor cores have it (targets.json),
+    refused with the dtype named elsewhere."""
+    module = kgen.load(GQA, "float8_e5m2")
+    case = _gqa_case(kv_dtype="float8_e5m2", seed=2)
+    monkeypatch.setattr(module.LAUNCHER, "device_info", lambda device_type, index: (arch, sms, False))
+    reason = module.why_not(*case.sglang_args())
+    assert (reason == "") if served else (f"{arch} has no float8_e5m2 tensor-core format" in reason), reason

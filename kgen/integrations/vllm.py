@@ -111,12 +111,21 @@ class StepFacts:
     uniform: bool = True
 
 
+# Why vLLM's fp8_e5m2 stays on vLLM although kgen has e5m2 modules (SGLang's fp8_e5m2 pool is e5m2).
+E5M2_STORED_AS = (
+    "vLLM 0.33.0's Triton attention writes and reads that cache as the platform's e4m3 (triton_attn.py "
+    "views it as current_platform.fp8_dtype()), and its Triton MLA does not take it; the name does not say "
+    "the bytes' format, so vLLM's own kernel keeps it"
+)
+
+
 def kv_dtype_for(kv_cache_dtype: str, model_dtype: str, fp8_dtype: str = "float8_e4m3fn") -> str | None:
     """kgen's KV dtype name for vLLM's ``kv_cache_dtype`` (None when kgen has no module for it).
 
     ``auto`` is the model's dtype; ``fp8`` / ``fp8_e4m3`` are the platform's FP8 format
-    (``current_platform.fp8_dtype()``: e4m3fn, or e4m3fnuz on MI300). Every other vLLM format
-    (e5m2, per-token-head, nvfp4, turboquant, ...) has no kgen module."""
+    (``current_platform.fp8_dtype()``: e4m3fn, or e4m3fnuz on MI300). ``fp8_e5m2`` is not
+    e5m2 in the backends kgen serves (``E5M2_STORED_AS``); every other vLLM format
+    (per-token-head, nvfp4, turboquant, ...) has no kgen module."""
     if kv_cache_dtype == "auto":
         return model_dtype
     if kv_cache_dtype in ("bfloat16", "float16"):
@@ -262,6 +271,8 @@ def _gate(model_arch: str, widths: tuple[int, int, int, int, int], kv_cache_dtyp
           q: str) -> GateDecision:  # fmt: skip
     """kgen's gate (``gate_from_env``: the GPU, the switches, the generated modules) for one layer."""
     heads, kv_heads, qk, pe, v = widths
+    if kv_cache_dtype == "fp8_e5m2":
+        return GateDecision("general", None, f"kv_cache_dtype 'fp8_e5m2': {E5M2_STORED_AS}")
     if kv is None:
         return GateDecision("general", None, f"kv_cache_dtype {kv_cache_dtype!r}: kgen has no module for that format")
     if kv_heads < 1 or heads % kv_heads:

@@ -49,7 +49,9 @@ def second_lowerings() -> dict[str, Any]:
 
 def _stage_dtype(plan: Plan) -> str | None:
     """The 16-bit type a Gluon stage's tiles hold: the KV dtype where q has it too, fp16 for
-    e4m3fn KV (its producer converts, exactly); None otherwise (no such stage)."""
+    e4m3fn KV (its producer converts, exactly); None otherwise (no such stage). e5m2 would
+    convert the same way, but the converting producer has run on a GPU for e4m3fn only, so e5m2
+    stays on the Triton kernel until a GPU run proves it (docs/design.md)."""
     if plan.kv_dtype == "float8_e4m3fn":
         return "float16"
     if plan.kv_dtype not in FP8_DTYPES and plan.q_dtype == plan.kv_dtype:

@@ -31,17 +31,27 @@ def draft_tile_either(attention: AttentionShape, variant: str = "grouped") -> bo
     return variant == "grouped" and not reads_v_from_k_tile(attention)
 
 
+# Why an FP8 pool's prefix tiles are multiplied in fp16: (why, brief) by KV dtype.
+_E4M3_TO_FP16 = ("fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated",
+                 "e4m3 -> fp16 is native and exact")
+_FP8_TO_FP16 = {
+    "float8_e4m3fn": _E4M3_TO_FP16,
+    "float8_e4m3fnuz": _E4M3_TO_FP16,
+    "float8_e5m2": ("fp8 KV: e5m2 -> fp16 is exact, a byte shift (e5m2 is fp16's top byte); e5m2 -> bf16 "
+                    "rounds no value but takes more instructions", "e5m2 -> fp16 is exact (a byte shift)"),
+}
+
+
 def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     shape = plan.spec.attention
     has_pe = shape.pe_dim > 0
     fp8_kv = plan.kv_dtype in FP8_DTYPES
     v_from_k_tile = reads_v_from_k_tile(shape)
-    # e4m3 -> fp16 is one native conversion (sm_89+, gfx942+) while e4m3 -> bf16 is emulated,
-    # and fp16 holds every e4m3 value exactly; queries are far inside fp16's range.
+    # fp16 holds every e4m3 and e5m2 value exactly, and converting to it is cheap where
+    # bf16 is not; queries are far inside fp16's range.
     prefix_dot = "float16" if fp8_kv else plan.q_dtype
-    prefix_dot_why = ("fp8 KV: e4m3 -> fp16 is a native conversion and exact; e4m3 -> bf16 is emulated"
-                      if fp8_kv else "the pool is already in the query dtype")
-    prefix_dot_brief = "e4m3 -> fp16 is native and exact" if fp8_kv else prefix_dot_why
+    prefix_dot_why, prefix_dot_brief = (_FP8_TO_FP16[plan.kv_dtype] if fp8_kv
+                                        else ("the pool is already in the query dtype",) * 2)
     # Where the last split runs the draft tile. After the prefix loop, the draft's q·k keeps
     # a register copy of q alive through the whole loop; with a 64x576 q (MLA) that spills.
     draft_tile_first = v_from_k_tile
