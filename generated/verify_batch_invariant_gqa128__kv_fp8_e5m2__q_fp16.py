@@ -84,6 +84,22 @@ DRAFT_ROWS = 4
 # Block configs per arch, (group, batch_min, batch_max, config): the tables in use at build time.
 # kgen.load hands the launcher the rows of $KGEN_TABLES_DIR / $KGEN_TABLE instead (kgen/retable.py).
 _BLOCK_CONFIGS = {
+    "sm_90": (
+        (8, 1, 1073741824,
+         {'block_h': 8,
+          'block_n': 64,
+          'num_warps': 4,
+          'num_stages': 3,
+          'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128},
+          'widen_from_rows': 128}),
+        (16, 1, 1073741824,
+         {'block_h': 16,
+          'block_n': 64,
+          'num_warps': 4,
+          'num_stages': 3,
+          'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128},
+          'widen_from_rows': 128}),
+    ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
 _DEFAULT_CONFIG = {'block_h': 16,

@@ -75,6 +75,22 @@ BATCH_INVARIANT = False
 # Block configs per arch, (group, batch_min, batch_max, config): the tables in use at build time.
 # kgen.load hands the launcher the rows of $KGEN_TABLES_DIR / $KGEN_TABLE instead (kgen/retable.py).
 _BLOCK_CONFIGS = {
+    "sm_90": (
+        (4, 33, 96,
+         {'block_h': 4,
+          'block_n': 128,
+          'num_warps': 4,
+          'num_stages': 1,
+          'split': {'programs_per_sm': 4, 'max_splits': 16, 'min_tokens_per_split': 1024},
+          'lazy_rescale': True}),
+        (8, 33, 96,
+         {'block_h': 8,
+          'block_n': 64,
+          'num_warps': 4,
+          'num_stages': 3,
+          'split': {'programs_per_sm': 4, 'max_splits': 8, 'min_tokens_per_split': 64},
+          'draft_tile': 'after'}),
+    ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
 _DEFAULT_CONFIG = {'block_h': 16,

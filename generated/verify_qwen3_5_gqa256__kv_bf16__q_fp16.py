@@ -695,7 +695,8 @@ LAUNCHER = VerifyLauncher(
                             'fp8': ['float8_e4m3fn', 'float8_e5m2']}},
         # Bytes per prefix token and per row one program stages (the launch rules' input).
         kernel_shape=kernel_shape(k_width=256, acc_width=256, kv_bytes=2, v_separate=True),
-        # Dot operand dtypes on the GPU. Prefix stage: the pool is already in the query dtype.
+        # Dot operand dtypes on the GPU. Prefix stage: bfloat16 KV with float16 queries: each tile converts to
+        # the queries' dtype.
         prefix_dot_dtype=tl.float16,
         v_from_k_tile=False,
         # Unless the block config says (draft_tile), programs of these row counts run the draft tile before

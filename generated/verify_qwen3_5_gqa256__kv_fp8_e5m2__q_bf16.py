@@ -76,6 +76,27 @@ BATCH_INVARIANT = False
 # Block configs per arch, (group, batch_min, batch_max, config): the tables in use at build time.
 # kgen.load hands the launcher the rows of $KGEN_TABLES_DIR / $KGEN_TABLE instead (kgen/retable.py).
 _BLOCK_CONFIGS = {
+    "sm_90": (
+        (4, 33, 96,
+         {'block_h': 4,
+          'block_n': 64,
+          'num_warps': 4,
+          'num_stages': 2,
+          'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}),
+        (8, 33, 96,
+         {'block_h': 8,
+          'block_n': 32,
+          'num_warps': 2,
+          'num_stages': 1,
+          'split': {'programs_per_sm': 4, 'max_splits': 8, 'min_tokens_per_split': 64},
+          'lazy_rescale': True}),
+        (16, 33, 96,
+         {'block_h': 16,
+          'block_n': 64,
+          'num_warps': 4,
+          'num_stages': 2,
+          'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}),
+    ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
 _DEFAULT_CONFIG = {'block_h': 16,

@@ -75,6 +75,18 @@ def test_the_modules_a_plan_loads_are_named_as_the_prebuilt_ones(layout: str, kv
     assert fib.module_names(_case("gqa128", 8), fa2)[0] not in fake_flashinfer.PREBUILT
 
 
+def test_pools_flashinfer_is_not_given_are_refused_by_name() -> None:
+    """e5m2 pools go to FlashInfer's e5m2 kernels (not prebuilt: JIT or a refusal naming them); an
+    fp16 pool beside the bench's bf16 queries, and e4m3fnuz, are refused with the dtype named."""
+    fa2 = fib.Variant("x", "fa2", 1)
+    e5m2 = _case(GQA, kv="float8_e5m2")
+    assert "dtype_kv_e5m2" in fib.module_names(e5m2, fa2)[0]
+    assert "dtype_kv_e5m2" in fib.refusal(e5m2, fa2, fake_flashinfer, allow_jit=False)
+    assert fib.refusal(e5m2, fa2, fake_flashinfer, allow_jit=True) is None
+    assert "not float16" in fib.refusal(_case(GQA, kv="float16"), fa2, None, allow_jit=True)
+    assert "no float8_e4m3fnuz pool" in fib.refusal(_case(GQA, kv="float8_e4m3fnuz"), fa2, None, allow_jit=True)
+
+
 def test_page1_plan_gets_int32_csr_over_the_token_slot_pool(fake: fake_flashinfer.Log) -> None:
     case = _case(GQA, 16, "bfloat16", draft=4, batch=3, prefix=40)
     inputs, runs = _runs(case, ["flashinfer_fa2"])

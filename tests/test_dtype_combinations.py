@@ -49,7 +49,7 @@ Q_DESCALE = 0.5
 PAGE = 16
 MODULES = [
     (kv, q, variant, invariant)
-    for kv in ("bf16", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2")
+    for kv in ("bf16", "fp16", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2")
     for q in ("bf16", "fp16")
     for variant, invariant in (("grouped", False), ("per_head", False), ("grouped", True))
 ]

@@ -196,7 +196,10 @@ def test_tuned_tables_are_reported_as_tuned():
         ("float8_e4m3fnuz", "float16", "gfx942", "grouped"),
         # gfx950's FP8 is the OCP e4m3fn (kgen/tables/targets.json): the MI300 format is refused there.
         ("float8_e4m3fnuz", "float16", "gfx950", "general"),
-        ("float16", "bfloat16", "gfx950", "general"),
+        ("float16", "bfloat16", "gfx950", "grouped"),
+        ("e5m2", "bfloat16", "gfx950", "grouped"),
+        ("e5m2", "bfloat16", "gfx942", "general"),
+        ("float32", "float32", "gfx950", "general"),
         ("bf16", "float32", "gfx950", "general"),
     ],
 )

@@ -44,6 +44,12 @@ CASES = [
     ("mla_absorbed_512_64", "float8_e5m2", 16, 8, 16384, 3),
     ("gqa128", "float8_e5m2", 8, 24, 4096, 16),
 ]
+# fp16 pools (a float16 model's cache) with fp16 queries: the default configs, on the Triton kernel.
+FP16_CASES = [
+    ("qwen3_5_gqa256", 16, 32, 8192, 4),
+    ("mla_absorbed_512_64", 16, 8, 16384, 3),
+    ("gqa128", 8, 24, 4096, 16),
+]
 
 
 @pytest.mark.parametrize(("layout", "kv", "group", "batch", "prefix", "draft"), CASES)
@@ -60,6 +66,15 @@ def test_parity_real_sizes(layout, kv, group, batch, prefix, draft):
     per_head = make_case(SPECS[layout], prefixes[:2], drafts[:2], group, kv_dtype=kv, device="cuda",
                          k_scale=case.k_scale, v_scale=case.v_scale, seed=1)
     check_parity(per_head, layout, kv, variant="per_head")
+
+
+@pytest.mark.parametrize(("layout", "group", "batch", "prefix", "draft"), FP16_CASES)
+def test_parity_fp16_kv(layout, group, batch, prefix, draft):
+    prefixes = [prefix // (1 + b % 3) + b for b in range(batch)]
+    drafts = [max(1, draft - (b % 2)) for b in range(batch)]
+    case = make_case(SPECS[layout], prefixes, drafts, group, kv_dtype="float16", q_dtype="float16", device="cuda",
+                     seed=prefix + batch)
+    check_parity(case, layout, "float16", q_dtype="float16")
 
 
 @pytest.mark.parametrize("layout", ["qwen3_5_gqa256", "mla_absorbed_512_64"])

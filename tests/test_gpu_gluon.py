@@ -4,7 +4,8 @@ Run on the H200 (sm_90, Triton 3.6), spread over processes:
 
     KGEN_TEST_ON_GPU=1 python -m pytest -q -m gpu tests/test_gpu_gluon.py -n 16 --dist loadgroup
 
-Every module with a Gluon prefix stage (absorbed MLA, 16-bit KV, q in the KV dtype) runs through
+Every module with a Gluon prefix stage (absorbed MLA of a KV dtype lowering.json's kv_dtype lists,
+16-bit KV with q in its dtype, FP8 with either) runs through
 ``launch`` with a config that carries a ``gluon`` section, so the launcher picks the Gluon
 kernel (asserted through ``launch_params``) whatever the shipped table holds:
 
@@ -35,11 +36,17 @@ from kernel_cases import LARGE_POOL_GROUP, SPECS, tolerance, wait_for_free_gpu_m
 from test_gpu_sweep import NUM_SMS, request_lengths, unlisted_group
 
 import kgen
+from kgen.passes.select_lowering import second_lowerings
 from kgen.problems import chain_mask, eagle_tree, make_case, sglang_mask
 from kgen.reference import relative_error
+from kgen.spec import FP8_DTYPES
 
 LAYOUT = "mla_absorbed_512_64"
-Q_DTYPES = ("bfloat16",)  # the Gluon stage needs q in the KV dtype (select_lowering)
+# The KV dtypes the stage serves (lowering.json's kv_dtype): a dtype added there runs here. A
+# 16-bit pool takes queries in its own dtype (select_lowering); an FP8 one either 16-bit dtype.
+SERVED_KV = second_lowerings()["gluon_prefix"]["requires"]["kv_dtype"]
+KV16 = [kv for kv in SERVED_KV if kv not in FP8_DTYPES]
+FP8_KV = [kv for kv in SERVED_KV if kv in FP8_DTYPES]
 INDEX_DTYPES = (torch.int32, torch.int64)
 GLUON_CONFIGS = {
     "n64s2": {"block_n": 64, "num_stages": 2, "lazy_rescale": False},
@@ -92,17 +99,18 @@ def _check_each_index_dtype(module, problem, config: dict, where: str) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("config_name", list(GLUON_CONFIGS))
 @pytest.mark.parametrize("group", _groups())
-@pytest.mark.parametrize("q_dtype", Q_DTYPES)
-def test_gluon_domain(q_dtype, group, config_name):
-    module = kgen.load(LAYOUT, "bfloat16", q_dtype)
+@pytest.mark.parametrize("kv_dtype", KV16)
+def test_gluon_domain(kv_dtype, group, config_name):
+    q_dtype = kv_dtype
+    module = kgen.load(LAYOUT, kv_dtype, q_dtype)
     gluon = GLUON_CONFIGS[config_name]
     for splits in (64, 1):
         config = gluon_config(module, gluon, max_splits=splits)
         for draft in range(1, min(module.MAX_DRAFT_TOKENS, gluon["block_n"]) + 1):
             prefixes, drafts = request_lengths(draft, BATCH)
             prefixes = [p * 7 for p in prefixes]  # 2100 tokens: several 64-token splits
-            problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, q_dtype=q_dtype, device="cuda",
-                                seed=zlib.crc32(f"{q_dtype}/{group}/{config_name}/{draft}".encode()))
+            problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                                device="cuda", seed=zlib.crc32(f"{q_dtype}/{group}/{config_name}/{draft}".encode()))
             poison_unnamed_slots(problem)
             _assert_gluon(module, config, group, BATCH, problem.max_len_extend)
             _check_each_index_dtype(module, problem, config, f"L {draft}, splits {splits}, prefixes {prefixes}, "
@@ -112,20 +120,21 @@ def test_gluon_domain(q_dtype, group, config_name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("group", _groups())
 @pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
-def test_gluon_fp8_domain(q_dtype, group):
-    """e4m3fn KV through the converting producer (fp16 stages, q scaled by K's descale): every
+@pytest.mark.parametrize("kv_dtype", FP8_KV)
+def test_gluon_fp8_domain(kv_dtype, q_dtype, group):
+    """FP8 KV through the converting producer (fp16 stages, q scaled by K's descale): every
     draft length to the 64-token tile, several splits and one, non-unit scales, both index dtypes."""
-    module = kgen.load(LAYOUT, "float8_e4m3fn", q_dtype)
+    module = kgen.load(LAYOUT, kv_dtype, q_dtype)
     gluon = GLUON_CONFIGS["n64s2"]
     for splits in (64, 1):
         config = gluon_config(module, gluon, max_splits=splits)
         for draft in range(1, module.MAX_DRAFT_TOKENS + 1):
             prefixes, drafts = request_lengths(draft, BATCH)
             prefixes = [p * 7 for p in prefixes]
-            problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, q_dtype=q_dtype, kv_dtype="float8_e4m3fn",
+            problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, q_dtype=q_dtype, kv_dtype=kv_dtype,
                                 k_scale=0.75, v_scale=1.25, device="cuda",
                                 seed=zlib.crc32(f"fp8/{q_dtype}/{group}/{draft}".encode()))
-            poison_unnamed_slots(problem)  # e4m3fn NaN: a producer that reads past its request writes NaN
+            poison_unnamed_slots(problem)  # FP8 NaN: a producer that reads past its request writes NaN
             _assert_gluon(module, config, group, BATCH, problem.max_len_extend)
             _check_each_index_dtype(module, problem, config, f"L {draft}, splits {splits}, prefixes {prefixes}, "
                                                              f"drafts {drafts}")

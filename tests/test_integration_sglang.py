@@ -105,6 +105,8 @@ def decide(m: integ.SGLangModel, arch: str | None = "sm_90", **switches: object)
         (model("Qwen3ForCausalLM", 8, 2), "gqa128", "per_head"),
         # SGLang's fp8_e5m2 pool holds e5m2 (mem_cache/kv_cache_dtype.py, 0.5.23): kgen's e5m2 modules
         (model("Qwen3ForCausalLM", 8, kv_dtype="float8_e5m2"), "gqa128", "grouped"),
+        # a float16 model (an AWQ one, say): its fp16 pool
+        (model("Qwen3ForCausalLM", 8, kv_dtype="float16", q_dtype="float16"), "gqa128", "grouped"),
         (model("KimiK3ForConditionalGeneration", 16, dims=(576, 64, 512), kv_dtype="float8_e5m2"),
          "mla_absorbed_512_64", "grouped"),
     ],
@@ -127,7 +129,7 @@ def test_gate_routes_models_as_sglangs_gate_does_and_more(m, layout, start):
         (model("Qwen3ForCausalLM", 8, sglang_version="0.5.24"), "sm_90", "is not 0.5.23"),
         (model("GPT2LMHeadModel", 8), "sm_90", "no layout lists"),
         (model("DSparkDraftModel", 8, dims=(96, 0, 96)), "sm_90", "no kgen layout has its widths"),
-        (model("Qwen3ForCausalLM", 8, kv_dtype="float16", q_dtype="float16"), "sm_90", "not KV"),
+        (model("Qwen3ForCausalLM", 8, kv_dtype="float32", q_dtype="float32"), "sm_90", "not KV"),
         (model("Qwen3ForCausalLM", 8, kv_dtype="float8_e5m2"), "sm_80", "sm_80 has no float8_e5m2"),
         (model("Qwen3ForCausalLM", 8, kv_dtype="float8_e5m2"), "gfx942", "gfx942 has no float8_e5m2"),
         (model("Qwen3ForCausalLM", 8), "sm_75", "not a target"),

@@ -80,6 +80,17 @@ def test_fp16_queries():
     check_parity(case, "gqa128", "bfloat16", q_dtype="float16")
 
 
+@pytest.mark.parametrize(("layout", "group", "q"), [("gqa128", 8, "float16"), ("gqa64", 4, "bfloat16"),
+                                                    (GQA, 16, "float16"), (MLA, 16, "float16")])
+def test_fp16_kv(layout, group, q):
+    """An fp16 pool (a float16 model's cache, e.g. an AWQ model's), with its own queries and with
+    bf16 ones, over several splits."""
+    case = build(layout, [70, 0, 33], [4, 2, 3], group, kv_dtype="float16", q_dtype=q, seed=group)
+    check_parity(case, layout, "float16", q_dtype=q)
+    case.o.fill_(float("nan"))
+    check_parity(case, layout, "float16", q_dtype=q, config={**SMALL_SPLITS, "block_h": min(group, 8)})
+
+
 def test_ragged_prefixes_not_multiples_of_block_n_and_empty_prefix():
     case = build(GQA, [0, 1, 63, 65, 130], [2, 4, 1, 3, 4], 8, seed=6)
     check_parity(case, GQA, "bfloat16", config=SMALL_SPLITS)

@@ -128,6 +128,34 @@ def test_select_config_reads_tables_and_drops_amd_knobs_on_cuda(ctx):
     assert any(d.what == "tables" and d.value == "not used" for d in per_head.decisions)
 
 
+def _twin_table(kv_rows: dict[str, int]) -> TableSource:
+    """An sm_90 table with one group 16 row a KV dtype, its block_n telling them apart."""
+    entries = [{"layout": "gqa128", "kv_dtype": kv, "group_size": 16, "batch_min": 1, "batch_max": 8,
+                "config": {"block_h": 16, "block_n": n, "num_warps": 4, "num_stages": 2}} for kv, n in kv_rows.items()]
+    table = TableFile.model_validate({
+        "schema": "kgen.block-config-table/1", "arch": "sm_90",
+        "metadata": {"gpu_name": "NVIDIA H200", "arch": "sm_90", "triton_version": "3.6.0", "tuned": True},
+        "entries": entries})
+    return TableSource(arch="sm_90", path="sm_90.json", origin="shipped", table=table)
+
+
+@pytest.mark.parametrize(("kv", "twin"), [("float16", "bfloat16"), ("float8_e5m2", "float8_e4m3fn")])
+def test_a_kv_dtype_without_rows_takes_its_twins_and_its_own_rows_win(ctx, kv, twin):
+    """fp16 KV runs bf16's rows, e5m2 e4m3fn's (the same bytes a token and MMA work), and says so;
+    rows of its own replace them; a dtype with no twin (e4m3fn) does not borrow."""
+    borrowed = dataclasses.replace(ctx, tables={"sm_90": _twin_table({twin: 32})})
+    plan = _through(new_plan(SPECS["gqa128"], kv, "bfloat16"), borrowed, "select_config")
+    assert [r.config.block_n for r in plan.config.by_arch["sm_90"]] == [32]
+    decision = next(d for d in plan.decisions if d.what == "table sm_90")
+    assert decision.value.startswith(f"1 row of {twin}") and f"{kv} has none" in decision.why
+    own = dataclasses.replace(ctx, tables={"sm_90": _twin_table({twin: 32, kv: 64})})
+    plan = _through(new_plan(SPECS["gqa128"], kv, "bfloat16"), own, "select_config")
+    assert [r.config.block_n for r in plan.config.by_arch["sm_90"]] == [64]
+    lone = dataclasses.replace(ctx, tables={"sm_90": _twin_table({"float16": 32, "float8_e5m2": 64})})
+    plan = _through(new_plan(SPECS["gqa128"], twin, "bfloat16"), lone, "select_config")
+    assert "sm_90" not in plan.config.by_arch
+
+
 def _templates(monkeypatch, templates: dict[str, str]) -> None:
     """Render from these templates (name -> text) instead of kgen/templates."""
     import kgen.passes.render as render_pass
@@ -454,16 +482,21 @@ def test_explain_one_pass_gives_its_whole_reasons():
 @pytest.mark.parametrize(("kv", "q", "offered"), [("bfloat16", "bfloat16", True), ("float8_e4m3fn", "bfloat16", True),
                                                   ("float8_e4m3fn", "float16", True),
                                                   ("float8_e4m3fnuz", "bfloat16", False),
-                                                  ("bfloat16", "float16", False)])
+                                                  ("bfloat16", "float16", False),
+                                                  ("float8_e5m2", "bfloat16", False),
+                                                  ("float16", "float16", False)])
 def test_the_gluon_prefix_stage_is_offered_only_where_it_applies(ctx, kv, q, offered):
     """kgen/templates/gluon/lowering.json: absorbed MLA 512+64 whose stage holds 16-bit tiles: 16-bit
-    KV with q in its dtype, or e4m3fn KV (converted to fp16); the decision says which
-    requirement a layout misses."""
+    KV with q in its dtype, or e4m3fn KV (converted to fp16), of the KV dtypes the stage has run on
+    a GPU for; the decision says which requirement a layout misses, and why that one holds."""
     plan = _through(new_plan(SPECS["mla_absorbed_512_64"], kv, q), ctx, "select_lowering")
     decision = plan.decisions_of("select_lowering")[1]
     assert (plan.lowering.gluon_prefix is not None) is offered
     if offered:
         assert decision.value == "gluon/mla_ws_prefix_stage.py.j2" and "sm_90" in decision.why
+    elif kv in ("float8_e5m2", "float16"):
+        assert decision.value is None and "kv_dtype: wanted" in decision.why and "run on a GPU" in decision.why
+        assert "stage_dtype" not in decision.why
     else:
         assert decision.value is None and "stage_dtype" in decision.why
 

@@ -81,7 +81,7 @@ def test_sm90_mla_searches_a_lowering_axis_and_the_gluon_axes(kv: str) -> None:
     ("gfx950", MLA, "bfloat16", TRITON_36, "runs on sm_90 only"),
     ("sm_90", MLA, "bfloat16", "3.9.0", "this is Triton 3.9.0"),
     ("sm_90", MLA, "float8_e4m3fnuz", TRITON_36, ""),  # the module has no Gluon prefix stage: nothing to say
-    ("sm_90", MLA, "float8_e5m2", TRITON_36, ""),  # nor e5m2's (select_lowering._stage_dtype)
+    ("sm_90", MLA, "float8_e5m2", TRITON_36, ""),  # nor e5m2's (lowering.json's kv_dtype)
     ("sm_90", "qwen3_5_gqa256", "bfloat16", TRITON_36, ""),
 ])
 def test_no_gluon_axes_elsewhere_and_those_studies_keep_their_names(tmp_path: Path, arch: str, layout: str, kv: str,

@@ -148,8 +148,12 @@ def no_jit(allowed: bool) -> Iterator[None]:
 # ---------------------------------------------------------------------------- which kernels
 
 
+# FlashInfer's names of the pool dtypes the bench's cases hold (its JIT module names use them).
+_KV_TAGS = {"bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
 def _dtype_tag(case: Case) -> str:
-    return "e4m3" if case.is_fp8 else "bf16"
+    return _KV_TAGS[case.kv_dtype]
 
 
 def module_names(case: Case, v: Variant) -> tuple[str, ...]:
@@ -183,6 +187,11 @@ def refusal(case: Case, v: Variant, fi: ModuleType | None, allow_jit: bool, mask
     """Why ``v`` cannot run ``case`` (with ``mask``, default the case's), or None. FlashInfer's
     own limits first (they hold whatever is compiled), then the prebuilt kernels."""
     mask = case.mask if mask is None else mask
+    if case.kv_dtype not in _KV_TAGS:
+        return f"FlashInfer has no {case.kv_dtype} pool (its KV dtypes: {', '.join(_KV_TAGS)})"
+    if not case.is_fp8 and case.kv_dtype != "bfloat16":
+        return (f"the bench's queries are bfloat16 and FlashInfer's prefill takes a 16-bit pool in the query "
+                f"dtype, not {case.kv_dtype}")
     if is_mla(case):
         if mask != "none":
             return f"{MLA_WRAPPER} takes no custom mask, so a {mask} draft mask cannot be given to it"

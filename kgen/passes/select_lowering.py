@@ -49,10 +49,8 @@ def second_lowerings() -> dict[str, Any]:
 
 def _stage_dtype(plan: Plan) -> str | None:
     """The 16-bit type a Gluon stage's tiles hold: the KV dtype where q has it too, fp16 for
-    e4m3fn KV (its producer converts, exactly); None otherwise (no such stage). e5m2 would
-    convert the same way, but the converting producer has run on a GPU for e4m3fn only, so e5m2
-    stays on the Triton kernel until a GPU run proves it (docs/design.md)."""
-    if plan.kv_dtype == "float8_e4m3fn":
+    e4m3fn and e5m2 KV (the producer converts, exactly); None otherwise (no such stage)."""
+    if plan.kv_dtype in ("float8_e4m3fn", "float8_e5m2"):
         return "float16"
     if plan.kv_dtype not in FP8_DTYPES and plan.q_dtype == plan.kv_dtype:
         return plan.kv_dtype
@@ -62,7 +60,7 @@ def _stage_dtype(plan: Plan) -> str | None:
 def _layout_facts(plan: Plan) -> dict[str, Any]:
     shape = plan.spec.attention
     return {"variant": plan.variant, "v_source": shape.v_source, "nope_dim": shape.nope_dim,
-            "pe_dim": shape.pe_dim, "stage_dtype": _stage_dtype(plan)}
+            "pe_dim": shape.pe_dim, "stage_dtype": _stage_dtype(plan), "kv_dtype": plan.kv_dtype}
 
 
 def _met(wanted: Any, has: Any) -> bool:
@@ -89,10 +87,14 @@ def offered_lowering(plan: Plan) -> tuple[Lowering, Decision]:
     about its Gluon prefix stage: offered where kgen/templates/gluon/lowering.json's requirements
     hold, with the reason either way."""
     entry = second_lowerings()["gluon_prefix"]
-    missing = unmet(entry["requires"], _layout_facts(plan))
+    facts = _layout_facts(plan)
+    missing = unmet(entry["requires"], facts)
     if missing:
-        return Lowering(TRITON), Decision(NAME, "gluon_prefix", None, "no Gluon prefix stage: " + "; ".join(missing),
-                                          _needs(entry, _layout_facts(plan)))
+        # A requirement may say why it holds (the manifest's "<field>_why").
+        whys = [entry[f"{k}_why"] for k, v in entry["requires"].items() if not _met(v, facts.get(k))
+                and f"{k}_why" in entry]
+        return Lowering(TRITON), Decision(NAME, "gluon_prefix", None,
+                                          "no Gluon prefix stage: " + "; ".join(missing + whys), _needs(entry, facts))
     decision = Decision(
         NAME, "gluon_prefix", entry["template"],
         f"{entry['why']}. Emitted beside the Triton kernel; launched on {entry['arch']} under Triton "

@@ -42,16 +42,27 @@ _FP8_TO_FP16 = {
 }
 
 
+def _prefix_dot(kv_dtype: str, q_dtype: str) -> tuple[str, str, str]:
+    """(dtype, why, brief) of the prefix stage's dot operands. fp16 holds every e4m3 and e5m2
+    value exactly, and converting to it is cheap where bf16 is not; queries are far inside
+    fp16's range, so q converts where the pool would otherwise convert every tile."""
+    if kv_dtype in FP8_DTYPES:
+        return "float16", *_FP8_TO_FP16[kv_dtype]
+    if kv_dtype == q_dtype:
+        return q_dtype, "the pool is already in the query dtype", "the pool is already in the query dtype"
+    if kv_dtype == "float16":
+        return ("float16", "fp16 KV: the pool's own dtype, so no tile converts; the bf16 queries convert once",
+                "the pool's dtype: no tile converts")
+    return (q_dtype, f"{kv_dtype} KV with {q_dtype} queries: each tile converts to the queries' dtype",
+            "tiles convert to the queries' dtype")
+
+
 def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     shape = plan.spec.attention
     has_pe = shape.pe_dim > 0
     fp8_kv = plan.kv_dtype in FP8_DTYPES
     v_from_k_tile = reads_v_from_k_tile(shape)
-    # fp16 holds every e4m3 and e5m2 value exactly, and converting to it is cheap where
-    # bf16 is not; queries are far inside fp16's range.
-    prefix_dot = "float16" if fp8_kv else plan.q_dtype
-    prefix_dot_why, prefix_dot_brief = (_FP8_TO_FP16[plan.kv_dtype] if fp8_kv
-                                        else ("the pool is already in the query dtype",) * 2)
+    prefix_dot, prefix_dot_why, prefix_dot_brief = _prefix_dot(plan.kv_dtype, plan.q_dtype)
     # Where the last split runs the draft tile. After the prefix loop, the draft's q·k keeps
     # a register copy of q alive through the whole loop; with a 64x576 q (MLA) that spills.
     draft_tile_first = v_from_k_tile
