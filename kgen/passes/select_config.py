@@ -88,18 +88,17 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
             arch_configs[arch] = rows
             count = f"{len(rows)} row{'s' if len(rows) > 1 else ''}" + (f" of {twin}" if borrowed else "")
             origin = f"from {source.origin} {source.path}"
-            if borrowed:
-                origin += (f": {plan.kv_dtype} has none, and {twin}'s hold for it (the same bytes a token and "
-                           "MMA work; select_config.TWIN_KV)")
+            why = (f"{origin}: {plan.kv_dtype} has none, and {twin}'s hold for it (the same bytes a token and MMA "
+                   "work; select_config.TWIN_KV)" if borrowed else origin)
             if warning:
                 # One line either way: a table of another Triton still serves, and says so.
                 decisions.append(Decision(
                     NAME, f"table {arch}", f"{count} (tuned with Triton {meta.triton_version})",
-                    f"{warning}; {origin}; other groups/batches use the default",
+                    f"{warning}; {why}; other groups/batches use the default",
                     f"re-tune under Triton {ctx.triton_version}", warning=True))
             else:
                 decisions.append(Decision(NAME, f"table {arch}", f"{count} ({tuned})",
-                                          f"{origin}; other groups/batches use the default", origin))
+                                          f"{why}; other groups/batches use the default", origin))
         else:
             decisions.append(Decision(NAME, f"table {arch}", "no rows",
                                       f"{source.path} has no entry for this layout and KV dtype: default",
