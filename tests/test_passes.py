@@ -483,20 +483,18 @@ def test_explain_one_pass_gives_its_whole_reasons():
                                                   ("float8_e4m3fn", "float16", True),
                                                   ("float8_e4m3fnuz", "bfloat16", False),
                                                   ("bfloat16", "float16", False),
-                                                  ("float8_e5m2", "bfloat16", False),
-                                                  ("float16", "float16", False)])
+                                                  ("float8_e5m2", "bfloat16", True),
+                                                  ("float16", "float16", True),
+                                                  ("float16", "bfloat16", False)])
 def test_the_gluon_prefix_stage_is_offered_only_where_it_applies(ctx, kv, q, offered):
     """kgen/templates/gluon/lowering.json: absorbed MLA 512+64 whose stage holds 16-bit tiles: 16-bit
-    KV with q in its dtype, or e4m3fn KV (converted to fp16), of the KV dtypes the stage has run on
-    a GPU for; the decision says which requirement a layout misses, and why that one holds."""
+    KV with q in its dtype, or FP8 KV but e4m3fnuz (converted to fp16), of the KV dtypes the stage
+    has run on a GPU for; the decision says which requirement a layout misses."""
     plan = _through(new_plan(SPECS["mla_absorbed_512_64"], kv, q), ctx, "select_lowering")
     decision = plan.decisions_of("select_lowering")[1]
     assert (plan.lowering.gluon_prefix is not None) is offered
     if offered:
         assert decision.value == "gluon/mla_ws_prefix_stage.py.j2" and "sm_90" in decision.why
-    elif kv in ("float8_e5m2", "float16"):
-        assert decision.value is None and "kv_dtype: wanted" in decision.why and "run on a GPU" in decision.why
-        assert "stage_dtype" not in decision.why
     else:
         assert decision.value is None and "stage_dtype" in decision.why
 

@@ -93,6 +93,29 @@ def test_widen_from_rows_doubles_the_warps_of_the_rows_it_names_only():
         kgen.blockconfig.BlockConfig(block_h=4, block_n=64, num_warps=4, num_stages=3, widen_from_rows=48)
 
 
+def test_widened_programs_of_head_dims_128_and_64_hold_256_rows():
+    """Two warpgroups of 128 rows on one KV read where the accumulator fits (128 x 128 or 64 fp32
+    a warpgroup); 256-wide GQA and MLA keep their budgets, FP8 and mma.sync keep MAX_ROWS."""
+    sm_90 = TARGETS["sm_90"]
+    for head_dim in (128, 64):
+        shape = rules.kernel_shape(head_dim, head_dim, 2, True)
+        wide = rules.fit_program(sm_90, shape, CONFIG, 16, 16)
+        assert (wide.block_h, wide.l_pad, wide.num_warps) == (16, 16, 8), head_dim
+        assert rules.fit_program(sm_90, rules.kernel_shape(head_dim, head_dim, 1, True), CONFIG, 16, 16)[:2] == (8, 16)
+        assert rules.fit_program(TARGETS["sm_80"], shape, CONFIG, 16, 16)[:2] == (8, 16)
+    assert rules.fit_program(sm_90, GQA256, CONFIG, 16, 16)[:2] == (8, 16)  # 128 rows of 256: the 8-warp budget
+    assert rules.fit_program(sm_90, MLA, CONFIG, 16, 16)[0] * rules.fit_program(sm_90, MLA, CONFIG, 16, 16)[1] == 32
+
+
+@pytest.mark.parametrize(("layout", "group", "drafts"), [("gqa128", 16, [16, 9]), ("gqa64", 16, [16, 12]),
+                                                       ("gqa128", 8, [32, 20])])
+def test_256_row_programs_match_the_reference(layout, group, drafts):
+    module = kgen.load(layout, "bfloat16")
+    name, constexprs, options = module.launch_params("interpreter", INTERPRETER_NUM_SMS, group, 2, max(drafts))[0]
+    assert constexprs["BLOCK_H"] * constexprs["L_PAD"] == 256 and options["num_warps"] == 8
+    check_parity(build(layout, [70, 37], drafts, group, seed=5), layout, "bfloat16")
+
+
 def test_fit_refuses_only_when_nothing_fits():
     tiny = {**TARGETS["sm_90"], "shared_bytes": 4096}
     assert rules.fit_program(tiny, MLA, CONFIG, 16, 4) is None

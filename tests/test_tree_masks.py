@@ -101,6 +101,7 @@ def test_long_drafts_split_over_row_blocks(monkeypatch, mask):
     several programs, each looping over every draft-column tile its rows can see."""
     module = kgen.load(GQA64, "bfloat16")
     monkeypatch.setattr(rules, "MAX_ROWS", 16)
+    monkeypatch.setattr(rules, "WIDE_MAX_ROWS", 16)  # and for a program widened to two warpgroups
     prefix, drafts = [30, 0, 70], [64, 17, 40]
     config = {**SMALL_SPLITS, "block_h": 8}
     launched = module.launch_params("interpreter", 4, 8, 3, 64, config=config, has_mask=mask == "tree")

@@ -36,6 +36,10 @@ FP8_LOOPED_DRAFT_MAX_ROWS = 32
 # Warps a wgmma program may grow to so that its rows share one KV read: two warpgroups, each
 # a 64-row wgmma tile of the same K/V stage (docs/perf-notes.md, "Two warpgroups on one KV read").
 WIDE_MAX_WARPS = 8
+# Rows a widened program (WIDE_MAX_WARPS, wgmma, 16-bit KV) may hold where its accumulator fits:
+# two warpgroups of 128 rows on one KV read (head dims 128 and 64; docs/perf-notes.md, "256 rows
+# in one program").
+WIDE_MAX_ROWS = 256
 
 
 class FittedProgram(NamedTuple):
@@ -113,13 +117,32 @@ def draft_columns_loop(row_blocks: int, draft_n: int, l_pad: int) -> bool:
     return row_blocks > 1 or draft_n < l_pad
 
 
+def widens(target: Target, shape: KernelShape) -> bool:
+    """Whether a program may take more warps to keep its rows on one KV read: wgmma, 16-bit KV."""
+    return target["mma"] == "wgmma" and shape["kv_bytes"] == 2
+
+
+def row_cap(target: Target, shape: KernelShape, num_warps: int) -> int:
+    """The most rows a program of num_warps may hold: WIDE_MAX_ROWS for a widening target at
+    WIDE_MAX_WARPS, else MAX_ROWS."""
+    return WIDE_MAX_ROWS if widens(target, shape) and num_warps >= WIDE_MAX_WARPS else MAX_ROWS
+
+
+def wanted_rows_cap(target: Target, shape: KernelShape) -> int:
+    """The most rows a program may want before its warps are chosen: MAX_ROWS, or more where a
+    widened program's accumulator holds them (head dims 128 and 64 on a widening target)."""
+    if not widens(target, shape):
+        return MAX_ROWS
+    return max(MAX_ROWS, max_rows_for(target, shape, WIDE_MAX_WARPS))
+
+
 def max_rows_for(target: Target, shape: KernelShape, num_warps: int) -> int:
-    """The row budget of one program: MAX_ROWS, and no more accumulator than
+    """The row budget of one program: row_cap, and no more accumulator than
     ACC_REGISTERS_PER_THREAD registers a thread (a power of two, at least MIN_DOT)."""
     threads = num_warps * target["warp_size"]
     budget = ACC_REGISTERS_PER_THREAD * threads // shape["acc_width"]
     rows = MIN_DOT
-    while rows * 2 <= min(budget, MAX_ROWS):
+    while rows * 2 <= min(budget, row_cap(target, shape, num_warps)):
         rows *= 2
     return rows
 
@@ -161,7 +184,7 @@ def widened_warps(target: Target, shape: KernelShape, config: Config, rows: int)
     they convert each e4m3 tile on the same warps, and widened they ran slower than two head
     blocks (docs/perf-notes.md)."""
     num_warps = config["num_warps"]
-    if target["mma"] != "wgmma" or shape["kv_bytes"] != 2:
+    if not widens(target, shape):
         return num_warps
     widen_from = config.get("widen_from_rows") or MAX_ROWS + 1
     while (num_warps < WIDE_MAX_WARPS
@@ -180,7 +203,7 @@ def fit_program(target: Target, shape: KernelShape, config: Config, group: int, 
     2, then 1), then narrower tiles (down to MIN_DOT tokens), then fewer heads, then fewer
     draft rows a program. ``reasons`` says what changed and why."""
     block_n, stages = config["block_n"], config["num_stages"]
-    wanted_h, wanted_l = row_blocking(config["block_h"], group, max_len, MAX_ROWS, grouped)
+    wanted_h, wanted_l = row_blocking(config["block_h"], group, max_len, wanted_rows_cap(target, shape), grouped)
     wanted_rows = wanted_h * wanted_l
     num_warps = widened_warps(target, shape, config, wanted_rows)
     reasons = []

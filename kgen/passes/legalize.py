@@ -3,7 +3,7 @@ never next_power_of_2(0), and the limits that keep a program's registers bounded
 
 from __future__ import annotations
 
-from kgen.launcher.rules import MAX_DRAFT_SCORES, MAX_ROWS, MIN_DOT, next_pow2
+from kgen.launcher.rules import MAX_DRAFT_SCORES, MAX_ROWS, MIN_DOT, WIDE_MAX_ROWS, WIDE_MAX_WARPS, next_pow2
 from kgen.passes.context import BuildContext
 from kgen.plan import Decision, Plan, Tiles
 
@@ -59,8 +59,9 @@ def legalize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                  f"tensor cores need >= {MIN_DOT}"),
         Decision(NAME, "MAX_ROWS", MAX_ROWS,
                  "BLOCK_H is halved at launch until BLOCK_H x L_PAD fits this row budget (and the "
-                 "target's accumulator registers: see the fit pass)",
-                 "BLOCK_H halves until BLOCK_H x L_PAD fits it"),
+                 "target's accumulator registers: see the fit pass); a wgmma program with 16-bit KV "
+                 f"widened to {WIDE_MAX_WARPS} warps holds up to {WIDE_MAX_ROWS} where its accumulator fits",
+                 f"BLOCK_H halves to fit it ({WIDE_MAX_ROWS} on {WIDE_MAX_WARPS} warps)"),
         Decision(NAME, "MAX_DRAFT_TOKENS", MAX_DRAFT_TOKENS,
                  "EAGLE trees (topk 4, 3 steps) reach 64 draft tokens; a draft longer than one program's "
                  "rows is split over programs, and longer drafts are refused (can_handle False) and fall back",
