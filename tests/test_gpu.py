@@ -34,6 +34,10 @@ CASES = [
     # the head dim 128 default's 128 rows, both at 8 warps.
     ("qwen3_5_gqa256", "bfloat16", 4, 40, 8192, 16),
     ("gqa128", "bfloat16", 8, 24, 4096, 16),
+    # 256 rows in one 8-warp program (rules.WIDE_MAX_ROWS): GQA 128 group 16 at L 16, group 8 at L 32
+    # (fp16 KV, whose dots are fp16).
+    ("gqa128", "bfloat16", 16, 24, 8192, 16),
+    ("gqa128", "float16", 8, 24, 4096, 32),
     # The GQA 64 rows of batch 33-96 (4430f47): BF16 group 8 in head blocks of 4 on 2 warps, the
     # draft tile first; FP8 group 4 with 128-token tiles in 1 stage; FP8 group 8, the draft tile after.
     ("gqa64", "bfloat16", 8, 40, 8192, 16),
