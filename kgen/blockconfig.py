@@ -248,13 +248,15 @@ class TableEntry(BaseModel):
             raise ValueError(f"batch_max {self.batch_max} < batch_min {self.batch_min}")
         return self
 
-    def matches(self, layout: str, kv_dtype: str, group_size: int, batch: int) -> bool:
-        return (
-            self.layout == layout
-            and self.kv_dtype == kv_dtype
-            and self.group_size == group_size
-            and self.batch_min <= batch <= self.batch_max
-        )
+    def covers(self, group_size: int, batch: int) -> bool:
+        return self.group_size == group_size and self.batch_min <= batch <= self.batch_max
+
+
+# A KV dtype with no rows of its own in a table takes its twin's: the same bytes a token and the
+# same MMA work (fp16 and bf16 tiles feed the same tensor-core instructions at the same rate;
+# e5m2 and e4m3fn each convert to fp16 in one cvt a pair), so a config measured for one is the
+# best known for the other. Rows of its own, once tuned, win.
+TWIN_KV = {"float16": "bfloat16", "float8_e5m2": "float8_e4m3fn"}
 
 
 class TableMetadata(BaseModel):
@@ -285,13 +287,21 @@ class TableFile(BaseModel):
         return self
 
     def lookup(self, layout: str, kv_dtype: str, group_size: int, batch: int) -> TableEntry | None:
-        for entry in self.entries:
-            if entry.matches(layout, kv_dtype, group_size, batch):
-                return entry
-        return None
+        """The row a call of this layout, KV dtype, group and batch runs (its twin's, see rows_for)."""
+        rows, _ = self.rows_for(layout, kv_dtype)
+        return next((entry for entry in rows if entry.covers(group_size, batch)), None)
 
     def entries_for(self, layout: str, kv_dtype: str) -> list[TableEntry]:
         return [e for e in self.entries if e.layout == layout and e.kv_dtype == kv_dtype]
+
+    def rows_for(self, layout: str, kv_dtype: str) -> tuple[list[TableEntry], str]:
+        """The rows a module of this layout and KV dtype runs, and the KV dtype they are keyed by:
+        its own, or where it has none its twin's (TWIN_KV)."""
+        own = self.entries_for(layout, kv_dtype)
+        twin = TWIN_KV.get(kv_dtype)
+        if own or twin is None:
+            return own, kv_dtype
+        return self.entries_for(layout, twin), twin
 
 
 class DefaultRule(BaseModel):

@@ -75,6 +75,9 @@ def test_write_read_round_trip_with_metadata_and_measurements(tmp_path: Path) ->
     )
     assert back.lookup("gqa128", "bfloat16", 8, 5000).config == DEFAULT  # the open-ended last bucket
     assert back.lookup("gqa128", "bfloat16", 8, 20) is None  # bucket not tuned in this run
+    # fp16 KV has no rows: the row a call runs, and the tuner's current config, is bf16's (TWIN_KV).
+    assert back.lookup("gqa128", "float16", 8, 4).config == TUNED
+    assert back.lookup("gqa128", "float8_e4m3fn", 8, 4) is None
     assert meta.note == ("kgen tune on NVIDIA H200: 2 entries measured in this run from 2 studies "
                          "(200 finished trials, 1 worker)")
     write_results(out, "sm_90", "NVIDIA H200", [result("b9-32")], workers=2)

@@ -15,11 +15,6 @@ from kgen.plan import BlockConfigs, ConfigEntry, Decision, Plan, Specialization
 
 NAME = "select_config"
 DEFAULT_WHY = "the built-in default for this K width (kgen/tables/defaults.json)"
-# A KV dtype with no rows of its own on an arch takes its twin's there: the same bytes a token
-# and the same MMA work (fp16 and bf16 tiles feed the same tensor-core instructions at the same
-# rate; e5m2 and e4m3fn each convert to fp16 in one cvt a pair), so a config measured for one
-# is the best known for the other. Rows of its own, once tuned, win.
-TWIN_KV = {"float16": "bfloat16", "float8_e5m2": "float8_e4m3fn"}
 
 
 def _per_head(config: BlockConfig) -> BlockConfig:
@@ -72,12 +67,8 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
                                   "one query head per program"))
         return plan.with_(decisions, config=_configs(default, arch_configs, sources))
     for arch, source in sorted(ctx.tables.items()):
-        entries = source.table.entries_for(plan.spec.name, plan.kv_dtype) if source.table else []
-        twin = TWIN_KV.get(plan.kv_dtype)
-        borrowed = not entries and twin is not None and source.table is not None
-        if borrowed:
-            entries = source.table.entries_for(plan.spec.name, twin)
-            borrowed = bool(entries)
+        entries, keyed_by = source.table.rows_for(plan.spec.name, plan.kv_dtype) if source.table else ([], "")
+        borrowed = keyed_by != plan.kv_dtype
         _check_draft_tile(specialization, entries, source.path)
         rows = tuple(ConfigEntry(e.group_size, e.batch_min, e.batch_max, e.config.for_arch(arch)) for e in entries)
         sources[arch] = f"{source.origin}: {source.path}"
@@ -86,10 +77,10 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
         warning = check_triton_version(source.table, ctx.triton_version, source.path) if source.table else None
         if rows:
             arch_configs[arch] = rows
-            count = f"{len(rows)} row{'s' if len(rows) > 1 else ''}" + (f" of {twin}" if borrowed else "")
+            count = f"{len(rows)} row{'s' if len(rows) > 1 else ''}" + (f" of {keyed_by}" if borrowed else "")
             origin = f"from {source.origin} {source.path}"
-            why = (f"{origin}: {plan.kv_dtype} has none, and {twin}'s hold for it (the same bytes a token and MMA "
-                   "work; select_config.TWIN_KV)" if borrowed else origin)
+            why = (f"{origin}: {plan.kv_dtype} has none, and {keyed_by}'s hold for it (the same bytes a token and "
+                   "MMA work; blockconfig.TWIN_KV)" if borrowed else origin)
             if warning:
                 # One line either way: a table of another Triton still serves, and says so.
                 decisions.append(Decision(
