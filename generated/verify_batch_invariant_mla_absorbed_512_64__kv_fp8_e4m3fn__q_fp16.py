@@ -622,14 +622,10 @@ GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup 
 # setmaxnreg moves the physical registers and ptxas compiles each partition within its share;
 # every single instruction must still fit GLUON_MAX_REGISTERS (docs/perf-notes.md, "What Triton
 # 3.6's Gluon does on sm_90").
-# The landing producer holds one chunk of a landed tile and its fp16, and the next tile's row
-# offsets: its loads in flight sit in the landing ring, not in its registers.
-GLUON_LANDING_SECOND_PV_REGISTERS = tl.constexpr(192)
-GLUON_LANDING_PRODUCER_REGISTERS = tl.constexpr(56)
-# The register producer holds a tile's e4m3 rows (72 registers a thread) and one converted
+# The converting producer holds a tile's e4m3 rows (72 registers a thread) and one converted
 # chunk; the second PV needs at least 160 (152 spills 1 KB), so the producer gets what is left.
-GLUON_REGISTER_SECOND_PV_REGISTERS = tl.constexpr(168)
-GLUON_REGISTER_PRODUCER_REGISTERS = tl.constexpr(104)
+GLUON_SECOND_PV_REGISTERS = tl.constexpr(168)
+GLUON_PRODUCER_REGISTERS = tl.constexpr(104)
 # 12 warps x 32 threads x 168 = 64,512 of the 65,536 registers: what setmaxnreg redistributes.
 GLUON_MAX_REGISTERS = tl.constexpr(168)
 
@@ -753,28 +749,11 @@ if _HAS_GLUON:
                              in_rows=(offs_n < q_len)[:, None])
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
 
-    # ---- the converting producers (FP8 KV) -----------------------------------------------
+    # ---- the converting producer (FP8 KV) ------------------------------------------------
     # e4m3 rows cannot go to the stage as they are: wgmma reads 16-bit tiles, and converting on
-    # the MMA warps puts the conversion on their chain. So the producer converts each tile to fp16
-    # (cvt.rn.f16x2.e4m3x2: exact) and stores it into the stage; `ready` then counts one
-    # arrival, after the warps' stores and a proxy fence. Where shared memory has room beside the
-    # stages (32-token tiles) the rows first land with cp.async in a ring of the producer's own,
-    # several tiles ahead (_gluon_landing_producer); else they come through its registers, one
-    # tile at a time (_gluon_register_producer).
-
-    @gluon.jit
-    def _gluon_tile_rows(table_words, first_tok, split_end, page_shift, stride_k_page, stride_k_slot, head_off,
-                         BLOCK_N: gl.constexpr, LOAD: gl.constexpr, INDEX_WORDS: gl.constexpr,
-                         BLOCK_TABLE: gl.constexpr):
-        """(element offsets of a prefix tile's K rows, which rows are in the split), in LOAD's row
-        layout. Rows past the split point at its last token (finite data the consumers score
-        -inf), so a producer may read them or leave them out."""
-        tok = first_tok + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD))
-        in_split = tok < split_end
-        tok = gl.minimum(tok, split_end - 1)
-        entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
-        return _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off,
-                                  BLOCK_TABLE), in_split
+    # the MMA warps puts the conversion on their chain. So this producer loads a tile's rows into
+    # registers, converts them to fp16 (cvt.rn.f16x2.e4m3x2: exact) and stores them into the
+    # stage; `ready` then counts one arrival, after the warps' stores and a proxy fence.
 
     @gluon.jit
     def _gluon_fp8_rows(src, row, col0, COLS: gl.constexpr, LOAD: gl.constexpr):
@@ -784,31 +763,14 @@ if _HAS_GLUON:
         return gl.load(src + row[:, None] + cols[None, :])
 
     @gluon.jit
-    def _gluon_land_tile(landing_nope, landing_pe, src, row, in_split, NOPE_LOAD: gl.constexpr,
-                         PE_LOAD: gl.constexpr):
-        """cp.async a tile's e4m3 rows (element offsets `row`) into a landing slot, the latent
-        columns 16 bytes a copy and the PE columns 8, then one commit group. Rows past the split
-        read nothing and land as zeros."""
-        cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, NOPE_LOAD))
-        async_copy.async_copy_global_to_shared(landing_nope, src + row[:, None] + cols[None, :],
-                                               mask=in_split[:, None])
-        row_pe = gl.convert_layout(row, gl.SliceLayout(1, PE_LOAD))  # the same rows a thread: moves nothing
-        in_pe = gl.convert_layout(in_split, gl.SliceLayout(1, PE_LOAD))
-        cols_pe = gl.arange(0, PE_DIM, layout=gl.SliceLayout(0, PE_LOAD))
-        async_copy.async_copy_global_to_shared(landing_pe, src + NOPE_DIM + row_pe[:, None] + cols_pe[None, :],
-                                               mask=in_pe[:, None])
-        async_copy.commit_group()
-
-    @gluon.jit
-    def _gluon_convert_landed(nope, k_pe, landing_nope, landing_pe, NOPE_LOAD: gl.constexpr,
-                              PE_LOAD: gl.constexpr):
-        """A landed tile into a stage as fp16, 128 latent columns at a time (a thread holds one
-        chunk's bytes and their fp16, not the tile)."""
-        CHUNK: gl.constexpr = NOPE_DIM // 4
-        for c in gl.static_range(4):
-            chunk = landing_nope.slice(c * CHUNK, CHUNK, dim=1).load(NOPE_LOAD)
-            nope.slice(c * CHUNK, CHUNK, dim=1).store(chunk.to(nope.dtype))
-        k_pe.store(landing_pe.load(PE_LOAD).to(nope.dtype))
+    def _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_k_page, stride_k_slot, head_off,
+                         BLOCK_N: gl.constexpr, LOAD: gl.constexpr, INDEX_WORDS: gl.constexpr,
+                         BLOCK_TABLE: gl.constexpr):
+        """Element offsets of a prefix tile's K rows, in LOAD's row layout; tokens past the split
+        read its last token again (finite data the consumers score -inf)."""
+        tok = gl.minimum(first_tok + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD)), last)
+        entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
+        return _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off, BLOCK_TABLE)
 
     @gluon.jit
     def _gluon_stage_filled(ready, stage):
@@ -827,95 +789,27 @@ if _HAS_GLUON:
         dst.slice(col0, COLS, dim=1).store(rows.to(dst.dtype))
 
     @gluon.jit
-    def _gluon_fill_draft_tile(K_Extend, k_nope_stages, k_pe_stages, ready, empty, t, q_start, q_len, ke_head,
-                               stride_ke_tok, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-        """The draft tile (tile t of the ring): draft token j is row j, converted to fp16; rows
-        past the draft are zeros."""
-        DRAFT_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, DRAFT_LOAD))
-        draft_row = (q_start + offs_n) * stride_ke_tok + ke_head
-        in_rows = offs_n < q_len
-        stage, parity = _gluon_ring_slot(t, NUM_STAGES)
-        mbarrier.wait(empty.index(stage), parity ^ 1)
-        nope = k_nope_stages.index(stage)
-        for c in gl.static_range(NOPE_DIM // 64):
-            _gluon_store_draft_rows(nope, K_Extend, draft_row, c * 64, in_rows, 64, DRAFT_LOAD)
-        _gluon_store_draft_rows(k_pe_stages.index(stage), K_Extend, draft_row + NOPE_DIM, 0, in_rows, PE_DIM,
-                                DRAFT_LOAD)
-        _gluon_stage_filled(ready, stage)
-
-    @gluon.constexpr_function
-    def _gluon_fp8_load_layouts():
-        """(latent, PE) register layouts of a tile's e4m3 rows: 8 lanes over a row's 128-byte
-        line, 16 bytes a lane, for the latent columns; 8 bytes a lane over the same rows (the same
-        lanes and warps along them) for the PE columns, so one set of row offsets serves both."""
-        return (gl.BlockedLayout([1, 16], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0]),
-                gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0]))
-
-    @gluon.jit
-    def _gluon_landing_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, landing_nope,
-                                landing_pe, ready, empty, split_start, split_end, num_tiles, draft_tiles,
-                                page_shift, stride_k_page, stride_k_slot, head_off, q_start, q_len, ke_head,
-                                stride_ke_tok, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                                LANDING_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr,
-                                BLOCK_TABLE: gl.constexpr):
-        """The producer partition of FP8 KV with a landing ring (GLUON_PRODUCER_WARPS warps,
-        GLUON_LANDING_PRODUCER_REGISTERS registers a thread): the split's tiles, then
-        (draft_tiles == 1) the draft rows. Tile t lands in slot t % LANDING_STAGES, and tile
-        t + LANDING_STAGES - 1 is issued before tile t is converted: that many tiles' loads are
-        in flight while the consumers work, in shared memory rather than registers. A thread
-        reads back exactly the bytes its own copies wrote (one register layout over an
-        unswizzled buffer), so its own cp.async groups are all it waits for. The next tile's
-        table entries load a tile ahead."""
-        NOPE_LOAD: gl.constexpr = _gluon_fp8_load_layouts()[0]
-        PE_LOAD: gl.constexpr = _gluon_fp8_load_layouts()[1]
-        gl.static_assert(NOPE_DIM == 4 * 128 and PE_DIM == 64, "the chunks are written for MLA 512+64")
-        for i in gl.static_range(LANDING_STAGES - 1):
-            row, in_split = _gluon_tile_rows(table_words, split_start + i * BLOCK_N, split_end, page_shift,
-                                             stride_k_page, stride_k_slot, head_off, BLOCK_N, NOPE_LOAD,
-                                             INDEX_WORDS, BLOCK_TABLE)
-            _gluon_land_tile(landing_nope.index(i), landing_pe.index(i), K_Buffer, row, in_split, NOPE_LOAD,
-                             PE_LOAD)
-        row, in_split = _gluon_tile_rows(table_words, split_start + (LANDING_STAGES - 1) * BLOCK_N, split_end,
-                                         page_shift, stride_k_page, stride_k_slot, head_off, BLOCK_N, NOPE_LOAD,
-                                         INDEX_WORDS, BLOCK_TABLE)
-        for t in range(num_tiles):
-            # Tile t + LANDING_STAGES - 1 into the slot tile t - 1 left (this thread read its bytes).
-            ahead = t + LANDING_STAGES - 1
-            _gluon_land_tile(landing_nope.index(ahead % LANDING_STAGES), landing_pe.index(ahead % LANDING_STAGES),
-                             K_Buffer, row, in_split, NOPE_LOAD, PE_LOAD)
-            row, in_split = _gluon_tile_rows(table_words, split_start + (ahead + 1) * BLOCK_N, split_end,
-                                             page_shift, stride_k_page, stride_k_slot, head_off, BLOCK_N,
-                                             NOPE_LOAD, INDEX_WORDS, BLOCK_TABLE)
-            async_copy.wait_group(LANDING_STAGES - 1)  # this thread's copies of tile t have landed
-            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
-            mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
-            _gluon_convert_landed(k_nope_stages.index(stage), k_pe_stages.index(stage),
-                                  landing_nope.index(t % LANDING_STAGES), landing_pe.index(t % LANDING_STAGES),
-                                  NOPE_LOAD, PE_LOAD)
-            _gluon_stage_filled(ready, stage)
-        async_copy.wait_group(0)  # the groups issued past the split's last tile (every row masked off)
-        for t in range(num_tiles, num_tiles + draft_tiles):
-            _gluon_fill_draft_tile(K_Extend, k_nope_stages, k_pe_stages, ready, empty, t, q_start, q_len, ke_head,
-                                   stride_ke_tok, BLOCK_N, NUM_STAGES)
-
-    @gluon.jit
-    def _gluon_register_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty,
-                                 split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
-                                 stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok,
-                                 BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr,
-                                 BLOCK_TABLE: gl.constexpr):
-        """The producer partition of FP8 KV where no landing ring fits (64-token tiles;
-        GLUON_PRODUCER_WARPS warps, GLUON_REGISTER_PRODUCER_REGISTERS registers a thread): a
-        tile's loads (18 a thread) are all issued before the wait for its stage, so its memory
-        latency overlaps the consumers' use of that stage; the next tile's table entries load
-        before this tile's stores. Rows past the split read its last token again."""
+    def _gluon_converting_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty,
+                                   split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
+                                   stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok,
+                                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr,
+                                   BLOCK_TABLE: gl.constexpr):
+        """The producer partition of FP8 KV (GLUON_PRODUCER_WARPS warps, GLUON_PRODUCER_REGISTERS
+        registers a thread): the split's tiles, then (draft_tiles == 1) the draft rows, as
+        _gluon_producer fills them, but converted to fp16 on the way. A tile's loads are all
+        issued before the wait for its stage, so its memory latency overlaps the consumers'
+        use of that stage; the next tile's table entries load before this tile's stores."""
+        # e4m3 latent columns in 4 chunks of 128, 16 bytes (16 elements) a thread a load: 8 lanes a
+        # row's chunk (one 128-byte line), 4 rows a thread. The PE columns, 8 bytes a thread, give a
+        # thread the same rows (the same lanes and warps along them), so one set of row offsets
+        # serves both (the layout conversion between them moves nothing).
         CHUNK: gl.constexpr = NOPE_DIM // 4
-        NOPE_LOAD: gl.constexpr = _gluon_fp8_load_layouts()[0]
-        PE_LOAD: gl.constexpr = _gluon_fp8_load_layouts()[1]
+        NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
+        PE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
         gl.static_assert(NOPE_DIM == 4 * 128 and PE_DIM == 64, "the chunks are written for MLA 512+64")
-        row, _ = _gluon_tile_rows(table_words, split_start, split_end, page_shift, stride_k_page, stride_k_slot,
-                                  head_off, BLOCK_N, NOPE_LOAD, INDEX_WORDS, BLOCK_TABLE)
+        last = split_end - 1
+        row = _gluon_tile_rows(table_words, split_start, last, page_shift, stride_k_page, stride_k_slot, head_off,
+                               BLOCK_N, NOPE_LOAD, INDEX_WORDS, BLOCK_TABLE)
         for t in range(num_tiles):
             n0 = _gluon_fp8_rows(K_Buffer, row, 0 * CHUNK, CHUNK, NOPE_LOAD)
             n1 = _gluon_fp8_rows(K_Buffer, row, 1 * CHUNK, CHUNK, NOPE_LOAD)
@@ -923,9 +817,8 @@ if _HAS_GLUON:
             n3 = _gluon_fp8_rows(K_Buffer, row, 3 * CHUNK, CHUNK, NOPE_LOAD)
             pe = _gluon_fp8_rows(K_Buffer, gl.convert_layout(row, gl.SliceLayout(1, PE_LOAD)), NOPE_DIM, PE_DIM,
                                  PE_LOAD)
-            row, _ = _gluon_tile_rows(table_words, split_start + (t + 1) * BLOCK_N, split_end, page_shift,
-                                      stride_k_page, stride_k_slot, head_off, BLOCK_N, NOPE_LOAD, INDEX_WORDS,
-                                      BLOCK_TABLE)
+            row = _gluon_tile_rows(table_words, split_start + (t + 1) * BLOCK_N, last, page_shift, stride_k_page,
+                                   stride_k_slot, head_off, BLOCK_N, NOPE_LOAD, INDEX_WORDS, BLOCK_TABLE)
             stage, parity = _gluon_ring_slot(t, NUM_STAGES)
             mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
             nope = k_nope_stages.index(stage)
@@ -936,28 +829,19 @@ if _HAS_GLUON:
             k_pe_stages.index(stage).store(pe.to(nope.dtype))
             _gluon_stage_filled(ready, stage)
         for t in range(num_tiles, num_tiles + draft_tiles):
-            _gluon_fill_draft_tile(K_Extend, k_nope_stages, k_pe_stages, ready, empty, t, q_start, q_len, ke_head,
-                                   stride_ke_tok, BLOCK_N, NUM_STAGES)
-
-    @gluon.jit
-    def _gluon_converting_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, landing_nope,
-                                   landing_pe, ready, empty, split_start, split_end, num_tiles, draft_tiles,
-                                   page_shift, stride_k_page, stride_k_slot, head_off, q_start, q_len, ke_head,
-                                   stride_ke_tok, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                                   LANDING_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr,
-                                   BLOCK_TABLE: gl.constexpr):
-        """The producer partition of FP8 KV: through the landing ring where the launcher found room
-        for one (LANDING_STAGES > 0, rules.gluon_landing_stages), else through registers."""
-        if LANDING_STAGES > 0:
-            _gluon_landing_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, landing_nope,
-                                    landing_pe, ready, empty, split_start, split_end, num_tiles, draft_tiles,
-                                    page_shift, stride_k_page, stride_k_slot, head_off, q_start, q_len, ke_head,
-                                    stride_ke_tok, BLOCK_N, NUM_STAGES, LANDING_STAGES, INDEX_WORDS, BLOCK_TABLE)
-        else:
-            _gluon_register_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty,
-                                     split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
-                                     stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok, BLOCK_N,
-                                     NUM_STAGES, INDEX_WORDS, BLOCK_TABLE)
+            # The draft tile: draft token j is row j; rows past the draft are zeros.
+            DRAFT_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
+            offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, DRAFT_LOAD))
+            draft_row = (q_start + offs_n) * stride_ke_tok + ke_head
+            in_rows = offs_n < q_len
+            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+            mbarrier.wait(empty.index(stage), parity ^ 1)
+            nope = k_nope_stages.index(stage)
+            for c in gl.static_range(NOPE_DIM // 64):
+                _gluon_store_draft_rows(nope, K_Extend, draft_row, c * 64, in_rows, 64, DRAFT_LOAD)
+            _gluon_store_draft_rows(k_pe_stages.index(stage), K_Extend, draft_row + NOPE_DIM, 0, in_rows, PE_DIM,
+                                    DRAFT_LOAD)
+            _gluon_stage_filled(ready, stage)
 
     # ---- both P.V warpgroups --------------------------------------------------------------
 
@@ -1286,7 +1170,6 @@ if _HAS_GLUON:
         LAZY_RESCALE: gl.constexpr,
         HAS_MASK: gl.constexpr,
         BLOCK_TABLE: gl.constexpr,
-        LANDING_STAGES: gl.constexpr,
     ):
         """The prefix stage on SGLang's token-slot pool or vLLM's block tables (BLOCK_TABLE): the
         same grid, split plan, partials and draft tile as _verify_prefix_stage, so
@@ -1333,23 +1216,6 @@ if _HAS_GLUON:
                 mbarrier.init(empty.index(i), count=2)  # the scorer and the second PV, one thread each
                 mbarrier.init(p_ready.index(i), count=1)  # one scorer thread, after its warps' barrier
             mbarrier.init(stats_ready.index(0), count=1)
-            # The producer's landing ring where it fits: e4m3 rows as stored, unswizzled (only the
-            # producer's own threads read it, each the bytes it copied).
-            if LANDING_STAGES > 0:
-                LANDING_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-                landing_nope = gl.allocate_shared_memory(K_Buffer.dtype.element_ty,
-                                                         [LANDING_STAGES, BLOCK_N, NOPE_DIM], LANDING_SMEM)
-                landing_pe = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [LANDING_STAGES, BLOCK_N, PE_DIM],
-                                                       LANDING_SMEM)
-                SECOND_PV_REGISTERS: gl.constexpr = GLUON_LANDING_SECOND_PV_REGISTERS
-                PRODUCER_REGISTERS: gl.constexpr = GLUON_LANDING_PRODUCER_REGISTERS
-            else:
-                # No room beside the stages: the producer converts through registers and never
-                # touches these (a partition's arguments must be values, so the stages stand in).
-                landing_nope = k_nope_stages
-                landing_pe = k_pe_stages
-                SECOND_PV_REGISTERS: gl.constexpr = GLUON_REGISTER_SECOND_PV_REGISTERS
-                PRODUCER_REGISTERS: gl.constexpr = GLUON_REGISTER_PRODUCER_REGISTERS
 
             num_tiles = gl.cdiv(split_end - split_start, BLOCK_N)
             draft_tiles = (split == num_written - 1).to(gl.int32)  # the request's last split adds the draft tile
@@ -1372,11 +1238,11 @@ if _HAS_GLUON:
                     num_written, num_tiles, draft_tiles, v_scale, stride_o_tok, stride_o_head, stride_po_tok,
                     stride_po_head, stride_po_split, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE)),
                 (_gluon_converting_producer, (
-                    K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, landing_nope, landing_pe, ready,
-                    empty, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
+                    K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty, split_start,
+                    split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
                     kv_head.to(gl.int64) * stride_k_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
-                    stride_ke_tok, BLOCK_N, NUM_STAGES, LANDING_STAGES, INDEX_WORDS, BLOCK_TABLE)),
-            ], [4, GLUON_PRODUCER_WARPS], [SECOND_PV_REGISTERS, PRODUCER_REGISTERS])
+                    stride_ke_tok, BLOCK_N, NUM_STAGES, INDEX_WORDS, BLOCK_TABLE)),
+            ], [4, GLUON_PRODUCER_WARPS], [GLUON_SECOND_PV_REGISTERS, GLUON_PRODUCER_REGISTERS])
 
 
 # ---------------------------------------------------------------------------------------

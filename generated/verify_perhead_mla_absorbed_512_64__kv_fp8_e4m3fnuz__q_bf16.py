@@ -85,8 +85,8 @@ _DEFAULT_CONFIG = {'block_h': 1,
                    'num_warps': 8,
                    'num_stages': 2,
                    'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128},
-                   'gluon': {'block_n': 32,
-                             'num_stages': 3,
+                   'gluon': {'block_n': 64,
+                             'num_stages': 2,
                              'lazy_rescale': False,
                              'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}
 

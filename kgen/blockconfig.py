@@ -123,10 +123,6 @@ class BlockConfig(BaseModel):
     # block_h: that mode walks the draft columns in a loop, which carries the accumulator,
     # and a program that fits the default's straight-line draft tile can spill in the loop.
     invariant_block_h: int | None = Field(default=None, ge=1, le=128)
-    # The Gluon section of the batch-invariant mode, where it must differ from gluon: that mode
-    # runs the Gluon stage only where the module's longest draft fits one key tile, so a row
-    # whose gluon section has 32-token tiles (the FP8 landing producer's) gives it 64-token ones.
-    invariant_gluon: GluonConfig | None = None
     # Rows from which a wgmma program with 16-bit KV takes twice the warps (up to
     # rules.WIDE_MAX_WARPS), though its accumulator would still fit: a row tuned at short drafts
     # keeps its warps there, while its longer drafts' programs, at the register budget's edge,
@@ -180,8 +176,6 @@ class BlockConfig(BaseModel):
             s += " " + self.gluon.short()
         if self.invariant_block_h is not None:
             s += f" invariant_block_h={self.invariant_block_h}"
-        if self.invariant_gluon is not None:
-            s += " invariant " + self.invariant_gluon.short()
         if self.widen_from_rows is not None:
             s += f" widen_from_rows={self.widen_from_rows}"
         if self.has_rocm_knobs:
@@ -191,8 +185,7 @@ class BlockConfig(BaseModel):
     def compact(self, splits: bool = True) -> str:
         """The config in ``compact_notation``, short enough for one line of ``kgen explain`` beside
         its reason: 'H16 N64 w4 s3 2/64/128' (``short`` spells the same fields out). Without
-        ``splits``, the split policies are left out: the batch-invariant mode does not use them;
-        with them, invariant_gluon is (only that mode runs it)."""
+        ``splits``, the split policies are left out: the batch-invariant mode does not use them."""
         s = f"H{self.block_h} N{self.block_n} w{self.num_warps} s{self.num_stages}"
         if splits:
             s += f" {self.split.compact()}"
@@ -202,11 +195,8 @@ class BlockConfig(BaseModel):
             s += f" draft_tile={self.draft_tile}"
         if self.gluon is not None:
             s += " " + self.gluon.compact(splits)
-        invariant = [f"H{self.invariant_block_h}"] if self.invariant_block_h is not None else []
-        if self.invariant_gluon is not None and not splits:
-            invariant.append(self.invariant_gluon.compact(splits))
-        if invariant:
-            s += " invariant " + " ".join(invariant)
+        if self.invariant_block_h is not None:
+            s += f" invariant H{self.invariant_block_h}"
         if self.widen_from_rows is not None:
             s += f" wide from {self.widen_from_rows} rows"
         if self.has_rocm_knobs:

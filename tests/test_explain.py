@@ -171,11 +171,6 @@ def test_the_compact_config_names_every_knob_it_holds():
                                 "gluon(N64 s2 lazy_rescale 1/64/256) invariant H8")
     assert config.compact(splits=False) == "H16 N32 w8 s3 lazy_rescale draft_tile=first gluon(N64 s2 lazy_rescale) " \
                                            "invariant H8"
-    # The invariant mode's own Gluon section shows in that mode's view (no splits) alone.
-    fp8 = config.model_copy(update={"gluon": GluonConfig(block_n=32, num_stages=3),
-                                    "invariant_gluon": GluonConfig(block_n=64, num_stages=2)})
-    assert fp8.compact().endswith("gluon(N32 s3 1/64/256) invariant H8")
-    assert fp8.compact(splits=False).endswith("gluon(N32 s3) invariant H8 gluon(N64 s2)")
     rocm = BlockConfig(block_h=8, block_n=64, num_warps=4, num_stages=2, waves_per_eu=2, matrix_instr_nonkdim=16,
                        kpack=2)
     assert rocm.compact().endswith("waves_per_eu=2 nonkdim=16 kpack=2")

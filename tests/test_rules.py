@@ -121,21 +121,6 @@ def test_fit_refuses_only_when_nothing_fits():
     assert rules.fit_program(tiny, MLA, CONFIG, 16, 4) is None
 
 
-def test_an_fp8_gluon_producer_lands_what_fits_beside_the_stages():
-    """The FP8 producer's landing ring takes the tiles of the pool's bytes that fit the shared
-    memory the fp16 stages and q leave, at most GLUON_LANDING_STAGES[1]; where fewer than two
-    fit (64-token tiles) and on 16-bit pools there is none."""
-    fp8 = rules.kernel_shape(512 + 64, 512, 1, False)
-    limit = TARGETS["sm_90"]["shared_bytes"]
-    assert rules.gluon_landing_stages(fp8, 32, 3, limit) == 2
-    assert rules.gluon_landing_stages(fp8, 32, 2, limit) == 4
-    assert rules.gluon_landing_stages(fp8, 64, 2, limit) == 0
-    assert rules.gluon_landing_stages(MLA, 32, 3, limit) == 0
-    for stages, landing in ((3, 2), (2, 4)):
-        used = rules.gluon_shared_bytes(fp8, 32, stages) + landing * 32 * fp8["kv_row_bytes"]
-        assert used <= limit < used + 32 * fp8["kv_row_bytes"] or landing == rules.GLUON_LANDING_STAGES[1]
-
-
 def _modules():
     for name, spec in sorted(load_layouts().items()):
         for kv in spec.dtypes.kv:
@@ -160,9 +145,8 @@ def test_every_module_accepts_its_whole_domain_on_sm_90(layout, kv, groups):
                 shape = module.LAUNCHER.identity.kernel_shape
                 if launches[0][0] == "_gluon_prefix_stage":  # its own rules: 64-row programs, its buffers
                     assert rows == rules.GLUON_ROWS
-                    landing = constexprs.get("LANDING_STAGES", 0) * constexprs["BLOCK_N"] * shape["kv_row_bytes"]
                     assert (rules.gluon_shared_bytes(shape, constexprs["BLOCK_N"], constexprs["NUM_STAGES"])
-                            + landing <= target["shared_bytes"])
+                            <= target["shared_bytes"])
                     continue
                 assert rows <= rules.max_rows_for(target, shape, options["num_warps"])
                 assert rules.shared_bytes(target, module.LAUNCHER.identity.kernel_shape, rows, constexprs["BLOCK_N"],

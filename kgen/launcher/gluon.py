@@ -56,18 +56,13 @@ class GluonPrefixStage:
         if gluon is None or not enabled or arch != identity.gluon_arch:
             return None
         rows = self.draft_rows(identity, max_len, gluon["block_n"])
-        shared_limit = identity.targets[arch]["shared_bytes"]
         shared = rules.gluon_shared_bytes(identity.kernel_shape, gluon["block_n"], gluon["num_stages"])
-        landing = rules.gluon_landing_stages(identity.kernel_shape, gluon["block_n"], gluon["num_stages"],
-                                             shared_limit)
-        if rows is None or shared > shared_limit:
+        if rows is None or shared > identity.targets[arch]["shared_bytes"]:
             return None
         block_h, l_pad = rows
         constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": gluon["block_n"],
                       "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale")),
                       "HAS_MASK": has_mask, "BLOCK_TABLE": page_size is not None}
-        if identity.kernel_shape["kv_bytes"] == 1:
-            constexprs["LANDING_STAGES"] = landing
         options = {"num_warps": kernels.gluon_num_warps, "num_stages": 1, "maxnreg": kernels.gluon_max_registers}
         # Gluon has no gdc_wait: this stage launches after the kernels before it, not early.
         return self.kernel_name, constexprs, options, {"split": gluon.get("split", {})}, False

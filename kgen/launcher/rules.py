@@ -269,21 +269,6 @@ def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int) -> int
     return tiles + rows_fp32 + SHARED_MARGIN_BYTES
 
 
-GLUON_LANDING_STAGES = (2, 4)  # an FP8 producer's landing ring: at least one tile ahead, at most three
-
-
-def gluon_landing_stages(shape: KernelShape, block_n: int, num_stages: int, shared_limit: int) -> int:
-    """Tiles in the FP8 converting producer's landing ring: as many tiles of the pool's rows as
-    fit the shared memory the stages leave, up to GLUON_LANDING_STAGES[1]. 0 where fewer than
-    GLUON_LANDING_STAGES[0] fit (64-token tiles: the producer converts through its registers)
-    and for a 16-bit pool (its producer copies into the stages)."""
-    if shape["kv_bytes"] != 1:
-        return 0
-    room = shared_limit - gluon_shared_bytes(shape, block_n, num_stages)
-    fit = min(room // (block_n * shape["kv_row_bytes"]), GLUON_LANDING_STAGES[1])
-    return fit if fit >= GLUON_LANDING_STAGES[0] else 0
-
-
 def gluon_rows(max_len: int, block_n: int) -> tuple[int, int] | None:
     """(BLOCK_H, L_PAD) of a Gluon program, or None when the draft does not fit one tile of
     draft keys or one program's 64 rows (the Triton kernel serves it)."""

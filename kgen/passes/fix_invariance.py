@@ -54,16 +54,11 @@ NOT_INVARIANT_WHY = (
 
 def mode_config(config: BlockConfig, batch_invariant: bool) -> BlockConfig:
     """The config as a mode runs it: the batch-invariant mode takes its invariant_block_h, where
-    set, as the head block (that mode's draft-column loop needs the smaller program), and its
-    invariant_gluon, where set, as the Gluon section (the mode's longest draft must fit one key
-    tile); neither mode's module carries the two fields."""
-    if config.invariant_block_h is None and config.invariant_gluon is None:
+    set, as the head block (that mode's draft-column loop needs the smaller program); neither
+    mode's module carries the field."""
+    if config.invariant_block_h is None:
         return config
-    update: dict[str, object] = {"invariant_block_h": None, "invariant_gluon": None}
-    if batch_invariant and config.invariant_block_h is not None:
-        update["block_h"] = config.invariant_block_h
-    if batch_invariant and config.invariant_gluon is not None:
-        update["gluon"] = config.invariant_gluon
+    update = {"invariant_block_h": None, **({"block_h": config.invariant_block_h} if batch_invariant else {})}
     return config.model_copy(update=update)
 
 
@@ -121,8 +116,7 @@ def fix_invariance(plan: Plan, ctx: BuildContext | None = None) -> Plan:
         Decision(NAME, "config elsewhere", default,
                  "archs without table rows and groups without a row take the built-in default, as in the default "
                  "mode (its split policies, the Gluon section's too, are not used: the splits below replace them); "
-                 "a config's invariant_block_h and invariant_gluon, where set, replace its head block and its "
-                 "Gluon section"
+                 "a config's invariant_block_h, where set, replaces its head block"
                  + (f" (here {configs.default.invariant_block_h} heads, set by {configs.default_why})"
                     if configs.default.invariant_block_h is not None else ""),
                  "the built-in default"),

@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kgen.blockconfig import BlockConfig, GluonConfig
+from kgen.blockconfig import BlockConfig
 from kgen.errors import TableError
 from kgen.launcher import rules
 from kgen.passes.context import BuildContext
@@ -132,27 +132,12 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
     programs = ", ".join(f"{h} x {p} at L {ranges(ns)}" for (h, p), ns in by_rows.items())
     return Decision(
         NAME, label, value,
-        f"{gluon.short()} fits: {need} of {limit} B of shared memory (rules.gluon_shared_bytes)"
-        + _landing_clause(plan, gluon, limit) + "; BLOCK_H x L_PAD "
+        f"{gluon.short()} fits: {need} of {limit} B of shared memory (rules.gluon_shared_bytes); BLOCK_H x L_PAD "
         f"{programs or '-'} (rules.gluon_rows). Launched under Triton "
         f"{lowering.gluon_triton}.x, both entries; another Triton"
         + (f", drafts longer than BLOCK_N {gluon.block_n}" if longer else "")
         + f" and other archs run the Triton config ({triton})",
         f"it fits: {need} of {limit} B")
-
-
-def _landing_clause(plan: Plan, gluon: GluonConfig, limit: int) -> str:
-    """How an FP8 module's converting producer brings the rows, by what the stages leave."""
-    shape = plan.fit.kernel_shape
-    if shape["kv_bytes"] != 1:
-        return ""
-    landing = rules.gluon_landing_stages(shape, gluon.block_n, gluon.num_stages, limit)
-    if landing:
-        return (f"; the FP8 producer lands {landing} tiles of the pool's bytes "
-                f"({landing * gluon.block_n * shape['kv_row_bytes']} B) with cp.async beside the stages "
-                f"(rules.gluon_landing_stages)")
-    return ("; no landing ring fits beside the stages, so the FP8 producer converts through its registers "
-            "(rules.gluon_landing_stages)")
 
 
 def gluon_config_decisions(plan: Plan, lowering: Lowering) -> list[Decision]:

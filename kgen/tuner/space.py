@@ -79,7 +79,7 @@ GLUON_KERNEL_AXES = ("block_n", "num_stages", "lazy_rescale")
 GLUON_RULE_CONSTANTS = ("GLUON_ROWS", "GLUON_MAX_ROW_BLOCK", "SHARED_MARGIN_BYTES")
 # BlockConfig fields no axis searches: a written row keeps those of the config the bucket runs
 # today where the study's launches do not depend on them (SearchSpace.keep_unsearched).
-UNSEARCHED_FIELDS = ("widen_from_rows", "invariant_block_h", "invariant_gluon")
+UNSEARCHED_FIELDS = ("widen_from_rows", "invariant_block_h")
 
 
 # --------------------------------------------------------------------------- the data file
@@ -546,16 +546,12 @@ class SearchSpace:
             if name == "invariant_block_h" and value >= chosen.block_h:
                 notes.append(f"{name} {value} dropped: not below the tuned block_h {chosen.block_h}")
                 continue
-            if name == "invariant_gluon" and chosen.gluon is None:
-                notes.append(f"{name} dropped: the tuned config runs no Gluon stage")
-                continue
             candidate = kept.model_copy(update={name: value})
             if name == "widen_from_rows" and self._launches_differ(kept, candidate):
                 notes.append(f"{name} {value} dropped: it changes a launch the study timed without it")
                 continue
             kept = candidate
-            shown = value.compact() if name == "invariant_gluon" else value
-            notes.append(f"{name} {shown} kept from the config in use: no axis searches it, and the study's "
+            notes.append(f"{name} {value} kept from the config in use: no axis searches it, and the study's "
                          f"launches do not depend on it")
         return kept, notes
 
