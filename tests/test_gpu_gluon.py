@@ -15,7 +15,7 @@ kernel (asserted through ``launch_params``) whatever the shipped table holds:
   with an empty prefix, prefixes that are not multiples of a tile and one long enough for
   several splits; kv_indices int32 and then int64;
 - the Gluon configs the tuner may pick: 64-token tiles with 2 stages, 32-token tiles with 3 and
-  4, the lazy rescale on and off;
+  4, the lazy rescale on and off (FP8: each tile shape, one config each);
 - NaN in every pool slot no request names, in o before the call and in the split scratch
   (a read of an unwritten partial shows up);
 - CUDA-graph capture and replay with new data and a kv_indices longer than the batch uses,
@@ -118,22 +118,25 @@ def test_gluon_domain(kv_dtype, group, config_name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config_name", ["n64s2", "n32s3", "n32s4lazy"])
 @pytest.mark.parametrize("group", _groups())
 @pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("kv_dtype", FP8_KV)
-def test_gluon_fp8_domain(kv_dtype, q_dtype, group):
-    """FP8 KV through the converting producer (fp16 stages, q scaled by K's descale): every
-    draft length to the 64-token tile, several splits and one, non-unit scales, both index dtypes."""
+def test_gluon_fp8_domain(kv_dtype, q_dtype, group, config_name):
+    """FP8 KV through the converting producer (fp16 stages, q scaled by K's descale), at the
+    tile shapes the tuner may pick (a 64-token tile's rows, or a 32-token tile's, in the
+    producer's registers): every draft length to the tile, several splits and one, non-unit
+    scales, both index dtypes."""
     module = kgen.load(LAYOUT, kv_dtype, q_dtype)
-    gluon = GLUON_CONFIGS["n64s2"]
+    gluon = GLUON_CONFIGS[config_name]
     for splits in (64, 1):
         config = gluon_config(module, gluon, max_splits=splits)
-        for draft in range(1, module.MAX_DRAFT_TOKENS + 1):
+        for draft in range(1, min(module.MAX_DRAFT_TOKENS, gluon["block_n"]) + 1):
             prefixes, drafts = request_lengths(draft, BATCH)
             prefixes = [p * 7 for p in prefixes]
             problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, q_dtype=q_dtype, kv_dtype=kv_dtype,
                                 k_scale=0.75, v_scale=1.25, device="cuda",
-                                seed=zlib.crc32(f"fp8/{q_dtype}/{group}/{draft}".encode()))
+                                seed=zlib.crc32(f"fp8/{q_dtype}/{group}/{config_name}/{draft}".encode()))
             poison_unnamed_slots(problem)  # FP8 NaN: a producer that reads past its request writes NaN
             _assert_gluon(module, config, group, BATCH, problem.max_len_extend)
             _check_each_index_dtype(module, problem, config, f"L {draft}, splits {splits}, prefixes {prefixes}, "
