@@ -221,6 +221,9 @@ class Measured(BaseModel):
     # Rows whose config has a gluon section: the median of their Triton fields (the Triton
     # config the study chose) in the same re-measurement the Gluon kernel won.
     triton_us: float | None = Field(default=None, gt=0)
+    # The GPU the bucket was measured on. The table's metadata names the last run's, and one
+    # arch's table may merge runs on several of its GPUs (an H100's and an H200's rows).
+    gpu_name: str | None = None
 
 
 class TableEntry(BaseModel):

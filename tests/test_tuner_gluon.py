@@ -244,7 +244,7 @@ def test_a_gluon_winner_carries_the_studys_triton_choice_as_its_fallback(tmp_pat
     assert result.chosen == configs["T1"].model_copy(update={"gluon": configs["G1"].gluon})
     assert (result.chosen_us, result.triton_us, result.default_us) == (50.0, 90.0, 60.0)
     assert result.replaced and "Gluon prefix stage, its Triton fields 90.00 us" in format_results([result])
-    entry = entry_for(result)
+    entry = entry_for(result, "NVIDIA H200")
     assert entry.measured.triton_us == 90.0 and entry.config.gluon == configs["G1"].gluon
     # The table writer writes the gluon section; the file reads back the same row.
     path = tmp_path / "sm_90.json"

@@ -72,6 +72,7 @@ def test_write_read_round_trip_with_metadata_and_measurements(tmp_path: Path) ->
         default_us=120.0,
         noise_pct=1.5,
         workloads=[w.model_dump() for w in WORKLOADS.workloads(WORKLOADS.bucket[0])],
+        gpu_name="NVIDIA H200",
     )
     assert back.lookup("gqa128", "bfloat16", 8, 5000).config == DEFAULT  # the open-ended last bucket
     assert back.lookup("gqa128", "bfloat16", 8, 20) is None  # bucket not tuned in this run
@@ -80,10 +81,14 @@ def test_write_read_round_trip_with_metadata_and_measurements(tmp_path: Path) ->
     assert back.lookup("gqa128", "float8_e4m3fn", 8, 4) is None
     assert meta.note == ("kgen tune on NVIDIA H200: 2 entries measured in this run from 2 studies "
                          "(200 finished trials, 1 worker)")
-    write_results(out, "sm_90", "NVIDIA H200", [result("b9-32")], workers=2)
+    write_results(out, "sm_90", "NVIDIA H100 80GB HBM3", [result("b9-32")], workers=2)
     merged = read_table(out)
     assert merged.metadata.trials == 300 and len(merged.entries) == 3
     assert merged.metadata.note.endswith("from 1 study (100 finished trials, 2 workers)")
+    # Each row keeps the GPU it was measured on; the metadata names the last run's.
+    assert merged.metadata.gpu_name == "NVIDIA H100 80GB HBM3"
+    assert merged.lookup("gqa128", "bfloat16", 8, 20).measured.gpu_name == "NVIDIA H100 80GB HBM3"
+    assert merged.lookup("gqa128", "bfloat16", 8, 4).measured.gpu_name == "NVIDIA H200"
 
 
 def test_merge_replaces_matching_buckets_and_keeps_the_rest() -> None:

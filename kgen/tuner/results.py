@@ -271,8 +271,9 @@ def finalize(
 # --------------------------------------------------------------------------- tables
 
 
-def entry_for(result: JobResult) -> TableEntry | None:
-    """The table entry of one result (None when neither the default nor a tuned config ran)."""
+def entry_for(result: JobResult, gpu_name: str | None = None) -> TableEntry | None:
+    """The table entry of one result, measured on ``gpu_name`` (None when neither the default
+    nor a tuned config ran)."""
     if result.chosen is None or result.chosen_us is None:
         return None
     job = result.job
@@ -284,6 +285,7 @@ def entry_for(result: JobResult) -> TableEntry | None:
             noise_pct=round(result.noise_pct, 2),
             workloads=[w.model_dump() for w in job.workloads],
             triton_us=round(result.triton_us, 3) if result.triton_us is not None else None,
+            gpu_name=gpu_name,
         )
     return TableEntry(
         layout=job.layout.name,
@@ -357,7 +359,7 @@ def write_results(
     if previous is not None and previous.arch != arch:
         raise TuneError(f"{path} holds the table of {previous.arch}, not {arch}: a table file is named for "
                         f"its arch, so move it to {path.parent / (previous.arch + '.json')}")
-    new = [e for e in (entry_for(r) for r in results) if e is not None]
+    new = [e for e in (entry_for(r, gpu_name) for r in results) if e is not None]
     entries = merge_entries(list(previous.entries) if previous else [], new)
     carried = sum(1 for e in entries if e.measured is None)
     trials = sum(r.finished for r in results)
