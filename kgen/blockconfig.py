@@ -294,17 +294,14 @@ class TableFile(BaseModel):
         rows, _ = self.rows_for(layout, kv_dtype)
         return next((entry for entry in rows if entry.covers(group_size, batch)), None)
 
-    def entries_for(self, layout: str, kv_dtype: str) -> list[TableEntry]:
-        return [e for e in self.entries if e.layout == layout and e.kv_dtype == kv_dtype]
-
     def rows_for(self, layout: str, kv_dtype: str) -> tuple[list[TableEntry], str]:
         """The rows a module of this layout and KV dtype runs, and the KV dtype they are keyed by:
         its own, or where it has none its twin's (TWIN_KV)."""
-        own = self.entries_for(layout, kv_dtype)
-        twin = TWIN_KV.get(kv_dtype)
-        if own or twin is None:
-            return own, kv_dtype
-        return self.entries_for(layout, twin), twin
+        for keyed_by in (kv_dtype, TWIN_KV.get(kv_dtype)):
+            rows = [e for e in self.entries if e.layout == layout and e.kv_dtype == keyed_by]
+            if rows:
+                return rows, keyed_by
+        return [], kv_dtype
 
 
 class DefaultRule(BaseModel):

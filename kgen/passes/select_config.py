@@ -67,7 +67,8 @@ def select_config(plan: Plan, ctx: BuildContext) -> Plan:
                                   "one query head per program"))
         return plan.with_(decisions, config=_configs(default, arch_configs, sources))
     for arch, source in sorted(ctx.tables.items()):
-        entries, keyed_by = source.table.rows_for(plan.spec.name, plan.kv_dtype) if source.table else ([], "")
+        entries, keyed_by = (source.table.rows_for(plan.spec.name, plan.kv_dtype) if source.table
+                             else ([], plan.kv_dtype))
         borrowed = keyed_by != plan.kv_dtype
         _check_draft_tile(specialization, entries, source.path)
         rows = tuple(ConfigEntry(e.group_size, e.batch_min, e.batch_max, e.config.for_arch(arch)) for e in entries)
