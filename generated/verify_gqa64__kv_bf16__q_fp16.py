@@ -76,6 +76,12 @@ BATCH_INVARIANT = False
 # kgen.load hands the launcher the rows of $KGEN_TABLES_DIR / $KGEN_TABLE instead (kgen/retable.py).
 _BLOCK_CONFIGS = {
     "sm_90": (
+        (4, 33, 96,
+         {'block_h': 4,
+          'block_n': 64,
+          'num_warps': 4,
+          'num_stages': 3,
+          'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128}}),
         (8, 33, 96,
          {'block_h': 4,
           'block_n': 64,

@@ -96,6 +96,18 @@ BATCH_INVARIANT = False
 # Block configs per arch, (group, batch_min, batch_max, config): the tables in use at build time.
 # kgen.load hands the launcher the rows of $KGEN_TABLES_DIR / $KGEN_TABLE instead (kgen/retable.py).
 _BLOCK_CONFIGS = {
+    "sm_90": (
+        (16, 33, 96,
+         {'block_h': 16,
+          'block_n': 64,
+          'num_warps': 8,
+          'num_stages': 2,
+          'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128},
+          'gluon': {'block_n': 64,
+                    'num_stages': 2,
+                    'lazy_rescale': False,
+                    'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}),
+    ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
 _DEFAULT_CONFIG = {'block_h': 16,
