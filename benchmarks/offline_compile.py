@@ -54,6 +54,9 @@ def chosen_program(module, args) -> tuple[str, dict, dict]:
                   "num_stages": args.stages, "lazy_rescale": args.lazy}
         if args.draft_first:
             config["draft_tile"] = "first"
+        if args.gluon:
+            block_n, stages = (int(x) for x in args.gluon.split(","))
+            config["gluon"] = {"block_n": block_n, "num_stages": stages, "lazy_rescale": args.lazy}
     launches = module.launch_params("sm_90", 132, args.group, args.batch, args.draft, args.page_size, config,
                                     has_mask=args.mask)
     if not launches:
@@ -149,6 +152,8 @@ def main() -> int:
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--lazy", action="store_true", help="compile with LAZY_RESCALE (the block-config knob)")
     ap.add_argument("--draft-first", action="store_true", help="GQA: the draft tile before the loop (DRAFT_FIRST)")
+    ap.add_argument("--gluon", metavar="BLOCK_N,STAGES",
+                    help="the Gluon prefix stage with this gluon section (where the module has one, under Triton 3.6)")
     ap.add_argument("--mask", action="store_true", help="the custom-mask (tree) program (HAS_MASK)")
     ap.add_argument("--as-launched", action="store_true",
                     help="the module's own choice (its table row or default) instead of the config flags: "

@@ -629,6 +629,8 @@ GLUON_MAX_REGISTERS = tl.constexpr(168)
 
 if _HAS_GLUON:
 
+    # ---- the request's bounds and splits --------------------------------------------------
+
     @gluon.jit
     def _gluon_request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len,
                               BLOCK_TABLE: gl.constexpr):
@@ -652,7 +654,7 @@ if _HAS_GLUON:
         split_len = gl.maximum(gl.cdiv(gl.cdiv(prefix_len, num_splits), block_n) * block_n, block_n)
         return split_len, gl.maximum(gl.cdiv(prefix_len, split_len), 1)
 
-# ---- the stage ring -----------------------------------------------------------------
+    # ---- the stage ring -----------------------------------------------------------------
     # NUM_STAGES shared-memory stages, each one tile of BLOCK_N gathered K rows, and two
     # mbarriers a stage:
     #   ready[s]  initialised to the producer's thread count; each producer thread arrives once
@@ -737,6 +739,36 @@ if _HAS_GLUON:
             _gluon_copy_rows(k_nope_stages.index(stage), k_pe_stages.index(stage), K_Extend, row, ROW_LOAD,
                              in_rows=(offs_n < q_len)[:, None])
             async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+
+    # ---- the consumers' side of the ring --------------------------------------------------
+
+    @gluon.jit
+    def _gluon_stage_landed(ready, t, NUM_STAGES: gl.constexpr):
+        """Wait until tile t is in its stage; then its bytes may be read by wgmma."""
+        stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+        mbarrier.wait(ready.index(stage), parity)
+        # The producer's cp.async wrote through the generic proxy; wgmma reads through the async one.
+        fence_async_shared()
+        return stage
+
+    @gluon.jit
+    def _gluon_release_stage(empty, stage):
+        """Hand this warpgroup's use of a stage back: its warps' barrier first, so that its whole
+        P.V on the stage is done before the one thread that arrives does."""
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(stage), count=1)
+
+    @gluon.jit
+    def _gluon_rescale(acc, alpha, LAZY_RESCALE: gl.constexpr):
+        """acc x alpha per row. Under the lazy rescale almost every tile moves no row's
+        reference, and then every alpha is exactly 1: the warpgroup skips the multiply of its
+        128 accumulator registers, which stands between the tile's P and its P.V."""
+        if LAZY_RESCALE:
+            if gl.max((alpha != 1.0).to(gl.int32), 0) > 0:
+                acc = acc * alpha[:, None]
+        else:
+            acc = acc * alpha[:, None]
+        return acc
 
     # ---- the converting producer (FP8 KV) ------------------------------------------------
     # e5m2 rows cannot go to the stage as they are: wgmma reads 16-bit tiles, and converting on
@@ -840,22 +872,6 @@ if _HAS_GLUON:
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, NOPE_DIM // 2, 16])
 
     @gluon.jit
-    def _gluon_stage_landed(ready, t, NUM_STAGES: gl.constexpr):
-        """Wait until tile t is in its stage; then its bytes may be read by wgmma."""
-        stage, parity = _gluon_ring_slot(t, NUM_STAGES)
-        mbarrier.wait(ready.index(stage), parity)
-        # The producer's cp.async wrote through the generic proxy; wgmma reads through the async one.
-        fence_async_shared()
-        return stage
-
-    @gluon.jit
-    def _gluon_release_stage(empty, stage):
-        """Hand this warpgroup's use of a stage back: its warps' barrier first, so that its whole
-        P.V on the stage is done before the one thread that arrives does."""
-        gl.thread_barrier()
-        mbarrier.arrive(empty.index(stage), count=1)
-
-    @gluon.jit
     def _gluon_p_view(k_pe_stages, stage, ROWS: gl.constexpr, BLOCK_N: gl.constexpr):
         """A stage's PE slot seen as the tile's P [ROWS, BLOCK_N] (16-bit): the same bytes
         (BLOCK_N x 64 = 64 x BLOCK_N), free once S of the tile is computed."""
@@ -890,18 +906,6 @@ if _HAS_GLUON:
             gl.store(po_ptr, out, mask=ok_o[:, None])
 
     # ---- the scorer -----------------------------------------------------------------------
-
-    @gluon.jit
-    def _gluon_rescale(acc, alpha, LAZY_RESCALE: gl.constexpr):
-        """acc x alpha per row. Under the lazy rescale almost every tile moves no row's
-        reference, and then every alpha is exactly 1: the warpgroup skips the multiply of its
-        128 accumulator registers, which stands between the tile's P and its P.V."""
-        if LAZY_RESCALE:
-            if gl.max((alpha != 1.0).to(gl.int32), 0) > 0:
-                acc = acc * alpha[:, None]
-        else:
-            acc = acc * alpha[:, None]
-        return acc
 
     @gluon.jit
     def _gluon_score_tile(q_nope, q_pe, k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, stage, m_i, l_i,

@@ -448,7 +448,7 @@ def test_offline_compile_takes_the_program_a_call_launches(monkeypatch):
     monkeypatch.setattr(module.LAUNCHER, "gluon_enabled", True)  # as under Triton 3.6
     args = argparse.Namespace(layout="mla_absorbed_512_64", as_launched=True, group=16, batch=64, draft=4,
                               page_size=16, mask=False, block_h=8, block_n=32, warps=4, stages=2, lazy=False,
-                              draft_first=False)
+                              draft_first=False, gluon=None)
     name, constexprs, _ = tool.chosen_program(module, args)
     assert name == "_gluon_prefix_stage" and constexprs["BLOCK_TABLE"] is True
     args.as_launched = False

@@ -171,7 +171,8 @@ def test_select_lowering_says_what_each_gluon_row_launches(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("layout", "kv", "q", "missing"), [
-    ("qwen3_5_gqa256", "bfloat16", "bfloat16", "v_source: wanted 'k_latent'"),
+    # GQA's stage (gluon_gqa_prefix, the closest package) serves 16-bit KV only
+    ("qwen3_5_gqa256", "float8_e4m3fn", "bfloat16", "kv_dtype: wanted ['bfloat16', 'float16']"),
     (MLA, "float8_e4m3fnuz", "bfloat16", "stage_dtype: wanted ['bfloat16', 'float16'], layout has None"),
     # rows are shared by the query dtypes
     (MLA, "bfloat16", "float16", "stage_dtype: wanted ['bfloat16', 'float16'], layout has None"),
@@ -284,3 +285,68 @@ def test_the_gluon_stage_is_warp_specialized(built: Path) -> None:
     # The producer's prefix tiles and its draft tile each signal `ready`; the scorer waits on
     # `ready`, the second PV on `p_ready` and the rows' stats, the producer on `empty`.
     assert roles["copy_arrivals"] == 2 and roles["waits"] >= 5 and roles["wgmma"] > 0, roles
+
+
+# ----------------------------------------------------------------- GQA's Gluon stage
+
+GQA = "gqa128"
+GQA_GLUON_ROW = {"block_n": 64, "num_stages": 4,
+                 "split": {"programs_per_sm": 1, "max_splits": 64, "min_tokens_per_split": 128}}
+
+
+@pytest.fixture(scope="module")
+def built_gqa(tmp_path_factory) -> Path:
+    """The GQA 128 BF16 module with a gluon row at group 8, batch 1-8, as sm_90's table."""
+    out = tmp_path_factory.mktemp("gluon_gqa_module")
+    rows = table("sm_90", entry(GQA, 8, gluon=GQA_GLUON_ROW))
+    return Path(build_one(GQA, "bfloat16", "bfloat16", ctx=context(out, rows)).output_path)
+
+
+@pytest.mark.parametrize(("draft", "block_h", "l_pad"), [(1, 128, 1), (4, 32, 4), (16, 8, 16), (64, 2, 64)])
+def test_a_gqa_gluon_row_launches_128_row_programs(built_gqa: Path, monkeypatch: pytest.MonkeyPatch, draft: int,
+                                                   block_h: int, l_pad: int) -> None:
+    """GQA's stage: 128 rows a program (two consumers of 64), whatever the group; the heads past
+    the group are padding, and a program whose rows fit the first consumer leaves the second idle."""
+    mod = _import(built_gqa, "gluon_gqa_row_module")
+    monkeypatch.setattr(mod.LAUNCHER, "gluon_enabled", True)
+    name, constexprs, options = mod.launch_params("sm_90", 132, 8, 4, draft, None)[0]
+    assert name == GLUON and (constexprs["BLOCK_H"], constexprs["L_PAD"]) == (block_h, l_pad)
+    assert (constexprs["BLOCK_N"], constexprs["NUM_STAGES"]) == (64, 4)
+    assert options == {"num_warps": 4, "num_stages": 1, "maxnreg": 168}
+    assert mod.launch_params("sm_90", 132, 8, 16, draft, None)[0][0] == TRITON  # no row: the default's Triton
+
+
+def test_select_lowering_gives_gqa_its_own_stage(tmp_path: Path) -> None:
+    rows = table("sm_90", entry(GQA, 8, gluon=GQA_GLUON_ROW))
+    plan = plan_through_lowering(context(tmp_path, rows), GQA)
+    decisions = {d.what: d for d in plan.decisions_of("select_lowering")}
+    assert decisions["gluon_prefix"].value == "gluon_gqa/gqa_ws_prefix_stage.py.j2"
+    fits = decisions["sm_90 row group 8 batch 1-8"]
+    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, 64, 4)
+    # q of 128 rows and four stages of K and V, 64 tokens of 128 columns each.
+    assert need == 128 * 128 * 2 + 4 * 64 * 256 * 2 + rules.SHARED_MARGIN_BYTES
+    assert fits.value == "Gluon at L 1-64" and f"{need} of 232448 B" in fits.why and "32 x 4 at L 3-4" in fits.why
+
+
+def test_kgen_check_compiles_the_gqa_stage_warp_specialized(built_gqa: Path) -> None:
+    """Offline for sm_90: two consumers at GLUON_CONSUMER_REGISTERS beside the producer at
+    GLUON_PRODUCER_REGISTERS, the producer's cp.async arrivals on `ready` (prefix and draft
+    tiles), wgmma, and shared memory within rules.gluon_shared_bytes."""
+    module = check.load_module_file(built_gqa)
+    if not module._HAS_GLUON:
+        pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
+    infos = check.find_modules(generated=built_gqa.parent)
+    enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
+    variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == 16
+                   and not v.constexprs["HAS_MASK"])
+    with check._compile_environment(), ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"), initializer=check._worker_init) as pool:
+        result = pool.submit(check.compile_variant, check._job(variant)).result()
+        roles = pool.submit(_warp_roles, check._job(variant)).result()
+    assert result["error"] is None, result["error"]
+    estimate = rules.gluon_shared_bytes(module.LAUNCHER.identity.kernel_shape, 64, 4)
+    assert estimate - rules.SHARED_MARGIN_BYTES <= result["shared"] <= estimate
+    assert result["spill_stores"] == 0, result
+    set_to = {n for _, n in roles["setmaxnreg"]}
+    assert {module.GLUON_CONSUMER_REGISTERS.value, module.GLUON_PRODUCER_REGISTERS.value} <= set_to, roles
+    assert roles["copy_arrivals"] == 2 and roles["wgmma"] > 0, roles

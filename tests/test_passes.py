@@ -174,7 +174,8 @@ def test_render_fails_on_a_name_the_plan_lacks(ctx, monkeypatch):
 
 def test_the_lowering_picks_the_template_folder(ctx, monkeypatch):
     """A second lowering is a folder of templates and a choice in the plan, not a rewrite."""
-    plan = _through(new_plan(SPECS["gqa64"], "bfloat16", "bfloat16"), ctx, "select_lowering")
+    # fp16 KV with bf16 queries: no Gluon prefix stage (its stages hold q in the KV dtype).
+    plan = _through(new_plan(SPECS["gqa64"], "float16", "bfloat16"), ctx, "select_lowering")
     assert plan.lowering.name == "triton"
     assert [d.value for d in plan.decisions_of("select_lowering")] == ["triton", None]
     assert plan.lowering.gluon_prefix is None

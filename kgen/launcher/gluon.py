@@ -1,5 +1,6 @@
-"""Host side of the Gluon prefix-stage lowering (kgen/templates/gluon/, its lowering.json):
-whether it may run in this process, where it applies, what it compiles with, how it launches.
+"""Host side of the Gluon prefix-stage lowerings (kgen/templates/gluon/ for absorbed MLA,
+kgen/templates/gluon_gqa/ for GQA, each with its lowering.json): whether one may run in this
+process, where it applies, what it compiles with, how it launches.
 
 The launcher asks each of a module's prefix lowerings in turn (``VerifyLauncher.prefix_launch``)
 before the Triton prefix stage, which serves every call they do not take.
@@ -26,8 +27,9 @@ def gluon_stage_runs(written_for: str) -> bool:
 
 
 class GluonPrefixStage:
-    """The Gluon prefix stage: 64-row programs, warp-specialized (a producer warpgroup and two
-    consumer warpgroups), for table rows with a gluon section on the stage's arch."""
+    """The Gluon prefix stage, absorbed MLA's or GQA's (the module carries one): warp-specialized
+    programs of rules.gluon_program_rows rows (a producer warpgroup and two consumer warpgroups),
+    for table rows with a gluon section on the stage's arch."""
 
     kernel_name = GLUON_PREFIX_KERNEL
 
@@ -38,10 +40,10 @@ class GluonPrefixStage:
         batch's: which kernel serves must not depend on it)."""
         invariance = identity.invariance
         if invariance is None:
-            return rules.gluon_rows(max_len, block_n)
+            return rules.gluon_rows(identity.kernel_shape, max_len, block_n)
         if identity.max_draft_tokens > block_n:
             return None
-        return rules.gluon_rows(invariance.draft_rows, block_n)
+        return rules.gluon_rows(identity.kernel_shape, invariance.draft_rows, block_n)
 
     def prefix_launch(self, identity: ModuleIdentity, kernels: Kernels, enabled: bool, arch: str,
                       config: Mapping[str, Any], group: int, max_len: int, page_size: int | None,
@@ -69,15 +71,22 @@ class GluonPrefixStage:
 
     @staticmethod
     def launch(kernels: Kernels, grid: tuple[int, ...], setup: LaunchSetup, common: tuple[Any, ...],
-               stride_table: int, k_strides: tuple[int, int, int], mask_arguments: Mapping[str, Any]) -> None:
-        """The Gluon stage's launch: the Triton prefix stage's arguments less V (a view of the K
-        stage), in the same order."""
+               stride_table: int, k_strides: tuple[int, int, int], v_operands: tuple[Any, ...],
+               mask_arguments: Mapping[str, Any]) -> None:
+        """The Gluon stage's launch: the Triton prefix stage's arguments in the same order, V's
+        (v_operands: the V pool, V's draft rows and the pool's strides) where V is its own
+        buffer (GQA); absorbed MLA's stage takes none (V is a view of the K stage)."""
         (q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, qk_scale, k_scale, v_scale,
          split_ints, prefix_trim_len, draft_lookahead_len) = common
+        v_pool, v_extend, v_strides = v_operands or (None, None, ())
+        pools = (k_pool, v_pool, k_extend, v_extend) if v_operands else (k_pool, k_extend)
+        extend_strides = (k_extend.stride(0), k_extend.stride(1))
+        if v_operands:
+            extend_strides += (v_extend.stride(0), v_extend.stride(1))
         kernels.gluon_prefix[grid](
-            q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, qk_scale,
-            k_scale, v_scale, *split_ints, setup.page_shift, prefix_trim_len, draft_lookahead_len, stride_table,
-            q.stride(0), q.stride(1), *k_strides, k_extend.stride(0), k_extend.stride(1), o.stride(0), o.stride(1),
+            q, *pools, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, qk_scale, k_scale, v_scale,
+            *split_ints, setup.page_shift, prefix_trim_len, draft_lookahead_len, stride_table, q.stride(0),
+            q.stride(1), *k_strides, *v_strides, *extend_strides, o.stride(0), o.stride(1),
             partial_o.stride(0), partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0), partial_lse.stride(1),
             **mask_arguments, **setup.prefix_constexprs, **setup.prefix_options,
         )

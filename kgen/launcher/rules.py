@@ -70,6 +70,7 @@ def kernel_shape(k_width: int, acc_width: int, kv_bytes: int, v_separate: bool) 
         "q_row_bytes": k_width * 2,
         "acc_width": acc_width,
         "kv_bytes": kv_bytes,
+        "v_separate": int(v_separate),
     }
 
 
@@ -253,27 +254,38 @@ def fit_program(target: Target, shape: KernelShape, config: Config, group: int, 
     return FittedProgram(block_h, l_pad, block_n, stages, num_warps, reasons)
 
 
-GLUON_ROWS = 64  # the Gluon prefix stage's program: one wgmma's 64 rows, two warpgroups
+# The Gluon prefix stage's program rows: absorbed MLA's two consumer warpgroups split one wgmma's
+# 64 rows by output columns (gluon/mla_ws_prefix_stage.py.j2); GQA's split 128 rows into two
+# wgmma tiles of 64 on one K/V stage (gluon_gqa/gqa_ws_prefix_stage.py.j2).
+GLUON_ROWS = 64
+GLUON_GQA_ROWS = 128
 GLUON_MAX_ROW_BLOCK = 64  # L_PAD past this leaves no head per program
 
 
+def gluon_program_rows(shape: KernelShape) -> int:
+    """Rows of one Gluon program of this kernel shape: GLUON_GQA_ROWS where V is its own
+    buffer (GQA), GLUON_ROWS where V is a view of the K tile (absorbed MLA)."""
+    return GLUON_GQA_ROWS if shape["v_separate"] else GLUON_ROWS
+
+
 def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int) -> int:
-    """Shared memory of the Gluon prefix stage: q (16-bit), NUM_STAGES gathered K tiles (a tile's
-    P lives in its stage's PE slot), each stage's fp32 rescale row and the rows' final max and
-    sum-exp, plus the margin (measured with Triton 3.6 for sm_90: the four mbarrier arrays and
-    Triton's own scratch add 336-352 bytes to these buffers)."""
-    rows_fp32 = (num_stages + 2) * GLUON_ROWS * 4
+    """Shared memory of the Gluon prefix stage: q (16-bit), NUM_STAGES gathered K tiles (and V
+    tiles where V is its own buffer), absorbed MLA's fp32 rows (each stage's rescale row and
+    the rows' final max and sum-exp; its P lives in its stage's PE slot), plus the margin
+    (measured with Triton 3.6 for sm_90: the mbarrier arrays and Triton's own scratch add
+    336-352 bytes to these buffers)."""
+    rows = gluon_program_rows(shape)
+    rows_fp32 = 0 if shape["v_separate"] else (num_stages + 2) * rows * 4
     # A stage holds 16-bit rows whatever the pool's bytes (an FP8 producer converts to fp16).
     stage_row_bytes = shape["kv_row_bytes"] // shape["kv_bytes"] * 2
-    tiles = GLUON_ROWS * shape["q_row_bytes"] + num_stages * block_n * stage_row_bytes
+    tiles = rows * shape["q_row_bytes"] + num_stages * block_n * stage_row_bytes
     return tiles + rows_fp32 + SHARED_MARGIN_BYTES
 
 
-def gluon_rows(max_len: int, block_n: int) -> tuple[int, int] | None:
+def gluon_rows(shape: KernelShape, max_len: int, block_n: int) -> tuple[int, int] | None:
     """(BLOCK_H, L_PAD) of a Gluon program, or None when the draft does not fit one tile of
-    draft keys or one program's 64 rows (the Triton kernel serves it)."""
+    draft keys or one program's rows (the Triton kernel serves it)."""
     l_pad = next_pow2(max_len)
     if max_len > block_n or l_pad > GLUON_MAX_ROW_BLOCK:
         return None
-    return GLUON_ROWS // l_pad, l_pad
-
+    return gluon_program_rows(shape) // l_pad, l_pad

@@ -333,8 +333,9 @@ class VerifyLauncher(CallShapes):
         common = (q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, *partials, sm_scale * LOG2E,
                   k_scale, v_scale, split_ints, prefix_trim_len, draft_lookahead_len)
         if setup.prefix_kernel in self.prefix_lowerings:
+            v_operands = () if self.identity.v_from_k_tile else (v_pool, v_extend, v_strides)
             self.prefix_lowerings[setup.prefix_kernel].launch(self.kernels, grid, setup, common, stride_table,
-                                                              k_strides, mask_arguments)
+                                                              k_strides, v_operands, mask_arguments)
         else:
             self.launch_triton_prefix(grid, setup, common, v_pool, v_extend, stride_table, k_strides, v_strides,
                                       mask_arguments)

@@ -4,9 +4,11 @@ A lowering is one folder of templates that turns the same plan into one kernel l
 Triton renders every module (kgen/templates/triton/kernel.py.j2). A layout may also get a
 second lowering of its prefix stage: a package, kgen/templates/<folder>/ with its
 lowering.json (which layouts, which arch and Triton version, its templates) and its host side
-in kgen/launcher/. The Gluon prefix stage (kgen/templates/gluon/) is one; the module then
-carries both kernels, and a block-config table row that measured the Gluon kernel faster
-(its config's ``gluon`` section) makes the launcher pick it. Everywhere else, and wherever
+in kgen/launcher/. The Gluon prefix stages are two, for disjoint layouts: absorbed MLA's
+(kgen/templates/gluon/) and GQA's (kgen/templates/gluon_gqa/, built on the first's ring and
+producer). A module gets the one whose requirements it meets and carries both kernels, and
+a block-config table row that measured the Gluon kernel faster (its config's ``gluon``
+section) makes the launcher pick it. Everywhere else, and wherever
 the Gluon kernel does not apply at run time, the Triton kernel serves.
 
 ``offered_lowering`` answers "does this module have a Gluon prefix stage" from the layout,
@@ -82,19 +84,26 @@ def _needs(entry: dict[str, Any], facts: dict[str, Any]) -> str:
     return f"needs {missed}" if len(missed) <= BRIEF_WIDTH - len("needs ") else f"only for {entry['serves']}"
 
 
+def _closest_package(facts: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The lowering package whose requirements the layout misses least, and what it misses
+    (nothing: the layout gets it). Packages serve disjoint layouts, so at most one has no miss."""
+    misses = [(entry, unmet(entry["requires"], facts)) for entry in second_lowerings().values()]
+    return min(misses, key=lambda entry_missing: len(entry_missing[1]))
+
+
 def offered_lowering(plan: Plan) -> tuple[Lowering, Decision]:
     """The lowering of a plan from its layout, KV dtype and variant alone, and the decision
-    about its Gluon prefix stage: offered where kgen/templates/gluon/lowering.json's requirements
-    hold, with the reason either way."""
-    entry = second_lowerings()["gluon_prefix"]
+    about its Gluon prefix stage: the package (kgen/templates/*/lowering.json) whose
+    requirements hold, with the reason; else the one it misses least and what it misses."""
     facts = _layout_facts(plan)
-    missing = unmet(entry["requires"], facts)
+    entry, missing = _closest_package(facts)
     if missing:
         # A requirement may say why it holds (the manifest's "<field>_why").
         whys = [entry[f"{k}_why"] for k, v in entry["requires"].items() if not _met(v, facts.get(k))
                 and f"{k}_why" in entry]
         return Lowering(TRITON), Decision(NAME, "gluon_prefix", None,
-                                          "no Gluon prefix stage: " + "; ".join(missing + whys), _needs(entry, facts))
+                                          f"no Gluon prefix stage ({entry['name']}, the closest): "
+                                          + "; ".join(missing + whys), _needs(entry, facts))
     decision = Decision(
         NAME, "gluon_prefix", entry["template"],
         f"{entry['why']}. Emitted beside the Triton kernel; launched on {entry['arch']} under Triton "
@@ -121,14 +130,14 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
                         f"{limit} B (rules.gluon_shared_bytes), so the launcher runs the Triton config "
                         f"({triton}) instead", f"the Gluon program needs {need} B of {limit}", warning=True)
     drafts = range(1, plan.tiles.max_draft_tokens + 1)
-    gluon_at = [n for n in drafts if rules.gluon_rows(n, gluon.block_n) is not None]
+    gluon_at = [n for n in drafts if rules.gluon_rows(plan.fit.kernel_shape, n, gluon.block_n) is not None]
     longer = [n for n in drafts if n not in gluon_at]
     value = f"Gluon at L {ranges(gluon_at)}" if gluon_at else "Triton at every L"
     if longer:
         value += f", Triton at L {ranges(longer)}"
     by_rows: dict[tuple[int, int], list[int]] = {}
     for n in gluon_at:
-        by_rows.setdefault(rules.gluon_rows(n, gluon.block_n), []).append(n)
+        by_rows.setdefault(rules.gluon_rows(plan.fit.kernel_shape, n, gluon.block_n), []).append(n)
     programs = ", ".join(f"{h} x {p} at L {ranges(ns)}" for (h, p), ns in by_rows.items())
     return Decision(
         NAME, label, value,
@@ -145,7 +154,8 @@ def gluon_config_decisions(plan: Plan, lowering: Lowering) -> list[Decision]:
     gluon section in a table of another arch than the Gluon stage's is an error naming the
     table and the row: no module could launch it."""
     configs = plan.need("config", NAME)
-    gluon_arch = lowering.gluon_arch or second_lowerings()["gluon_prefix"]["arch"]
+    closest, missing = _closest_package(_layout_facts(plan))
+    gluon_arch = lowering.gluon_arch or closest["arch"]
     for arch, rows in configs.by_arch.items():
         for row in rows:
             if row.config.gluon is not None and arch != gluon_arch:
@@ -160,7 +170,6 @@ def gluon_config_decisions(plan: Plan, lowering: Lowering) -> list[Decision]:
         return [_gluon_launches(plan, lowering, label, config) for label, config in labelled]
     if not labelled:
         return []
-    missing = unmet(second_lowerings()["gluon_prefix"]["requires"], _layout_facts(plan))
     return [Decision(NAME, "gluon sections", "not launched",
                      f"{', '.join(label for label, _ in labelled)} carry a gluon section, but this module has no "
                      f"Gluon prefix stage ({'; '.join(missing)}): their Triton fields serve",

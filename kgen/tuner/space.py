@@ -76,7 +76,7 @@ LOWERING_AXIS = "lowering"
 LOWERINGS = ("triton", "gluon")
 GLUON_PARAM = "gluon."
 GLUON_KERNEL_AXES = ("block_n", "num_stages", "lazy_rescale")
-GLUON_RULE_CONSTANTS = ("GLUON_ROWS", "GLUON_MAX_ROW_BLOCK", "SHARED_MARGIN_BYTES")
+GLUON_RULE_CONSTANTS = ("GLUON_ROWS", "GLUON_GQA_ROWS", "GLUON_MAX_ROW_BLOCK", "SHARED_MARGIN_BYTES")
 # BlockConfig fields no axis searches: a written row keeps those of the config the bucket runs
 # today where the study's launches do not depend on them (SearchSpace.keep_unsearched).
 UNSEARCHED_FIELDS = ("widen_from_rows", "invariant_block_h")
@@ -418,10 +418,10 @@ def gluon_why_not(gluon: GluonConfig, shape: ProblemShape, profile: ArchProfile)
             f"kernel"
         )
     for draft in shape.drafts:
-        if rules.gluon_rows(draft, gluon.block_n) is None:
+        if rules.gluon_rows(shape.kernel, draft, gluon.block_n) is None:
             return (
                 f"at L={draft} the launcher runs the Triton kernel: the draft does not fit one {gluon.block_n}-token "
-                f"tile or a program's {rules.GLUON_ROWS} rows (rules.gluon_rows)"
+                f"tile or a program's {rules.gluon_program_rows(shape.kernel)} rows (rules.gluon_rows)"
             )
     return None
 
