@@ -1,7 +1,6 @@
 """Each pass alone on a hand-made plan, then the pipeline end to end on every shipped layout."""
 
 import dataclasses
-import fnmatch
 import inspect
 import re
 from pathlib import Path
@@ -191,8 +190,12 @@ def test_package_data_ships_every_template():
 
     root = Path(__file__).resolve().parents[1]
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kgen"]
-    templates = [p.relative_to(root / "kgen") for p in (root / "kgen" / "templates").rglob("*.j2")]
-    assert templates and all(any(fnmatch.fnmatch(str(t), g) for g in globs) for t in templates), templates
+    # The templates and each lowering package's manifest (select_lowering reads them at build time).
+    templates = [p.relative_to(root / "kgen") for pattern in ("*.j2", "lowering.json")
+                 for p in (root / "kgen" / "templates").rglob(pattern)]
+    # As setuptools globs: a '*' stays within one folder.
+    shipped = [t for t in templates if any(len(Path(g).parts) == len(t.parts) and t.match(g) for g in globs)]
+    assert templates and shipped == templates, sorted(set(templates) - set(shipped))
 
 
 def test_check_rejects_bad_source(ctx):
