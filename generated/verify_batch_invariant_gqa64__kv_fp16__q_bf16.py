@@ -96,7 +96,12 @@ _BLOCK_CONFIGS = {
           'num_warps': 2,
           'num_stages': 3,
           'split': {'programs_per_sm': 4, 'max_splits': 8, 'min_tokens_per_split': 512},
-          'draft_tile': 'first'}),
+          'draft_tile': 'first',
+          'gluon': {'block_n': 128,
+                    'num_stages': 4,
+                    'lazy_rescale': False,
+                    'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128},
+                    'from_rows': 64}}),
     ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)

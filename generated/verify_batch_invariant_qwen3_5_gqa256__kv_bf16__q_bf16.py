@@ -110,6 +110,11 @@ _BLOCK_CONFIGS = {
           'num_stages': 3,
           'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128},
           'lazy_rescale': True,
+          'gluon': {'block_n': 64,
+                    'num_stages': 2,
+                    'lazy_rescale': False,
+                    'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128},
+                    'from_rows': 64},
           'widen_from_rows': 64}),
         (8, 1, 1073741824,
          {'block_h': 8,
@@ -123,7 +128,12 @@ _BLOCK_CONFIGS = {
           'num_warps': 4,
           'num_stages': 3,
           'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128},
-          'lazy_rescale': True}),
+          'lazy_rescale': True,
+          'gluon': {'block_n': 64,
+                    'num_stages': 2,
+                    'lazy_rescale': False,
+                    'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128},
+                    'from_rows': 128}}),
     ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
@@ -640,8 +650,8 @@ GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup 
 # Registers a thread of the workers: consumer 1 (its accumulator, S and P) and the producer (a
 # few 64-bit row offsets); consumer 0 takes what they leave (as many as consumer 1). setmaxnreg
 # moves the physical registers and ptxas compiles each partition within its share.
-GLUON_CONSUMER_REGISTERS = tl.constexpr(232)
-GLUON_PRODUCER_REGISTERS = tl.constexpr(40)
+GLUON_CONSUMER_REGISTERS = tl.constexpr(224)
+GLUON_PRODUCER_REGISTERS = tl.constexpr(56)
 # 12 warps x 32 threads x 168 = 64,512 of the 65,536 registers: what setmaxnreg redistributes.
 GLUON_MAX_REGISTERS = tl.constexpr(168)
 

@@ -106,7 +106,8 @@ _BLOCK_CONFIGS = {
           'gluon': {'block_n': 64,
                     'num_stages': 2,
                     'lazy_rescale': False,
-                    'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}),
+                    'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256},
+                    'from_rows': 0}}),
     ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
@@ -118,7 +119,8 @@ _DEFAULT_CONFIG = {'block_h': 16,
                    'gluon': {'block_n': 64,
                              'num_stages': 2,
                              'lazy_rescale': False,
-                             'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}
+                             'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256},
+                             'from_rows': 0}}
 
 
 @triton.jit

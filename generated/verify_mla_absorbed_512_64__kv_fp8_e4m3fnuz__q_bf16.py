@@ -88,7 +88,8 @@ _DEFAULT_CONFIG = {'block_h': 16,
                    'gluon': {'block_n': 64,
                              'num_stages': 2,
                              'lazy_rescale': False,
-                             'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256}}}
+                             'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 256},
+                             'from_rows': 0}}
 
 
 @triton.jit

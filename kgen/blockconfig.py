@@ -72,27 +72,34 @@ class SplitPolicy(BaseModel):
 
 
 class GluonConfig(BaseModel):
-    """The Gluon prefix stage's launch choices (kgen/templates/gluon/): its own axes, since a
-    program is always 64 rows and two warpgroups. Present in a table row when the tuner
-    measured that kernel faster than the Triton one on the row's bucket."""
+    """The Gluon prefix stage's launch choices (kgen/templates/gluon/, gluon_gqa/): its own axes,
+    since a program's rows and warpgroups are fixed by its layout. Present in a table row when
+    the tuner measured that kernel faster than the Triton one on the row's bucket. 128-token
+    tiles fit shared memory for GQA's narrower heads only (rules.gluon_shared_bytes)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    block_n: Literal[32, 64]
+    block_n: Literal[32, 64, 128]
     num_stages: int = Field(ge=2, le=4)
     lazy_rescale: bool = False
     split: SplitPolicy = SplitPolicy(programs_per_sm=1)
+    # The Gluon stage launches where a KV head's rows (group x L) reach this; below it the
+    # row's Triton fields serve (a GQA program of 64 rows or fewer keeps one consumer busy).
+    # Set by hand from a measurement; 0: at every draft length.
+    from_rows: int = Field(default=0, ge=0, le=4096)
 
     def short(self) -> str:
+        from_rows = f" from_rows={self.from_rows}" if self.from_rows else ""
         return (f"gluon(BLOCK_N={self.block_n} stages={self.num_stages}{' lazy_rescale' if self.lazy_rescale else ''} "
                 f"split(ppsm={self.split.programs_per_sm}, max={self.split.max_splits}, "
-                f"min_tok={self.split.min_tokens_per_split}))")
+                f"min_tok={self.split.min_tokens_per_split}){from_rows})")
 
     def compact(self, splits: bool = True) -> str:
         """The section in ``BlockConfig.compact``'s notation: 'gluon(N64 s2 1/64/256)'."""
         lazy = " lazy_rescale" if self.lazy_rescale else ""
         split = f" {self.split.compact()}" if splits else ""
-        return f"gluon(N{self.block_n} s{self.num_stages}{lazy}{split})"
+        from_rows = f" from {self.from_rows} rows" if self.from_rows else ""
+        return f"gluon(N{self.block_n} s{self.num_stages}{lazy}{split}{from_rows})"
 
 
 class BlockConfig(BaseModel):

@@ -158,8 +158,8 @@ def test_select_lowering_says_what_each_gluon_row_launches(tmp_path: Path) -> No
     rows = {d.what: d for d in plan.decisions_of("select_lowering")}
     fits = rows["sm_90 row group 16 batch 1-8"]
     # Its 32-token key tiles hold drafts to 32; trees up to MAX_DRAFT_TOKENS (64) run the Triton stage.
-    assert fits.value == "Gluon at L 1-32, Triton at L 33-64" and not fits.warning
-    assert "drafts longer than BLOCK_N 32" in fits.why
+    assert fits.value == "Gluon at L 1-32" and not fits.warning
+    assert "L 33-64 (longer than BLOCK_N 32)" in fits.why
     need = rules.gluon_shared_bytes(plan.fit.kernel_shape, 32, 3)
     assert f"{need} of 232448 B" in fits.why and "16 x 4 at L 3-4" in fits.why
     assert "both entries" in fits.why and BlockConfig(**TRITON_FIELDS).short() in fits.why
@@ -202,7 +202,7 @@ def test_explain_shows_the_lowering_and_the_gluon_rows(tmp_path: Path, monkeypat
     monkeypatch.setenv("KGEN_TABLE", str(path))
     text = explain(MLA, "bf16", group=16, arch="sm_90", verbose=True)
     assert "gluon_prefix = gluon/mla_ws_prefix_stage.py.j2" in text
-    assert "sm_90 row group 16 batch 1-8 = Gluon at L 1-32, Triton at L 33-64" in text
+    assert "sm_90 row group 16 batch 1-8 = Gluon at L 1-32\n" in text and "L 33-64 (longer than BLOCK_N 32)" in text
     assert "sm_90 group 16 batch 1-8: BLOCK_H=16 BLOCK_N=64 warps=8 stages=2" in text and "gluon(BLOCK_N=32" in text
 
 
@@ -320,7 +320,7 @@ def test_select_lowering_gives_gqa_its_own_stage(tmp_path: Path) -> None:
     rows = table("sm_90", entry(GQA, 8, gluon=GQA_GLUON_ROW))
     plan = plan_through_lowering(context(tmp_path, rows), GQA)
     decisions = {d.what: d for d in plan.decisions_of("select_lowering")}
-    assert decisions["gluon_prefix"].value == "gluon_gqa/gqa_ws_prefix_stage.py.j2"
+    assert decisions["gluon_prefix"].value == "gluon_gqa/ws_prefix_stage.py.j2"
     fits = decisions["sm_90 row group 8 batch 1-8"]
     need = rules.gluon_shared_bytes(plan.fit.kernel_shape, 64, 4)
     # q of 128 rows and four stages of K and V, 64 tokens of 128 columns each.
@@ -350,3 +350,20 @@ def test_kgen_check_compiles_the_gqa_stage_warp_specialized(built_gqa: Path) -> 
     set_to = {n for _, n in roles["setmaxnreg"]}
     assert {module.GLUON_CONSUMER_REGISTERS.value, module.GLUON_PRODUCER_REGISTERS.value} <= set_to, roles
     assert roles["copy_arrivals"] == 2 and roles["wgmma"] > 0, roles
+
+
+@pytest.mark.parametrize(("draft", "kernel"), [(1, TRITON), (7, TRITON), (8, GLUON), (16, GLUON)])
+def test_from_rows_keeps_short_drafts_on_the_triton_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          draft: int, kernel: str) -> None:
+    """A gluon section's from_rows: at group 8, 64 rows a KV head from L 8 on; below, the row's
+    Triton fields (BLOCK_N 64, 8 warps). select_lowering says the same per draft length."""
+    rows = table("sm_90", entry(GQA, 8, gluon={**GQA_GLUON_ROW, "from_rows": 64}))
+    ctx = context(tmp_path, rows)
+    mod = _import(Path(build_one(GQA, "bfloat16", "bfloat16", ctx=ctx).output_path), f"from_rows_{draft}")
+    monkeypatch.setattr(mod.LAUNCHER, "gluon_enabled", True)
+    name, _, options = mod.launch_params("sm_90", 132, 8, 4, draft, None)[0]
+    assert name == kernel and (options["num_warps"] == 8) is (kernel == TRITON)
+    decisions = {d.what: d for d in run_pipeline(new_plan(SPECS[GQA], "bfloat16", "bfloat16"), ctx,
+                                                 stop_after="select_lowering").decisions_of("select_lowering")}
+    fits = decisions["sm_90 row group 8 batch 1-8"]
+    assert fits.value == "Gluon at L 8-64" and "L 1-7 (under 64 rows a KV head, group x L (from_rows))" in fits.why

@@ -14,7 +14,8 @@ the Gluon kernel (asserted through ``launch_params``) whatever the shipped table
 - draft lengths 1..MAX_DRAFT_TOKENS up to the key tile (every L_PAD class the kernel compiles)
   as a ragged batch with an empty prefix, prefixes that are not multiples of a tile and one
   long enough for several splits; kv_indices int32 and then int64;
-- 64-token tiles with 2 stages and 32-token tiles with 4 and the lazy rescale;
+- 64-token tiles with 2 stages, 32-token tiles with 4 and the lazy rescale, and 128-token
+  tiles with 3 where they fit shared memory (head dims 128 and 64);
 - NaN in every pool slot no request names, in o before the call and in the split scratch;
 - separate K and V pools whose strides differ (V a view of a wider buffer);
 - trees, masks that are no tree and the chain as a mask; the paged entry (pages of 1 to 256
@@ -42,6 +43,7 @@ from test_gpu_gluon import (
 from test_gpu_sweep import NUM_SMS, request_lengths, unlisted_group
 
 import kgen
+from kgen.launcher import rules
 from kgen.passes.select_lowering import second_lowerings
 from kgen.problems import eagle_tree, make_case, sglang_mask
 from kgen.reference import relative_error
@@ -49,7 +51,10 @@ from kgen.reference import relative_error
 PACKAGE = second_lowerings()["gluon_gqa_prefix"]
 LAYOUTS = [name for name, spec in SPECS.items() if spec.attention.kind == "gqa"]
 SERVED_KV = PACKAGE["requires"]["kv_dtype"]
-CONFIGS = ["n64s2", "n32s4lazy"]
+# The Gluon configs the tuner may pick: 64-token tiles with 2 stages, 32-token tiles with 4 and
+# the lazy rescale, and (head dims 128 and 64, where they fit shared memory) 128-token tiles.
+CONFIGS = {**{name: GLUON_CONFIGS[name] for name in ("n64s2", "n32s4lazy")},
+           "n128s3": {"block_n": 128, "num_stages": 3, "lazy_rescale": False}}
 BATCH = 4
 
 
@@ -58,16 +63,23 @@ def _groups(layout: str) -> list[int]:
     return [*groups, unlisted_group(tuple(groups))]
 
 
-def _cases() -> list[tuple[str, str, int]]:
-    return [(layout, kv, group) for layout in LAYOUTS for kv in SERVED_KV for group in _groups(layout)]
+def _fits(layout: str, config_name: str) -> bool:
+    identity = kgen.load(layout, "bfloat16").LAUNCHER.identity
+    gluon = CONFIGS[config_name]
+    need = rules.gluon_shared_bytes(identity.kernel_shape, gluon["block_n"], gluon["num_stages"])
+    return need <= identity.targets["sm_90"]["shared_bytes"]
+
+
+def _cases() -> list[tuple[str, str, int, str]]:
+    return [(layout, kv, group, name) for layout in LAYOUTS for kv in SERVED_KV for group in _groups(layout)
+            for name in CONFIGS if _fits(layout, name)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config_name", CONFIGS)
-@pytest.mark.parametrize(("layout", "kv_dtype", "group"), _cases())
+@pytest.mark.parametrize(("layout", "kv_dtype", "group", "config_name"), _cases())
 def test_gluon_gqa_domain(layout, kv_dtype, group, config_name):
     module = kgen.load(layout, kv_dtype, kv_dtype)
-    gluon = GLUON_CONFIGS[config_name]
+    gluon = CONFIGS[config_name]
     for splits in (64, 1):
         config = gluon_config(module, gluon, max_splits=splits)
         for draft in range(1, min(module.MAX_DRAFT_TOKENS, gluon["block_n"]) + 1):

@@ -83,7 +83,7 @@ def test_sm90_gqa_16_bit_searches_its_gluon_stage(layout: str) -> None:
     search the lowering axis too, pruned by its rules (128-row programs)."""
     space = space_for("sm_90", layout, LAYOUTS[layout].attention.group_sizes[0], "bfloat16")
     assert set(space.gluon_axes) == GLUON_AXES and space.conditional
-    assert "gluon_gqa/gqa_ws_prefix_stage.py.j2" in space.gluon_note
+    assert "gluon_gqa/ws_prefix_stage.py.j2" in space.gluon_note
 
 
 @pytest.mark.parametrize(("arch", "layout", "kv", "triton", "note"), [
@@ -344,3 +344,13 @@ def test_on_the_h200_a_gluon_trial_checks_and_times_the_gluon_kernel() -> None:
     gluon_us, triton_us = backend.measure(gluon), backend.measure(triton_fields)
     # docs/perf-notes.md, "Gluon prefix stage (MLA, sm_90)": faster than the Triton config wherever measured.
     assert 0 < gluon_us < triton_us, (gluon_us, triton_us)
+
+
+def test_a_gluon_section_below_its_from_rows_is_not_timed_as_gluon() -> None:
+    """A candidate row's from_rows (set by hand) above the study's rows: its trial would time the
+    Triton kernel under a Gluon name, so the space says why it is not a Gluon trial."""
+    space = space_for("sm_90", "gqa128", 8, "bfloat16", drafts=(4,))
+    gluon = GluonConfig(block_n=64, num_stages=4, from_rows=64)
+    config = space.shape.default.model_copy(update={"gluon": gluon})
+    assert "32 rows a KV head, under the section's from_rows 64" in space.why_not(config)
+    assert space.why_not(config.model_copy(update={"gluon": gluon.model_copy(update={"from_rows": 32})})) is None

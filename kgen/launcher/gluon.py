@@ -34,30 +34,35 @@ class GluonPrefixStage:
     kernel_name = GLUON_PREFIX_KERNEL
 
     @staticmethod
-    def draft_rows(identity: ModuleIdentity, max_len: int, block_n: int) -> tuple[int, int] | None:
-        """(BLOCK_H, L_PAD) of a program for this draft, or None. Batch invariant, the program is
-        fitted for DRAFT_ROWS, and the module's longest draft must fit a key tile (never the
-        batch's: which kernel serves must not depend on it)."""
+    def draft_rows(identity: ModuleIdentity, max_len: int, block_n: int, group: int,
+                   from_rows: int = 0) -> tuple[int, int] | None:
+        """(BLOCK_H, L_PAD) of a program for this draft, or None: where the draft does not fit
+        (rules.gluon_rows) or a KV head's rows (group x L) fall short of the section's
+        from_rows. Batch invariant, the program is fitted for DRAFT_ROWS, and the module's
+        longest draft must fit a key tile (never the batch's: which kernel serves must not
+        depend on it)."""
         invariance = identity.invariance
-        if invariance is None:
-            return rules.gluon_rows(identity.kernel_shape, max_len, block_n)
-        if identity.max_draft_tokens > block_n:
+        draft = max_len if invariance is None else invariance.draft_rows
+        if invariance is not None and identity.max_draft_tokens > block_n:
             return None
-        return rules.gluon_rows(identity.kernel_shape, invariance.draft_rows, block_n)
+        if group * draft < from_rows:
+            return None
+        return rules.gluon_rows(identity.kernel_shape, draft, block_n)
 
     def prefix_launch(self, identity: ModuleIdentity, kernels: Kernels, enabled: bool, arch: str,
                       config: Mapping[str, Any], group: int, max_len: int, page_size: int | None,
                       has_mask: bool) -> tuple[Any, ...] | None:
         """(kernel name, constexprs, compile options, split policy, launched early), or None where
         the Triton kernel serves: the config has no gluon section, the GPU is not the stage's arch,
-        this Triton cannot run it, the draft is longer than a key tile or a program's rows, or the
-        stages overflow shared memory. Both entries (token slots, and block tables: page_size)
+        this Triton cannot run it, the draft is longer than a key tile or a program's rows, a KV
+        head's rows (group x L) fall short of the section's from_rows, or the stages overflow
+        shared memory. Both entries (token slots, and block tables: page_size)
         and a custom mask (a tree, or SGLang's chain at topk 1) run in it. ``enabled``: the
         launcher's switch (this Triton runs the stage, KGEN_NO_GLUON off)."""
         gluon = config.get("gluon")
         if gluon is None or not enabled or arch != identity.gluon_arch:
             return None
-        rows = self.draft_rows(identity, max_len, gluon["block_n"])
+        rows = self.draft_rows(identity, max_len, gluon["block_n"], group, gluon.get("from_rows", 0))
         shared = rules.gluon_shared_bytes(identity.kernel_shape, gluon["block_n"], gluon["num_stages"])
         if rows is None or shared > identity.targets[arch]["shared_bytes"]:
             return None

@@ -256,7 +256,7 @@ def fit_program(target: Target, shape: KernelShape, config: Config, group: int, 
 
 # The Gluon prefix stage's program rows: absorbed MLA's two consumer warpgroups split one wgmma's
 # 64 rows by output columns (gluon/mla_ws_prefix_stage.py.j2); GQA's split 128 rows into two
-# wgmma tiles of 64 on one K/V stage (gluon_gqa/gqa_ws_prefix_stage.py.j2).
+# wgmma tiles of 64 on one K/V stage (gluon_gqa/ws_prefix_stage.py.j2).
 GLUON_ROWS = 64
 GLUON_GQA_ROWS = 128
 GLUON_MAX_ROW_BLOCK = 64  # L_PAD past this leaves no head per program

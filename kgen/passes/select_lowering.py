@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kgen.blockconfig import BlockConfig
+from kgen.blockconfig import BlockConfig, GluonConfig
 from kgen.errors import TableError
 from kgen.launcher import rules
 from kgen.passes.context import BuildContext
@@ -117,9 +117,29 @@ def _row_label(arch: str, row: ConfigEntry) -> str:
     return f"{arch} row group {row.group_size} batch {row.batches}"
 
 
-def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockConfig) -> Decision:
+def _fitted_draft(plan: Plan, draft: int) -> int:
+    """The draft a program is fitted for: the call's, or the batch-invariant module's DRAFT_ROWS."""
+    invariance = plan.need("invariance", NAME)
+    return invariance.draft_rows if invariance.enabled else draft
+
+
+def _why_triton(plan: Plan, gluon: GluonConfig, group: int | None, draft: int) -> str | None:
+    """Why the launcher (GluonPrefixStage.draft_rows) runs the Triton config at this draft
+    length, or None where it launches the Gluon stage. A row's from_rows counts its group's rows."""
+    fitted = _fitted_draft(plan, draft)
+    if plan.need("invariance", NAME).enabled and plan.tiles.max_draft_tokens > gluon.block_n:
+        return f"batch-invariant programs take drafts to {plan.tiles.max_draft_tokens}, over BLOCK_N {gluon.block_n}"
+    if rules.gluon_rows(plan.fit.kernel_shape, fitted, gluon.block_n) is None:
+        return f"longer than BLOCK_N {gluon.block_n}"
+    if group is not None and group * fitted < gluon.from_rows:
+        return f"under {gluon.from_rows} rows a KV head, group x L (from_rows)"
+    return None
+
+
+def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockConfig, group: int | None) -> Decision:
     """What a config with a gluon section launches on the Gluon arch (both entries), by
-    draft length, and why: the launcher's rules (``_gluon_prefix``) run over the module's drafts."""
+    draft length, and why: the launcher's rules (``_gluon_prefix``) run over the module's drafts.
+    A row's from_rows counts its group's rows; the default's (group None) is said, not applied."""
     gluon, arch = config.gluon, lowering.gluon_arch
     triton = config.model_copy(update={"gluon": None}).short()
     need = rules.gluon_shared_bytes(plan.fit.kernel_shape, gluon.block_n, gluon.num_stages)
@@ -130,22 +150,22 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
                         f"{limit} B (rules.gluon_shared_bytes), so the launcher runs the Triton config "
                         f"({triton}) instead", f"the Gluon program needs {need} B of {limit}", warning=True)
     drafts = range(1, plan.tiles.max_draft_tokens + 1)
-    gluon_at = [n for n in drafts if rules.gluon_rows(plan.fit.kernel_shape, n, gluon.block_n) is not None]
-    longer = [n for n in drafts if n not in gluon_at]
-    value = f"Gluon at L {ranges(gluon_at)}" if gluon_at else "Triton at every L"
-    if longer:
-        value += f", Triton at L {ranges(longer)}"
+    why_triton = {n: _why_triton(plan, gluon, group, n) for n in drafts}
+    gluon_at = [n for n in drafts if why_triton[n] is None]
+    triton_at = [n for n in drafts if why_triton[n] is not None]
+    because = list(dict.fromkeys(why_triton[n] for n in triton_at))
     by_rows: dict[tuple[int, int], list[int]] = {}
     for n in gluon_at:
-        by_rows.setdefault(rules.gluon_rows(plan.fit.kernel_shape, n, gluon.block_n), []).append(n)
+        by_rows.setdefault(rules.gluon_rows(plan.fit.kernel_shape, _fitted_draft(plan, n), gluon.block_n),
+                           []).append(n)
     programs = ", ".join(f"{h} x {p} at L {ranges(ns)}" for (h, p), ns in by_rows.items())
     return Decision(
-        NAME, label, value,
+        NAME, label, f"Gluon at L {ranges(gluon_at)}" if gluon_at else "Triton at every L",
         f"{gluon.short()} fits: {need} of {limit} B of shared memory (rules.gluon_shared_bytes); BLOCK_H x L_PAD "
-        f"{programs or '-'} (rules.gluon_rows). Launched under Triton "
-        f"{lowering.gluon_triton}.x, both entries; another Triton"
-        + (f", drafts longer than BLOCK_N {gluon.block_n}" if longer else "")
-        + f" and other archs run the Triton config ({triton})",
+        f"{programs or '-'} (rules.gluon_rows). Launched under Triton {lowering.gluon_triton}.x, both entries; "
+        + (f"L {ranges(triton_at)} ({', '.join(because)}), " if triton_at else "")
+        + (f"groups under {gluon.from_rows} rows a KV head (from_rows), " if group is None and gluon.from_rows else "")
+        + f"another Triton and other archs run the Triton config ({triton})",
         f"it fits: {need} of {limit} B")
 
 
@@ -163,15 +183,16 @@ def gluon_config_decisions(plan: Plan, lowering: Lowering) -> list[Decision]:
                     f"{configs.table_sources.get(arch, arch)}: the row for {plan.spec.name} ({plan.kv_dtype}, group "
                     f"{row.group_size}, batch {row.batch_min}-{row.batch_max}) has a gluon section, but the Gluon "
                     f"prefix stage runs on {gluon_arch} only; remove the section")
-    labelled = [(f"{gluon_arch} default", configs.default)]
-    labelled += [(_row_label(gluon_arch, row), row.config) for row in configs.by_arch.get(gluon_arch, ())]
-    labelled = [(label, config) for label, config in labelled if config.gluon is not None]
+    labelled = [(f"{gluon_arch} default", configs.default, None)]
+    labelled += [(_row_label(gluon_arch, row), row.config, row.group_size)
+                 for row in configs.by_arch.get(gluon_arch, ())]
+    labelled = [(label, config, group) for label, config, group in labelled if config.gluon is not None]
     if lowering.gluon_prefix is not None:
-        return [_gluon_launches(plan, lowering, label, config) for label, config in labelled]
+        return [_gluon_launches(plan, lowering, label, config, group) for label, config, group in labelled]
     if not labelled:
         return []
     return [Decision(NAME, "gluon sections", "not launched",
-                     f"{', '.join(label for label, _ in labelled)} carry a gluon section, but this module has no "
+                     f"{', '.join(label for label, _, _ in labelled)} carry a gluon section, but this module has no "
                      f"Gluon prefix stage ({'; '.join(missing)}): their Triton fields serve",
                      "no Gluon stage here: their Triton fields serve")]
 

@@ -418,6 +418,11 @@ def gluon_why_not(gluon: GluonConfig, shape: ProblemShape, profile: ArchProfile)
             f"kernel"
         )
     for draft in shape.drafts:
+        if shape.group_size * draft < gluon.from_rows:
+            return (
+                f"at L={draft} the launcher runs the Triton kernel: {shape.group_size * draft} rows a KV head, under "
+                f"the section's from_rows {gluon.from_rows}"
+            )
         if rules.gluon_rows(shape.kernel, draft, gluon.block_n) is None:
             return (
                 f"at L={draft} the launcher runs the Triton kernel: the draft does not fit one {gluon.block_n}-token "
