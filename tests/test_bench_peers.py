@@ -31,6 +31,7 @@ from kgen.bench.inputs import (
 from kgen.bench.measure import TOLERANCE_BF16, run_matrix
 from kgen.bench.peers import (
     DeviceProvider,
+    config_label,
     flex_label,
     flex_run,
     kgen_run,
@@ -349,3 +350,20 @@ def test_draft_affinity_raises_the_draft_scores_of_each_request() -> None:
     q, k_ext = case.q.float()[:4, 0], case.k_extend.float()[:4, 0]
     prefix = case.k_buffer.float()[case.kv_indices[:200].long(), 0]
     assert (q @ k_ext.T).mean() > 5 * (q @ prefix.T).abs().mean()
+
+
+def test_the_choice_names_the_stage_the_launcher_picks() -> None:
+    """A row whose gluon section launches at this draft length is labelled with that section,
+    not with the Triton fields the call does not run (GQA 64 g8, batch 64: from 64 rows)."""
+    import kgen
+
+    module = kgen.load("gqa64", "bfloat16")
+    module.LAUNCHER.gluon_enabled, enabled = True, module.LAUNCHER.gluon_enabled  # as under Triton 3.6
+    try:
+        spec = load_layouts()["gqa64"]
+        short, long = (config_label(module, case_for(spec, 8, "bfloat16", 64, 16384, draft), "sm_90", 132)
+                       for draft in (4, 8))
+    finally:
+        module.LAUNCHER.gluon_enabled = enabled
+        module.LAUNCHER.cached_setup.cache_clear()
+    assert short.startswith("BLOCK_H=") and long.startswith("Gluon BLOCK_N=128 stages=4"), (short, long)

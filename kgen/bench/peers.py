@@ -119,12 +119,19 @@ def scratch_bytes_of(module: ModuleType, case: Case, arch: str, num_sms: int) ->
     return int(fn(**kwargs))
 
 
-def config_label(module: ModuleType, case: Case, arch: str) -> str:
-    """The block config the module picks for this case (its table row or default)."""
+def config_label(module: ModuleType, case: Case, arch: str, num_sms: int) -> str:
+    """What the module launches for this case (its table row or default): the Gluon prefix
+    stage's section where the launcher picks that stage, else the Triton config."""
     try:
         cfg = module.select_config(arch, case.group, case.batch)
+        launches = module.launch_params(arch, num_sms, case.group, case.batch, case.draft, None, None,
+                                        has_mask=case.mask != "none")
     except Exception:  # noqa: BLE001 - a label only
         return ""
+    if launches and launches[0][0] == "_gluon_prefix_stage":
+        gluon = cfg["gluon"]
+        return (f"Gluon BLOCK_N={gluon['block_n']} stages={gluon['num_stages']} "
+                f"ppsm={gluon.get('split', {}).get('programs_per_sm', 1)}")
     split = cfg.get("split", {})
     return (
         f"BLOCK_H={cfg.get('block_h')} BLOCK_N={cfg.get('block_n')} warps={cfg.get('num_warps')} "
@@ -217,7 +224,7 @@ def kgen_run(
         fn=fn,
         n_sets=inputs.n_sets,
         check=check,
-        choice=config_label(module, case, arch),
+        choice=config_label(module, case, arch, num_sms),
         scratch_bytes=scratch,
         index_dtype=case.indices,
         alt=alt,
