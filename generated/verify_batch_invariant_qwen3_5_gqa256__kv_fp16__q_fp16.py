@@ -628,11 +628,8 @@ def _verify_merge_stage(
 #             (wgmma, q and K from shared memory), the online softmax and acc += P.V (P from
 #             its registers, V from the stage), then releases the stage. Both read the same K
 #             and V stage, so the split's prefix is read once for all 128 rows. Where the group's
-#             rows all fall in the first 64 (GROUP x L_PAD <= 64), both take rows 0-63 and split
-#             the tiles instead (SPLIT_TILES: consumer c the tiles t = c mod 2, on an even ring;
-#             `empty` counts one consumer a stage); consumer 1 then hands its row max, sum-exp
-#             and accumulator over through shared memory and consumer 0 merges and writes. On an
-#             odd ring consumer 1 has no rows there and returns at once.
+#             rows all fall in the first 64 (GROUP x L_PAD <= 64), consumer 1 has none and
+#             returns at once; `empty` then counts consumer 0 alone.
 #   producer  (worker, 4 warps): gathers each prefix tile's K and V rows through the request's
 #             kv_indices (token slots) or block-table row (pages) with cp.async into the stage
 #             ring, then the draft rows. It issues every global load of the loop; the consumers
@@ -645,12 +642,8 @@ def _verify_merge_stage(
 #   q_smem [2, 64, 256]      each consumer's rows: written once by it, read by its S wgmma
 #   k_stages [NUM_STAGES, BLOCK_N, 256], v_stages [NUM_STAGES, BLOCK_N, 256]   the ring:
 #             written by the producer's cp.async, read by both consumers' wgmma
-#   row_stats_smem [2, 64]      SPLIT_TILES: consumer 1's row max and sum-exp, for consumer 0
-#             (its accumulator, 64 x V_HEAD_DIM fp32, goes into the q tiles' bytes, once
-#             consumer 0 has issued its last S)
 #   ready, empty [NUM_STAGES]   the ring's mbarriers (pipeline.py.j2 says how they count;
-#             `empty` completes when every consumer that reads the stage released it)
-#   q_free, merge_ready [1]     SPLIT_TILES: consumer 0 is done with q; consumer 1's state is in place
+#             `empty` completes when every consumer with rows released the stage)
 # ---------------------------------------------------------------------------------------
 GLUON_NUM_WARPS = tl.constexpr(4)  # the default partition: consumer 0's warpgroup
 GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup of cp.async gathers
@@ -894,50 +887,9 @@ if _HAS_GLUON:
             gl.store(Partial_Lse + draft_o * stride_pl_tok + q_head_o * stride_pl_head + slot, lse, mask=ok_o)
             gl.store(po_ptr, out, mask=ok_o[:, None])
 
-    @gluon.constexpr_function
-    def _gluon_exchange_layout():
-        """The handed-over accumulator in shared memory: fp32 rows, unswizzled (written and read
-        once a program)."""
-        return gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-
-    @gluon.jit
-    def _gluon_hand_over(q_smem, row_stats_smem, q_free, merge_ready, m_i, l_i, acc):
-        """SPLIT_TILES, consumer 1: its rows' max, sum-exp and accumulator into shared memory for
-        consumer 0. The accumulator (64 x V_HEAD_DIM fp32) takes the bytes of both q tiles, so it
-        waits until consumer 0 has issued its last S (q_free); its own q tile it is done with."""
-        gl.static_assert(NOPE_DIM >= V_HEAD_DIM, "the accumulator is handed over in the q tiles' bytes")
-        mbarrier.wait(q_free.index(0), 0)
-        row_stats_smem.index(0).store(m_i)
-        row_stats_smem.index(1).store(l_i)
-        q_smem._reinterpret(gl.float32, [64, V_HEAD_DIM], _gluon_exchange_layout()).store(acc)
-        gl.thread_barrier()  # every warp's part is stored
-        mbarrier.arrive(merge_ready.index(0), count=1)
-
-    @gluon.jit
-    def _gluon_take_over(q_smem, row_stats_smem, q_free, merge_ready, m_i, l_i, acc, BLOCK_N: gl.constexpr):
-        """SPLIT_TILES, consumer 0: free the q tiles, then merge consumer 1's softmax state into
-        its own (both over rows 0-63, each over its half of the split's tiles). Returns the merged
-        (m_i, l_i, acc)."""
-        S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
-        ACC: gl.constexpr = _gluon_acc_layout()
-        gl.thread_barrier()  # every warp's last S has completed: q is no longer read
-        mbarrier.arrive(q_free.index(0), count=1)
-        mbarrier.wait(merge_ready.index(0), 0)
-        m_1 = row_stats_smem.index(0).load(gl.SliceLayout(1, S_LAYOUT))
-        l_1 = row_stats_smem.index(1).load(gl.SliceLayout(1, S_LAYOUT))
-        acc_1 = q_smem._reinterpret(gl.float32, [64, V_HEAD_DIM], _gluon_exchange_layout()).load(ACC)
-        m_new = gl.maximum(m_i, m_1)
-        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows neither consumer saw: no -inf - -inf
-        alpha_0 = gl.exp2(m_i - m_ref)
-        alpha_1 = gl.exp2(m_1 - m_ref)
-        l_i = l_i * alpha_0 + l_1 * alpha_1
-        acc = (acc * gl.convert_layout(alpha_0, gl.SliceLayout(1, ACC))[:, None]
-               + acc_1 * gl.convert_layout(alpha_1, gl.SliceLayout(1, ACC))[:, None])
-        return m_new, l_i, acc
-
     @gluon.jit
     def _gluon_consumer(Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                        empty, row_stats_smem, q_free, merge_ready, q_start, q_len, kv_head, head_block,
+                        empty, q_start, q_len, kv_head, head_block,
                         first_row, slot,
                         batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok,
@@ -945,16 +897,12 @@ if _HAS_GLUON:
                         stride_pl_tok, stride_pl_head, CONSUMER: gl.constexpr, GROUP: gl.constexpr,
                         BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr,
-                        BLOCK_TABLE: gl.constexpr, SPLIT_TILES: gl.constexpr):
+                        BLOCK_TABLE: gl.constexpr):
         """Consumer CONSUMER's rows (64 from CONSUMER x 64): q into its shared-memory tile, every
         tile's S, softmax and P.V, the draft tile on the request's last split, then its rows of
-        o or of the split's partial. With SPLIT_TILES both consumers take rows 0-63 and every
-        other tile (consumer c the tiles t = c mod 2), and consumer 1 hands its softmax state to
-        consumer 0, which merges and writes. Otherwise a consumer whose rows are all past the
-        group returns at once (the kernel counts it out of `empty`)."""
-        ROW0: gl.constexpr = 0 if SPLIT_TILES else CONSUMER * 64
-        FIRST_TILE: gl.constexpr = CONSUMER if SPLIT_TILES else 0
-        TILE_STEP: gl.constexpr = 2 if SPLIT_TILES else 1
+        o or of the split's partial. A consumer whose rows are all past the group returns at once
+        (the kernel counts it out of `empty`)."""
+        ROW0: gl.constexpr = CONSUMER * 64
         if ROW0 // L_PAD < GROUP:
             S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
             ACC: gl.constexpr = _gluon_acc_layout()
@@ -981,15 +929,11 @@ if _HAS_GLUON:
             tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
             # The split's whole tiles see every column; only its last tile may be cut short.
             full_tiles = (split_end - split_start) // BLOCK_N
-            for t in range(FIRST_TILE, full_tiles, TILE_STEP):
+            for t in range(full_tiles):
                 stage = _gluon_stage_landed(ready, t, NUM_STAGES)
                 m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc, None,
                                                     prefix_qk_scale, BLOCK_N, False, LAZY_RESCALE)
-            if SPLIT_TILES:
-                first_cut = full_tiles + (full_tiles + CONSUMER) % 2  # this consumer's first tile past them
-            else:
-                first_cut = full_tiles
-            for t in range(first_cut, num_tiles, TILE_STEP):
+            for t in range(full_tiles, num_tiles):
                 stage = _gluon_stage_landed(ready, t, NUM_STAGES)
                 visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
                 m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc,
@@ -997,11 +941,7 @@ if _HAS_GLUON:
             # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
             acc = acc * v_scale
 
-            if SPLIT_TILES:
-                takes_draft = (draft_tiles > 0) & (num_tiles % 2 == CONSUMER)  # the draft tile is tile num_tiles
-            else:
-                takes_draft = draft_tiles > 0
-            if takes_draft:
+            if draft_tiles > 0:
                 # The draft tile (the producer's tile num_tiles): draft token j (zero rows past the
                 # draft) is seen where the request's custom mask says (a tree: SGLang's [L, P + L]
                 # bytes at mask_indptr[b], only the draft columns read; the paged entry's rows),
@@ -1025,18 +965,10 @@ if _HAS_GLUON:
                 m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc,
                                                     visible, qk_scale, BLOCK_N, True, False)
 
-            if SPLIT_TILES:
-                if CONSUMER == 1:
-                    _gluon_hand_over(q_smem, row_stats_smem, q_free, merge_ready, m_i, l_i, acc)
-                else:
-                    m_i, l_i, acc = _gluon_take_over(q_smem, row_stats_smem, q_free, merge_ready, m_i, l_i, acc,
-                                                     BLOCK_N)
-            if not SPLIT_TILES or CONSUMER == 0:  # consumer 0 writes the merged rows
-                _gluon_store_rows(Out, Partial_O, Partial_Lse, acc, m_i, l_i, q_start, q_len, kv_head, head_block,
-                                  ROW0,
-                                  first_row, slot,
-                                  num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
-                                  stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD)
+            _gluon_store_rows(Out, Partial_O, Partial_Lse, acc, m_i, l_i, q_start, q_len, kv_head, head_block, ROW0,
+                              first_row, slot,
+                              num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
+                              stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD)
 
     # ---- the kernel ---------------------------------------------------------------------
 
@@ -1104,12 +1036,8 @@ if _HAS_GLUON:
         gl.static_assert(BLOCK_H * L_PAD == 128, "a program is two wgmma tiles of 64 rows (rules.GLUON_GQA_ROWS)")
         # 128-byte swizzle: conflict-free wgmma reads of 64-element (128-byte) column blocks.
         TILE_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        # Where the group's rows all fall in the first 64, the consumers split the tiles instead
-        # of the rows (an even ring: each consumer then owns every other stage and waits on its
-        # phases in order), or, on an odd ring, the second one has nothing to do.
-        ROWS_FIT_ONE: gl.constexpr = 64 // L_PAD >= GROUP
-        SPLIT_TILES: gl.constexpr = ROWS_FIT_ONE and NUM_STAGES % 2 == 0
-        CONSUMERS: gl.constexpr = 1 if ROWS_FIT_ONE else 2  # the consumers that release each stage
+        # Consumers with rows: both, unless the group's rows all fall in the first 64.
+        CONSUMERS: gl.constexpr = 2 if 64 // L_PAD < GROUP else 1
 
         HEAD_BLOCKS: gl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
         pid_heads = gl.program_id(0)
@@ -1132,17 +1060,11 @@ if _HAS_GLUON:
             q_smem = gl.allocate_shared_memory(STAGE_DTYPE, [2, 64, NOPE_DIM], TILE_SMEM)
             k_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, NOPE_DIM], TILE_SMEM)
             v_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, V_HEAD_DIM], TILE_SMEM)
-            row_stats_smem = gl.allocate_shared_memory(gl.float32, [2, 64], gl.SwizzledSharedLayout(1, 1, 1,
-                                                                                                 order=[0]))
             ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
             empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-            q_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-            merge_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(NUM_STAGES):
                 mbarrier.init(ready.index(i), count=GLUON_PRODUCER_WARPS * 32)  # every producer thread's copies
-                mbarrier.init(empty.index(i), count=CONSUMERS)  # one thread of each consumer that reads stage i
-            mbarrier.init(q_free.index(0), count=1)  # SPLIT_TILES: consumer 0 is done with the q tiles
-            mbarrier.init(merge_ready.index(0), count=1)  # SPLIT_TILES: consumer 1's state is in shared memory
+                mbarrier.init(empty.index(i), count=CONSUMERS)  # one thread of each consumer with rows
 
             num_tiles = gl.cdiv(split_end - split_start, BLOCK_N)
             draft_tiles = (split == num_written - 1).to(gl.int32)  # the request's last split adds the draft tile
@@ -1151,22 +1073,20 @@ if _HAS_GLUON:
             gl.warp_specialize([
                 (_gluon_consumer, (
                     Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                    empty, row_stats_smem, q_free, merge_ready, q_start, q_len, kv_head, head_block,
+                    empty, q_start, q_len, kv_head, head_block,
                     first_row, slot,
                     batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale,
                     k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head, stride_o_tok,
                     stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head,
-                    0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE,
-                    SPLIT_TILES)),
+                    0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE)),
                 (_gluon_consumer, (
                     Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                    empty, row_stats_smem, q_free, merge_ready, q_start, q_len, kv_head, head_block,
+                    empty, q_start, q_len, kv_head, head_block,
                     first_row, slot,
                     batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale,
                     k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head, stride_o_tok,
                     stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head,
-                    1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE,
-                    SPLIT_TILES)),
+                    1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE)),
                 (_gluon_producer, (
                     K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
                     split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,

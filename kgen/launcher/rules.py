@@ -270,14 +270,12 @@ def gluon_program_rows(shape: KernelShape) -> int:
 
 def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int) -> int:
     """Shared memory of the Gluon prefix stage: q (16-bit), NUM_STAGES gathered K tiles (and V
-    tiles where V is its own buffer), the fp32 rows (MLA: each stage's rescale row and the
-    rows' final max and sum-exp, its P in its stage's PE slot; GQA: the 64 rows' max and
-    sum-exp one consumer hands the other), plus the margin
+    tiles where V is its own buffer), absorbed MLA's fp32 rows (each stage's rescale row and
+    the rows' final max and sum-exp; its P lives in its stage's PE slot), plus the margin
     (measured with Triton 3.6 for sm_90: the mbarrier arrays and Triton's own scratch add
     336-352 bytes to these buffers)."""
     rows = gluon_program_rows(shape)
-    # MLA: each stage's alpha and the final row stats; GQA: the row stats one consumer hands over.
-    rows_fp32 = 2 * GLUON_ROWS * 4 if shape["v_separate"] else (num_stages + 2) * rows * 4
+    rows_fp32 = 0 if shape["v_separate"] else (num_stages + 2) * rows * 4
     # A stage holds 16-bit rows whatever the pool's bytes (an FP8 producer converts to fp16).
     stage_row_bytes = shape["kv_row_bytes"] // shape["kv_bytes"] * 2
     tiles = rows * shape["q_row_bytes"] + num_stages * block_n * stage_row_bytes
