@@ -1,4 +1,6 @@
-"""The Gluon prefix stage (the Hopper lowering, kgen/templates/gluon/) over its accepted domain.
+"""The Gluon prefix stage (the Hopper lowering, kgen/templates/gluon/) over its accepted domain;
+its masks, paged entry and graph replay for GQA's stage (kgen/templates/gluon_gqa/) too, whose
+domain tests/test_gpu_gluon_gqa.py walks.
 
 Run on the H200 (sm_90, Triton 3.6), spread over processes:
 
@@ -143,17 +145,24 @@ def test_gluon_fp8_domain(kv_dtype, q_dtype, group, config_name):
                                                              f"drafts {drafts}")
 
 
+# Layouts and groups of the tests below, for both Gluon packages: absorbed MLA's (kgen/templates/gluon/)
+# and GQA's (kgen/templates/gluon_gqa/, its largest listed group; tests/test_gpu_gluon_gqa.py holds its domain).
+GQA_LAYOUTS = [name for name, spec in SPECS.items() if spec.attention.kind == "gqa"]
+GQA_GROUPS = [(layout, max(SPECS[layout].attention.group_sizes)) for layout in GQA_LAYOUTS]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("config_name", ["n64s2", "n32s4lazy"])
-def test_gluon_graph_replay_with_oversized_indices(config_name):
+@pytest.mark.parametrize(("layout", "group"), [(LAYOUT, 16), *GQA_GROUPS])
+def test_gluon_graph_replay_with_oversized_indices(layout, group, config_name):
     """Capture once, replay on new data of the same shapes: kv_indices longer than the batch
     uses (its tail names NaN slots), new prefix lengths in kv_indptr."""
-    module = kgen.load(LAYOUT, "bfloat16")
+    module = kgen.load(layout, "bfloat16")
     config = gluon_config(module, GLUON_CONFIGS[config_name])
-    spec = SPECS[LAYOUT]
+    spec = SPECS[layout]
 
     def problem(seed: int, prefixes: list[int]):
-        case = make_case(spec, prefixes, [4, 1, 3, 2], 16, device="cuda", seed=seed, index_dtype=torch.int64,
+        case = make_case(spec, prefixes, [4, 1, 3, 2], group, device="cuda", seed=seed, index_dtype=torch.int64,
                          spare_slots=600)
         poison_unnamed_slots(case)
         spare = torch.randperm(case.k_buffer.shape[0], device="cuda")[:512].to(torch.int64)
@@ -161,7 +170,7 @@ def test_gluon_graph_replay_with_oversized_indices(config_name):
         return case
 
     static = problem(1, [900, 0, 333, 64])
-    _assert_gluon(module, config, 16, 4, static.max_len_extend)
+    _assert_gluon(module, config, group, 4, static.max_len_extend)
     module.launch(*static.launch_args(), config=config)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -169,7 +178,8 @@ def test_gluon_graph_replay_with_oversized_indices(config_name):
         module.launch(*static.launch_args(), config=config)
     for seed, prefixes in ((2, [900, 0, 333, 64]), (3, [100, 797, 0, 400])):  # the same total: same shapes
         new = problem(seed, prefixes)
-        for name in ("q", "k_extend", "k_buffer", "qo_indptr", "kv_indptr", "kv_indices"):
+        # MLA's V is a view of K (copied with it); GQA's has buffers of its own.
+        for name in ("q", "k_extend", "v_extend", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr", "kv_indices"):
             getattr(static, name).copy_(getattr(new, name))
         static.o.fill_(float("nan"))
         graph.replay()
@@ -218,17 +228,19 @@ def _draft_masks(kind: str, drafts: list[int], seed: int) -> list[torch.Tensor]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["tree", "random", "chain"])
-@pytest.mark.parametrize("group", [16, 128, unlisted_group(tuple(SPECS[LAYOUT].attention.group_sizes))])
-def test_gluon_masks(group, kind):
+@pytest.mark.parametrize(("layout", "group"), [(LAYOUT, 16), (LAYOUT, 128),
+                                               (LAYOUT, unlisted_group(tuple(SPECS[LAYOUT].attention.group_sizes))),
+                                               *GQA_GROUPS])
+def test_gluon_masks(layout, group, kind):
     """A custom mask (SGLang's [L, P + L] layout, 1-filled gaps between blocks) in the Gluon
     stage's draft tile: trees, masks that are no tree (rows that see nothing, with an empty
     prefix: zeros) and the chain as a mask, for every draft class up to the 64-token tile."""
-    module = kgen.load(LAYOUT, "bfloat16")
+    module = kgen.load(layout, "bfloat16")
     config = gluon_config(module, GLUON_CONFIGS["n64s2"])
     for draft in (1, 3, 4, 7, 8, 13, 16, 31, 32, 45, 64):
         prefixes = [700, 0, 130, 64]
         drafts = [draft, max(1, draft - 2), max(1, draft // 2), 1]
-        problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, device="cuda",
+        problem = make_case(SPECS[layout], prefixes, drafts, group, device="cuda",
                             seed=zlib.crc32(f"mask/{group}/{kind}/{draft}".encode()))
         poison_unnamed_slots(problem)
         masks = _draft_masks(kind, drafts, seed=draft)
@@ -249,19 +261,19 @@ def test_gluon_masks(group, kind):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 @pytest.mark.parametrize("config_name", ["n64s2", "n32s4lazy"])
-@pytest.mark.parametrize("group", [16, 128])
-def test_gluon_paged_entry(group, config_name, kind):
+@pytest.mark.parametrize(("layout", "group"), [(LAYOUT, 16), (LAYOUT, 128), *GQA_GROUPS])
+def test_gluon_paged_entry(layout, group, config_name, kind):
     """The paged entry in the Gluon stage: the producer finds each token's page in the request's
     block-table row and its row in the page. Pages smaller than a key tile (1, 16), as large
     (64 at 64-token tiles) and larger (256); prefixes that end inside a page, an empty one;
     several splits; a tree reads the entry's [rows, W] mask."""
-    module = kgen.load(LAYOUT, "bfloat16")
+    module = kgen.load(layout, "bfloat16")
     gluon = GLUON_CONFIGS[config_name]
     config = gluon_config(module, gluon, min_tokens=128)
     for draft in (1, 4, 8, 16, 32):
         prefixes, drafts = request_lengths(draft, BATCH)
         prefixes = [p * 7 for p in prefixes]
-        problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, device="cuda",
+        problem = make_case(SPECS[layout], prefixes, drafts, group, device="cuda",
                             seed=zlib.crc32(f"paged/{group}/{config_name}/{kind}/{draft}".encode()))
         if kind == "tree":
             set_draft_masks(problem, [eagle_tree(n, seed=draft + i) for i, n in enumerate(drafts)])

@@ -18,9 +18,9 @@ the Gluon kernel (asserted through ``launch_params``) whatever the shipped table
   tiles with 3 where they fit shared memory (head dims 128 and 64);
 - NaN in every pool slot no request names, in o before the call and in the split scratch;
 - separate K and V pools whose strides differ (V a view of a wider buffer);
-- trees, masks that are no tree and the chain as a mask; the paged entry (pages of 1 to 256
-  tokens, block tables int32 and int64); CUDA-graph capture and replay; the batch-invariant
-  module.
+- the batch-invariant module.
+
+Its masks, paged entry and CUDA-graph replay run in tests/test_gpu_gluon.py beside MLA's.
 """
 
 from __future__ import annotations
@@ -29,23 +29,20 @@ import zlib
 
 import pytest
 import torch
-from case_tools import poison_unnamed_slots, set_draft_masks, to_paged
+from case_tools import poison_unnamed_slots
 from kernel_cases import SPECS, tolerance
 from test_gpu_gluon import (
     GLUON_CONFIGS,
-    INDEX_DTYPES,
     _assert_gluon,
     _check_each_index_dtype,
-    _draft_masks,
-    _poison_scratch,
     gluon_config,
 )
-from test_gpu_sweep import NUM_SMS, request_lengths, unlisted_group
+from test_gpu_sweep import request_lengths, unlisted_group
 
 import kgen
 from kgen.launcher import rules
 from kgen.passes.select_lowering import second_lowerings
-from kgen.problems import eagle_tree, make_case, sglang_mask
+from kgen.problems import make_case
 from kgen.reference import relative_error
 
 PACKAGE = second_lowerings()["gluon_gqa_prefix"]
@@ -115,100 +112,6 @@ def test_gluon_gqa_v_pool_with_its_own_strides(layout):
     module.launch(*problem.launch_args(), config=config)
     err = relative_error(problem.o, reference)
     assert err <= tolerance(problem), f"relative error {err:.2e}"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["tree", "random", "chain"])
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_gluon_gqa_masks(layout, kind):
-    """A custom mask (SGLang's [L, P + L] layout, 1-filled gaps between blocks) in the draft
-    tile, for every draft class up to the 64-token tile, at the largest listed group."""
-    module = kgen.load(layout, "bfloat16")
-    config = gluon_config(module, GLUON_CONFIGS["n64s2"])
-    group = max(SPECS[layout].attention.group_sizes)
-    for draft in (1, 3, 4, 7, 8, 13, 16, 31, 32, 45, 64):
-        if draft > module.MAX_DRAFT_TOKENS:
-            continue
-        prefixes = [700, 0, 130, 64]
-        drafts = [draft, max(1, draft - 2), max(1, draft // 2), 1]
-        problem = make_case(SPECS[layout], prefixes, drafts, group, device="cuda",
-                            seed=zlib.crc32(f"mask/{layout}/{kind}/{draft}".encode()))
-        poison_unnamed_slots(problem)
-        masks = _draft_masks(kind, drafts, seed=draft)
-        problem.custom_mask, problem.mask_indptr = sglang_mask(masks, prefixes, gap=5, device="cuda")
-        reference = problem.reference(torch.float64)
-        launches = module.launch_params("sm_90", NUM_SMS, group, 4, problem.max_len_extend, None, config,
-                                        has_mask=True)
-        assert launches[0][0] == "_gluon_prefix_stage" and launches[0][1]["HAS_MASK"], launches[0]
-        for index_dtype in INDEX_DTYPES:
-            problem.kv_indices = problem.kv_indices.to(index_dtype)
-            problem.o.fill_(float("nan"))
-            _poison_scratch(module)
-            module.launch(*problem.launch_args(), config=config, **problem.mask_kwargs())
-            err = relative_error(problem.o, reference)
-            assert err <= tolerance(problem), f"{kind} L {draft} {index_dtype}: relative error {err:.2e}"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["chain", "tree"])
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_gluon_gqa_paged_entry(layout, kind):
-    """The paged entry: each token's page from the request's block-table row, its row in the
-    page; pages smaller than a key tile, as large and larger; a tree reads the entry's mask."""
-    module = kgen.load(layout, "bfloat16")
-    config = gluon_config(module, GLUON_CONFIGS["n64s2"], min_tokens=128)
-    group = max(SPECS[layout].attention.group_sizes)
-    for draft in (1, 4, 8, 16):
-        prefixes, drafts = request_lengths(draft, BATCH)
-        prefixes = [p * 7 for p in prefixes]
-        problem = make_case(SPECS[layout], prefixes, drafts, group, device="cuda",
-                            seed=zlib.crc32(f"paged/{layout}/{kind}/{draft}".encode()))
-        if kind == "tree":
-            set_draft_masks(problem, [eagle_tree(n, seed=draft + i) for i, n in enumerate(drafts)])
-        reference = problem.reference(torch.float64)
-        for page_size in (1, 16, 64, 256):
-            _assert_gluon(module, config, group, BATCH, problem.max_len_extend, page_size, kind == "tree")
-            paged = to_paged(problem, page_size, seed=page_size)
-            for index_dtype in INDEX_DTYPES:
-                problem.o.fill_(float("nan"))
-                _poison_scratch(module)
-                args = paged.paged_args(problem, index_dtype)
-                assert module.verify_paged_fwd(*args, config=config), module.why_not_paged(*args)
-                err = relative_error(problem.o, reference)
-                where = f"{kind} L {draft}, page {page_size}, {index_dtype}, prefixes {prefixes}, drafts {drafts}"
-                assert err <= tolerance(problem), f"{where}: relative error {err:.2e}"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_gluon_gqa_graph_replay(layout):
-    """Capture once, replay on new data of the same shapes with new prefix lengths."""
-    module = kgen.load(layout, "bfloat16")
-    config = gluon_config(module, GLUON_CONFIGS["n64s2"])
-    group = max(SPECS[layout].attention.group_sizes)
-
-    def problem(seed: int, prefixes: list[int]):
-        case = make_case(SPECS[layout], prefixes, [4, 1, 3, 2], group, device="cuda", seed=seed,
-                         index_dtype=torch.int64)
-        poison_unnamed_slots(case)
-        return case
-
-    static = problem(1, [900, 0, 333, 64])
-    _assert_gluon(module, config, group, 4, static.max_len_extend)
-    module.launch(*static.launch_args(), config=config)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        module.launch(*static.launch_args(), config=config)
-    for seed, prefixes in ((2, [900, 0, 333, 64]), (3, [100, 797, 0, 400])):
-        new = problem(seed, prefixes)
-        for name in ("q", "k_extend", "v_extend", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr", "kv_indices"):
-            getattr(static, name).copy_(getattr(new, name))
-        static.o.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        err = relative_error(static.o, new.reference(torch.float64))
-        assert err <= tolerance(new), f"replay with prefixes {prefixes}: relative error {err:.2e}"
 
 
 @pytest.mark.gpu
