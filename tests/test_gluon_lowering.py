@@ -367,3 +367,35 @@ def test_from_rows_keeps_short_drafts_on_the_triton_stage(tmp_path: Path, monkey
                                                  stop_after="select_lowering").decisions_of("select_lowering")}
     fits = decisions["sm_90 row group 8 batch 1-8"]
     assert fits.value == "Gluon at L 8-64" and "L 1-7 (under 64 rows a KV head, group x L (from_rows))" in fits.why
+
+
+def test_the_gqa_stage_converts_fp8_off_the_mma_warps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GQA's FP8 converting producer (gluon/pipeline.py.j2), compiled offline for sm_90 before its
+    dtypes join lowering.json's kv_dtype (they do once its gpu tests have run): the module is
+    built with e4m3fn added to the manifest. No cp.async (the producer loads through registers
+    and converts), the consumers' and producer's FP8 register split, wgmma, no spills at
+    64-token tiles."""
+    from kgen.passes import select_lowering
+
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
+    manifests = select_lowering.second_lowerings()
+    gqa = manifests["gluon_gqa_prefix"]
+    with_fp8 = {**gqa, "requires": {**gqa["requires"], "kv_dtype": [*gqa["requires"]["kv_dtype"], "float8_e4m3fn"]}}
+    monkeypatch.setattr(select_lowering, "second_lowerings", lambda: {**manifests, "gluon_gqa_prefix": with_fp8})
+    rows = table("sm_90", entry(GQA, 8, gluon=GQA_GLUON_ROW, kv="float8_e4m3fn"))
+    built = Path(build_one(GQA, "float8_e4m3fn", "bfloat16", ctx=context(tmp_path, rows)).output_path)
+    module = check.load_module_file(built)
+    infos = check.find_modules(generated=built.parent)
+    enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
+    variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == 16
+                   and not v.constexprs["HAS_MASK"])
+    with check._compile_environment(), ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"), initializer=check._worker_init) as pool:
+        result = pool.submit(check.compile_variant, check._job(variant)).result()
+        roles = pool.submit(_warp_roles, check._job(variant)).result()
+    assert result["error"] is None, result["error"]
+    assert result["spill_stores"] == 0, result
+    set_to = {n for _, n in roles["setmaxnreg"]}
+    assert {module.GLUON_CONSUMER_REGISTERS.value, module.GLUON_PRODUCER_REGISTERS.value} <= set_to, roles
+    assert roles["copy_arrivals"] == 0 and roles["wgmma"] > 0, roles

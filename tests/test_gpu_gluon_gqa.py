@@ -4,9 +4,10 @@ Run on the H200 (sm_90, Triton 3.6), spread over processes:
 
     KGEN_TEST_ON_GPU=1 python -m pytest -q -m gpu tests/test_gpu_gluon_gqa.py -n 16 --dist loadgroup
 
-Every GQA layout with the stage (16-bit KV of a dtype its lowering.json lists, q in that dtype)
-runs through ``launch`` with a config that carries a ``gluon`` section, so the launcher picks
-the Gluon kernel (asserted through ``launch_params``) whatever the shipped table holds:
+Every GQA layout with the stage (a KV dtype its lowering.json lists: 16-bit with q in that
+dtype, FP8 with either 16-bit q) runs through ``launch`` with a config that carries a
+``gluon`` section, so the launcher picks the Gluon kernel (asserted through ``launch_params``)
+whatever the shipped table holds:
 
 - groups: each listed group and an unlisted one (1.5 x the largest: several programs a KV head,
   the last one partly padding); with them programs whose rows all fit the first consumer
@@ -44,10 +45,15 @@ from kgen.launcher import rules
 from kgen.passes.select_lowering import second_lowerings
 from kgen.problems import make_case
 from kgen.reference import relative_error
+from kgen.spec import FP8_DTYPES
 
 PACKAGE = second_lowerings()["gluon_gqa_prefix"]
 LAYOUTS = [name for name, spec in SPECS.items() if spec.attention.kind == "gqa"]
+# The KV dtypes the stage serves (lowering.json's kv_dtype): a dtype added there runs here. A
+# 16-bit pool takes queries in its own dtype; an FP8 one (the converting producer) either.
 SERVED_KV = PACKAGE["requires"]["kv_dtype"]
+KV16 = [kv for kv in SERVED_KV if kv not in FP8_DTYPES]
+FP8_KV = [kv for kv in SERVED_KV if kv in FP8_DTYPES]
 # The Gluon configs the tuner may pick: 64-token tiles with 2 stages, 32-token tiles with 4 and
 # the lazy rescale, and (head dims 128 and 64, where they fit shared memory) 128-token tiles.
 CONFIGS = {**{name: GLUON_CONFIGS[name] for name in ("n64s2", "n32s4lazy")},
@@ -67,13 +73,13 @@ def _fits(layout: str, config_name: str) -> bool:
     return need <= identity.targets["sm_90"]["shared_bytes"]
 
 
-def _cases() -> list[tuple[str, str, int, str]]:
-    return [(layout, kv, group, name) for layout in LAYOUTS for kv in SERVED_KV for group in _groups(layout)
+def _cases(kv_dtypes: list[str]) -> list[tuple[str, str, int, str]]:
+    return [(layout, kv, group, name) for layout in LAYOUTS for kv in kv_dtypes for group in _groups(layout)
             for name in CONFIGS if _fits(layout, name)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("layout", "kv_dtype", "group", "config_name"), _cases())
+@pytest.mark.parametrize(("layout", "kv_dtype", "group", "config_name"), _cases(KV16))
 def test_gluon_gqa_domain(layout, kv_dtype, group, config_name):
     module = kgen.load(layout, kv_dtype, kv_dtype)
     gluon = CONFIGS[config_name]
@@ -86,6 +92,28 @@ def test_gluon_gqa_domain(layout, kv_dtype, group, config_name):
                                 device="cuda", seed=zlib.crc32(f"{layout}/{kv_dtype}/{group}/{config_name}/{draft}"
                                                                .encode()))
             poison_unnamed_slots(problem)
+            _assert_gluon(module, config, group, BATCH, problem.max_len_extend)
+            _check_each_index_dtype(module, problem, config, f"L {draft}, splits {splits}, prefixes {prefixes}, "
+                                                             f"drafts {drafts}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize(("layout", "kv_dtype", "group", "config_name"), _cases(FP8_KV))
+def test_gluon_gqa_fp8_domain(layout, kv_dtype, group, config_name, q_dtype):
+    """FP8 KV through the converting producer (fp16 stages, q scaled by K's descale): every
+    draft length to the tile, several splits and one, non-unit scales, both index dtypes."""
+    module = kgen.load(layout, kv_dtype, q_dtype)
+    gluon = CONFIGS[config_name]
+    for splits in (64, 1):
+        config = gluon_config(module, gluon, max_splits=splits)
+        for draft in range(1, min(module.MAX_DRAFT_TOKENS, gluon["block_n"]) + 1):
+            prefixes, drafts = request_lengths(draft, BATCH)
+            prefixes = [p * 7 for p in prefixes]
+            problem = make_case(SPECS[layout], prefixes, drafts, group, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                                k_scale=0.75, v_scale=1.25, device="cuda",
+                                seed=zlib.crc32(f"fp8/{layout}/{q_dtype}/{group}/{config_name}/{draft}".encode()))
+            poison_unnamed_slots(problem)  # FP8 NaN: a producer that reads past its request writes NaN
             _assert_gluon(module, config, group, BATCH, problem.max_len_extend)
             _check_each_index_dtype(module, problem, config, f"L {draft}, splits {splits}, prefixes {prefixes}, "
                                                              f"drafts {drafts}")
