@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from kgen.blockconfig import BlockConfig, SplitPolicy
+from kgen.blockconfig import BlockConfig, GluonConfig, SplitPolicy
 from kgen.launcher import rules
 from kgen.loader import load
 from kgen.spec import load_layouts
@@ -392,3 +392,18 @@ def test_a_tuned_row_keeps_the_unsearched_fields_its_study_could_not_have_judged
     assert kept.invariant_block_h is None and any("invariant_block_h 2 dropped" in n for n in notes)
     # A field the tuned config sets itself, or none to keep, stays as it is.
     assert space_for("sm_90", "qwen3_5_gqa256", 4).keep_unsearched(tuned, None) == (tuned, [])
+
+
+def test_a_triton_winner_keeps_a_gluon_section_its_study_never_launched():
+    """A hand-set gluon section whose from_rows lies above every draft the study timed is kept
+    under a Triton winner (the study judged Triton launches only); one that launched at a timed
+    draft is dropped (the winner beat it there); a Gluon winner keeps its own."""
+    gluon = GluonConfig(block_n=128, num_stages=4, from_rows=64)
+    source = BlockConfig(block_h=4, block_n=64, num_warps=2, num_stages=3, gluon=gluon)
+    tuned = BlockConfig(block_h=4, block_n=64, num_warps=4, num_stages=3)
+    kept, notes = space_for("sm_90", "gqa64", 8).keep_unsearched(tuned, source)  # L 4: 32 rows
+    assert kept.gluon == gluon and any("gluon section kept" in n for n in notes)
+    kept, notes = space_for("sm_90", "gqa64", 8, drafts=(4, 8)).keep_unsearched(tuned, source)  # L 8: 64 rows
+    assert kept.gluon is None and any("gluon section (from_rows 64) dropped" in n for n in notes)
+    own = tuned.model_copy(update={"gluon": GluonConfig(block_n=64, num_stages=2)})
+    assert space_for("sm_90", "gqa64", 8).keep_unsearched(own, source)[0].gluon == own.gluon

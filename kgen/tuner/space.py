@@ -558,7 +558,22 @@ class SearchSpace:
             kept = candidate
             notes.append(f"{name} {value} kept from the config in use: no axis searches it, and the study's "
                          f"launches do not depend on it")
-        return kept, notes
+        return self._keep_gluon_above_the_study(kept, source, notes)
+
+    def _keep_gluon_above_the_study(self, chosen: BlockConfig, source: BlockConfig,
+                                    notes: list[str]) -> tuple[BlockConfig, list[str]]:
+        """A Triton winner keeps the gluon section of the config in use where that section's
+        from_rows (set by hand) kept it off every draft the study timed: the study judged the
+        Triton launches alone, and the Gluon ones it never ran stay as measured by hand."""
+        gluon = source.gluon
+        if gluon is None or not gluon.from_rows or chosen.gluon is not None:
+            return chosen, notes
+        if any(self.shape.group_size * draft >= gluon.from_rows for draft in self.shape.drafts):
+            return chosen, [*notes, f"gluon section (from_rows {gluon.from_rows}) dropped: it launched at a draft "
+                                    f"the study timed, and the Triton winner beat it there"]
+        return chosen.model_copy(update={"gluon": gluon}), [
+            *notes, f"gluon section kept from the config in use: its from_rows {gluon.from_rows} keeps it off "
+                    f"every draft the study timed (L {', '.join(map(str, self.shape.drafts))})"]
 
     def _launches_differ(self, a: BlockConfig, b: BlockConfig) -> bool:
         """Whether the launcher fits ``a`` and ``b`` to different programs at a draft of the study."""
