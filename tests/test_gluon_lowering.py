@@ -328,6 +328,15 @@ def test_select_lowering_gives_gqa_its_own_stage(tmp_path: Path) -> None:
     assert fits.value == "Gluon at L 1-64" and f"{need} of 232448 B" in fits.why and "32 x 4 at L 3-4" in fits.why
 
 
+def _compiled_with_roles(variant) -> tuple[dict, dict]:
+    """kgen check's result of a Gluon variant and its warps' roles (_warp_roles), compiled in a
+    spawned worker as `kgen check` compiles (this process runs Triton's interpreter)."""
+    with check._compile_environment(), ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"), initializer=check._worker_init) as pool:
+        return (pool.submit(check.compile_variant, check._job(variant)).result(),
+                pool.submit(_warp_roles, check._job(variant)).result())
+
+
 def test_kgen_check_compiles_the_gqa_stage_warp_specialized(built_gqa: Path) -> None:
     """Offline for sm_90: two consumers at GLUON_CONSUMER_REGISTERS beside the producer at
     GLUON_PRODUCER_REGISTERS, the producer's cp.async arrivals on `ready` (prefix and draft
@@ -339,10 +348,7 @@ def test_kgen_check_compiles_the_gqa_stage_warp_specialized(built_gqa: Path) -> 
     enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
     variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == 16
                    and not v.constexprs["HAS_MASK"])
-    with check._compile_environment(), ProcessPoolExecutor(
-            1, mp_context=multiprocessing.get_context("spawn"), initializer=check._worker_init) as pool:
-        result = pool.submit(check.compile_variant, check._job(variant)).result()
-        roles = pool.submit(_warp_roles, check._job(variant)).result()
+    result, roles = _compiled_with_roles(variant)
     assert result["error"] is None, result["error"]
     estimate = rules.gluon_shared_bytes(module.LAUNCHER.identity.kernel_shape, 64, 4)
     assert estimate - rules.SHARED_MARGIN_BYTES <= result["shared"] <= estimate
@@ -390,10 +396,7 @@ def test_the_gqa_stage_converts_fp8_off_the_mma_warps(tmp_path: Path, monkeypatc
     enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
     variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == 16
                    and not v.constexprs["HAS_MASK"])
-    with check._compile_environment(), ProcessPoolExecutor(
-            1, mp_context=multiprocessing.get_context("spawn"), initializer=check._worker_init) as pool:
-        result = pool.submit(check.compile_variant, check._job(variant)).result()
-        roles = pool.submit(_warp_roles, check._job(variant)).result()
+    result, roles = _compiled_with_roles(variant)
     assert result["error"] is None, result["error"]
     assert result["spill_stores"] == 0, result
     set_to = {n for _, n in roles["setmaxnreg"]}

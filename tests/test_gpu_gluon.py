@@ -57,6 +57,11 @@ GLUON_CONFIGS = {
     "n32s4lazy": {"block_n": 32, "num_stages": 4, "lazy_rescale": True},
 }
 BATCH = 4
+# The masks, paged-entry and graph-replay tests run both Gluon packages: absorbed MLA's
+# (kgen/templates/gluon/) and GQA's (kgen/templates/gluon_gqa/, at each layout's largest listed
+# group; tests/test_gpu_gluon_gqa.py walks its domain).
+GQA_LAYOUTS = [name for name, spec in SPECS.items() if spec.attention.kind == "gqa"]
+GQA_GROUPS = [(layout, max(SPECS[layout].attention.group_sizes)) for layout in GQA_LAYOUTS]
 
 
 def gluon_config(module, gluon: dict, max_splits: int = 64, min_tokens: int = 64) -> dict:
@@ -98,25 +103,32 @@ def _check_each_index_dtype(module, problem, config: dict, where: str) -> None:
         assert err <= bound, f"{where}, {index_dtype}: relative error {err:.2e} > {bound:.2e}"
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("config_name", list(GLUON_CONFIGS))
-@pytest.mark.parametrize("group", _groups())
-@pytest.mark.parametrize("kv_dtype", KV16)
-def test_gluon_domain(kv_dtype, group, config_name):
-    q_dtype = kv_dtype
-    module = kgen.load(LAYOUT, kv_dtype, q_dtype)
-    gluon = GLUON_CONFIGS[config_name]
+def check_domain(module, layout: str, group: int, gluon: dict, q_dtype: str, kv_dtype: str, seed: str,
+                 **scales: float) -> None:
+    """Every draft length to the key tile as a ragged batch (an empty prefix, prefixes that are
+    no multiple of a tile, one long enough for several 64-token splits), in several splits and
+    in one, NaN in every slot no request names: the Gluon stage launched, within tolerance."""
     for splits in (64, 1):
         config = gluon_config(module, gluon, max_splits=splits)
         for draft in range(1, min(module.MAX_DRAFT_TOKENS, gluon["block_n"]) + 1):
             prefixes, drafts = request_lengths(draft, BATCH)
             prefixes = [p * 7 for p in prefixes]  # 2100 tokens: several 64-token splits
-            problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, q_dtype=q_dtype, kv_dtype=kv_dtype,
-                                device="cuda", seed=zlib.crc32(f"{q_dtype}/{group}/{config_name}/{draft}".encode()))
-            poison_unnamed_slots(problem)
+            problem = make_case(SPECS[layout], prefixes, drafts, group, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                                device="cuda", seed=zlib.crc32(f"{seed}/{draft}".encode()), **scales)
+            poison_unnamed_slots(problem)  # FP8 NaN too: a producer that reads past its request writes NaN
             _assert_gluon(module, config, group, BATCH, problem.max_len_extend)
             _check_each_index_dtype(module, problem, config, f"L {draft}, splits {splits}, prefixes {prefixes}, "
                                                              f"drafts {drafts}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config_name", list(GLUON_CONFIGS))
+@pytest.mark.parametrize("group", _groups())
+@pytest.mark.parametrize("kv_dtype", KV16)
+def test_gluon_domain(kv_dtype, group, config_name):
+    module = kgen.load(LAYOUT, kv_dtype, kv_dtype)
+    check_domain(module, LAYOUT, group, GLUON_CONFIGS[config_name], kv_dtype, kv_dtype,
+                 f"{kv_dtype}/{group}/{config_name}")
 
 
 @pytest.mark.gpu
@@ -130,25 +142,8 @@ def test_gluon_fp8_domain(kv_dtype, q_dtype, group, config_name):
     producer's registers): every draft length to the tile, several splits and one, non-unit
     scales, both index dtypes."""
     module = kgen.load(LAYOUT, kv_dtype, q_dtype)
-    gluon = GLUON_CONFIGS[config_name]
-    for splits in (64, 1):
-        config = gluon_config(module, gluon, max_splits=splits)
-        for draft in range(1, min(module.MAX_DRAFT_TOKENS, gluon["block_n"]) + 1):
-            prefixes, drafts = request_lengths(draft, BATCH)
-            prefixes = [p * 7 for p in prefixes]
-            problem = make_case(SPECS[LAYOUT], prefixes, drafts, group, q_dtype=q_dtype, kv_dtype=kv_dtype,
-                                k_scale=0.75, v_scale=1.25, device="cuda",
-                                seed=zlib.crc32(f"fp8/{q_dtype}/{group}/{config_name}/{draft}".encode()))
-            poison_unnamed_slots(problem)  # FP8 NaN: a producer that reads past its request writes NaN
-            _assert_gluon(module, config, group, BATCH, problem.max_len_extend)
-            _check_each_index_dtype(module, problem, config, f"L {draft}, splits {splits}, prefixes {prefixes}, "
-                                                             f"drafts {drafts}")
-
-
-# Layouts and groups of the tests below, for both Gluon packages: absorbed MLA's (kgen/templates/gluon/)
-# and GQA's (kgen/templates/gluon_gqa/, its largest listed group; tests/test_gpu_gluon_gqa.py holds its domain).
-GQA_LAYOUTS = [name for name, spec in SPECS.items() if spec.attention.kind == "gqa"]
-GQA_GROUPS = [(layout, max(SPECS[layout].attention.group_sizes)) for layout in GQA_LAYOUTS]
+    check_domain(module, LAYOUT, group, GLUON_CONFIGS[config_name], q_dtype, kv_dtype,
+                 f"fp8/{q_dtype}/{group}/{config_name}", k_scale=0.75, v_scale=1.25)
 
 
 @pytest.mark.gpu

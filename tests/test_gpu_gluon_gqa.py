@@ -26,19 +26,12 @@ Its masks, paged entry and CUDA-graph replay run in tests/test_gpu_gluon.py besi
 
 from __future__ import annotations
 
-import zlib
-
 import pytest
 import torch
 from case_tools import poison_unnamed_slots
 from kernel_cases import SPECS, tolerance
-from test_gpu_gluon import (
-    GLUON_CONFIGS,
-    _assert_gluon,
-    _check_each_index_dtype,
-    gluon_config,
-)
-from test_gpu_sweep import request_lengths, unlisted_group
+from test_gpu_gluon import GLUON_CONFIGS, _assert_gluon, check_domain, gluon_config
+from test_gpu_sweep import unlisted_group
 
 import kgen
 from kgen.launcher import rules
@@ -82,19 +75,8 @@ def _cases(kv_dtypes: list[str]) -> list[tuple[str, str, int, str]]:
 @pytest.mark.parametrize(("layout", "kv_dtype", "group", "config_name"), _cases(KV16))
 def test_gluon_gqa_domain(layout, kv_dtype, group, config_name):
     module = kgen.load(layout, kv_dtype, kv_dtype)
-    gluon = CONFIGS[config_name]
-    for splits in (64, 1):
-        config = gluon_config(module, gluon, max_splits=splits)
-        for draft in range(1, min(module.MAX_DRAFT_TOKENS, gluon["block_n"]) + 1):
-            prefixes, drafts = request_lengths(draft, BATCH)
-            prefixes = [p * 7 for p in prefixes]  # 2100 tokens: several 64-token splits
-            problem = make_case(SPECS[layout], prefixes, drafts, group, q_dtype=kv_dtype, kv_dtype=kv_dtype,
-                                device="cuda", seed=zlib.crc32(f"{layout}/{kv_dtype}/{group}/{config_name}/{draft}"
-                                                               .encode()))
-            poison_unnamed_slots(problem)
-            _assert_gluon(module, config, group, BATCH, problem.max_len_extend)
-            _check_each_index_dtype(module, problem, config, f"L {draft}, splits {splits}, prefixes {prefixes}, "
-                                                             f"drafts {drafts}")
+    check_domain(module, layout, group, CONFIGS[config_name], kv_dtype, kv_dtype,
+                 f"{layout}/{kv_dtype}/{group}/{config_name}")
 
 
 @pytest.mark.gpu
@@ -104,19 +86,8 @@ def test_gluon_gqa_fp8_domain(layout, kv_dtype, group, config_name, q_dtype):
     """FP8 KV through the converting producer (fp16 stages, q scaled by K's descale): every
     draft length to the tile, several splits and one, non-unit scales, both index dtypes."""
     module = kgen.load(layout, kv_dtype, q_dtype)
-    gluon = CONFIGS[config_name]
-    for splits in (64, 1):
-        config = gluon_config(module, gluon, max_splits=splits)
-        for draft in range(1, min(module.MAX_DRAFT_TOKENS, gluon["block_n"]) + 1):
-            prefixes, drafts = request_lengths(draft, BATCH)
-            prefixes = [p * 7 for p in prefixes]
-            problem = make_case(SPECS[layout], prefixes, drafts, group, q_dtype=q_dtype, kv_dtype=kv_dtype,
-                                k_scale=0.75, v_scale=1.25, device="cuda",
-                                seed=zlib.crc32(f"fp8/{layout}/{q_dtype}/{group}/{config_name}/{draft}".encode()))
-            poison_unnamed_slots(problem)  # FP8 NaN: a producer that reads past its request writes NaN
-            _assert_gluon(module, config, group, BATCH, problem.max_len_extend)
-            _check_each_index_dtype(module, problem, config, f"L {draft}, splits {splits}, prefixes {prefixes}, "
-                                                             f"drafts {drafts}")
+    check_domain(module, layout, group, CONFIGS[config_name], q_dtype, kv_dtype,
+                 f"fp8/{layout}/{q_dtype}/{group}/{config_name}", k_scale=0.75, v_scale=1.25)
 
 
 @pytest.mark.gpu
