@@ -295,11 +295,12 @@ def test_a_program_is_its_content_not_the_line_it_starts_on(tmp_path):
 
 def test_programs_shared_between_modules_compile_once_and_count_for_each():
     """The default module's merge stage is the same program for its BF16 and FP8 KV modules where
-    their prefix stages block the rows alike (drafts to 8; past that BF16's programs widen to 256
-    rows, FP8's keep 128), so one compile serves both."""
+    their prefix stages block the rows alike (drafts to 4; past that, under Triton 3.6, BF16's
+    group 8 row runs the Gluon stage from 64 rows with its own split policy, and past 8 BF16's
+    programs widen to 256 rows, FP8's keep 128), so one compile serves both."""
     enum = check.select_variants(["sm_90"], layouts=["gqa64"], kv_dtypes=["bf16", "fp8_e4m3fn"], q_dtypes=["bf16"],
                             variants=["grouped"], entries=["token-slot"], index_dtypes=["int64"])
-    merges = [v for v in enum.variants if v.kernel == "_verify_merge_stage" and int(v.constexprs["L_PAD"]) <= 8]
+    merges = [v for v in enum.variants if v.kernel == "_verify_merge_stage" and int(v.constexprs["L_PAD"]) <= 4]
     assert merges and all(len(v.modules) == 2 for v in merges), [sorted(v.modules) for v in merges]
     assert check.module_variant_count(enum) > len(enum.variants)
 

@@ -176,7 +176,8 @@ def test_the_lowering_picks_the_template_folder(ctx, monkeypatch):
     # fp16 KV with bf16 queries: no Gluon prefix stage (its stages hold q in the KV dtype).
     plan = _through(new_plan(SPECS["gqa64"], "float16", "bfloat16"), ctx, "select_lowering")
     assert plan.lowering.name == "triton"
-    assert [d.value for d in plan.decisions_of("select_lowering")] == ["triton", None]
+    decisions = {d.what: d.value for d in plan.decisions_of("select_lowering")}
+    assert (decisions["lowering"], decisions["gluon_prefix"]) == ("triton", None)
     assert plan.lowering.gluon_prefix is None
     _templates(monkeypatch, {"triton/kernel.py.j2": "triton\n",
                              "other/kernel.py.j2": "{{ plan.lowering.name }}: {{ plan.tiles.block_d }}\n"})

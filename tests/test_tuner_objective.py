@@ -27,6 +27,9 @@ from kgen.tuner.workloads import Timing, load_workloads
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 LAYOUTS = load_layouts()
 SPACES = load_spaces()
+# Not the Gluon stages' Triton release: these studies search the Triton axes alone, whichever
+# Triton runs the tests (tests/test_tuner_gluon.py holds the Gluon branch).
+TRITON_ONLY = "3.9.0"
 WORKLOADS = load_workloads()
 
 
@@ -49,7 +52,7 @@ def memory() -> optuna.storages.InMemoryStorage:
 )
 def test_study_finds_the_known_optimum_within_budget(arch: str, layout: str, group: int, kv: str, budget: int) -> None:
     job = job_for(arch, layout, group, kv)
-    space = build_space(job, SPACES)
+    space = build_space(job, SPACES, TRITON_ONLY)
     optimum = synthetic_optimum(space, seed=3)
     assert space.why_not(optimum) is None
     bowl = SyntheticBowl(optimum)
@@ -65,7 +68,7 @@ def test_study_finds_the_known_optimum_within_budget(arch: str, layout: str, gro
 
 def test_wrong_broken_and_oversized_configs_are_pruned_never_best() -> None:
     job = job_for("sm_90", "gqa128", 8)
-    space = build_space(job, SPACES)
+    space = build_space(job, SPACES, TRITON_ONLY)
     optimum = synthetic_optimum(space, seed=1)
     # The true optimum gives wrong output; anything with block_n 16 fails to launch.
     bowl = SyntheticBowl(optimum, wrong=lambda c: c == optimum, broken=lambda c: c.block_n == 16)
@@ -82,7 +85,7 @@ def test_wrong_broken_and_oversized_configs_are_pruned_never_best() -> None:
 
 def test_triton_out_of_resources_prunes_and_fatal_device_error_stops() -> None:
     job = job_for("sm_90", "gqa64", 8)
-    space = build_space(job, SPACES)
+    space = build_space(job, SPACES, TRITON_ONLY)
 
     class Backend:
         fatal = False
@@ -108,7 +111,7 @@ def test_triton_out_of_resources_prunes_and_fatal_device_error_stops() -> None:
 
 def test_repeated_configs_are_not_measured_again() -> None:
     job = job_for("sm_90", "gqa64", 8)
-    space = build_space(job, SPACES)
+    space = build_space(job, SPACES, TRITON_ONLY)
     bowl = SyntheticBowl(synthetic_optimum(space))
     study = optuna.create_study(storage=memory())
     params = space.params_of(default_config(job.layout, 8))[0]
@@ -133,7 +136,7 @@ def test_concurrent_trials_of_one_config_measure_it_once() -> None:
     that starts while it measures is pruned naming it, one after it takes its value (the race a
     shared PostgreSQL study hit)."""
     job = job_for("sm_90", "gqa64", 8)
-    space = build_space(job, SPACES)
+    space = build_space(job, SPACES, TRITON_ONLY)
     bowl = SlowBowl(synthetic_optimum(space))
     study = optuna.create_study(storage=memory())
     params = space.params_of(default_config(job.layout, 8))[0]
@@ -171,7 +174,7 @@ def test_a_trial_that_never_publishes_its_config_is_waited_for_only_so_long(monk
 
 def test_nonpositive_times_are_pruned() -> None:
     job = job_for("sm_90", "gqa64", 8)
-    space = build_space(job, SPACES)
+    space = build_space(job, SPACES, TRITON_ONLY)
 
     class Zero:
         def parity_error(self, config: BlockConfig) -> str | None:
@@ -210,7 +213,7 @@ def test_tuned_config_replaces_default_only_beyond_noise() -> None:
 
 def test_finalize_remeasures_top_configs_and_keeps_noisy_near_wins_out() -> None:
     job = job_for("sm_90", "gqa128", 8)
-    space = build_space(job, SPACES)
+    space = build_space(job, SPACES, TRITON_ONLY)
     default = default_config(job.layout, 8)
     # The optimum is only 0.5 % better than the default, inside 3 % jitter: keep the default.
     near = SyntheticBowl(default, jitter_pct=3.0, seed=5)
@@ -230,7 +233,7 @@ def test_finalize_remeasures_top_configs_and_keeps_noisy_near_wins_out() -> None
 
 def test_finalize_with_a_failing_default_takes_the_best_working_config() -> None:
     job = job_for("sm_90", "gqa128", 8)
-    space = build_space(job, SPACES)
+    space = build_space(job, SPACES, TRITON_ONLY)
     default = default_config(job.layout, 8)
     bowl = SyntheticBowl(synthetic_optimum(space, 4), broken=lambda c: c == default)
     study = run_inprocess(job, space, bowl, memory(), 40, enqueue=(default,), progress=False)

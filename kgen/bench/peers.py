@@ -124,11 +124,9 @@ def config_label(module: ModuleType, case: Case, arch: str, num_sms: int) -> str
     stage's section where the launcher picks that stage, else the Triton config."""
     try:
         cfg = module.select_config(arch, case.group, case.batch)
-        launches = module.launch_params(arch, num_sms, case.group, case.batch, case.draft, None, None,
-                                        has_mask=case.mask != "none")
     except Exception:  # noqa: BLE001 - a label only
         return ""
-    if launches and launches[0][0] == "_gluon_prefix_stage":
+    if _launches_gluon(module, case, arch, num_sms):
         gluon = cfg["gluon"]
         return (f"Gluon BLOCK_N={gluon['block_n']} stages={gluon['num_stages']} "
                 f"ppsm={gluon.get('split', {}).get('programs_per_sm', 1)}")
@@ -137,6 +135,17 @@ def config_label(module: ModuleType, case: Case, arch: str, num_sms: int) -> str
         f"BLOCK_H={cfg.get('block_h')} BLOCK_N={cfg.get('block_n')} warps={cfg.get('num_warps')} "
         f"stages={cfg.get('num_stages')} ppsm={split.get('programs_per_sm', '-')}"
     )
+
+
+def _launches_gluon(module: ModuleType, case: Case, arch: str, num_sms: int) -> bool:
+    """Whether the module's launcher picks its Gluon prefix stage for this case (a module
+    without launch_params, a stand-in, launches none)."""
+    try:
+        launches = module.launch_params(arch, num_sms, case.group, case.batch, case.draft, None, None,
+                                        has_mask=case.mask != "none")
+    except Exception:  # noqa: BLE001 - a label only
+        return False
+    return bool(launches) and launches[0][0] == "_gluon_prefix_stage"
 
 
 @functools.cache

@@ -44,10 +44,12 @@ GRACE_S = 120
 SQLITE_TIMEOUT_S = 120
 
 
-def build_space(job: TuneJob, spaces: SpacesFile) -> SearchSpace:
+def build_space(job: TuneJob, spaces: SpacesFile, triton_version: str | None = None) -> SearchSpace:
+    """The job's search space; ``triton_version`` (default: the installed one) decides, with
+    the arch, whether a Gluon prefix stage is searched (SearchSpace.build)."""
     drafts = tuple(sorted({w.draft for w in job.workloads}))
     shape = ProblemShape.of(job.layout, job.kv_dtype, job.q_dtype, job.group_size, drafts)
-    return SearchSpace.build(arch_profile(job.arch, spaces), shape)
+    return SearchSpace.build(arch_profile(job.arch, spaces), shape, triton_version)
 
 
 def study_name(job: TuneJob, space: SearchSpace) -> str:
