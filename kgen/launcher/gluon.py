@@ -36,18 +36,15 @@ class GluonPrefixStage:
     @staticmethod
     def draft_rows(identity: ModuleIdentity, max_len: int, block_n: int, group: int,
                    from_rows: int = 0) -> tuple[int, int] | None:
-        """(BLOCK_H, L_PAD) of a program for this draft, or None: where the draft does not fit
-        (rules.gluon_rows) or a KV head's rows (group x L) fall short of the section's
-        from_rows. Batch invariant, the program is fitted for DRAFT_ROWS, and the module's
-        longest draft must fit a key tile (never the batch's: which kernel serves must not
-        depend on it)."""
-        invariance = identity.invariance
-        draft = max_len if invariance is None else invariance.draft_rows
-        if invariance is not None and identity.max_draft_tokens > block_n:
+        """(BLOCK_H, L_PAD) of a program for this draft, or None where rules.gluon_refusal gives
+        a reason (the draft does not fit, a KV head's rows fall short of from_rows, or a
+        batch-invariant module's longest draft exceeds a key tile)."""
+        invariant_draft = None if identity.invariance is None else identity.invariance.draft_rows
+        if rules.gluon_refusal(identity.kernel_shape, max_len, block_n, group, from_rows, invariant_draft,
+                               identity.max_draft_tokens):
             return None
-        if group * draft < from_rows:
-            return None
-        return rules.gluon_rows(identity.kernel_shape, draft, block_n)
+        return rules.gluon_rows(identity.kernel_shape, max_len if invariant_draft is None else invariant_draft,
+                                block_n)
 
     def prefix_launch(self, identity: ModuleIdentity, kernels: Kernels, enabled: bool, arch: str,
                       config: Mapping[str, Any], group: int, max_len: int, page_size: int | None,

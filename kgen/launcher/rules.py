@@ -289,3 +289,21 @@ def gluon_rows(shape: KernelShape, max_len: int, block_n: int) -> tuple[int, int
     if max_len > block_n or l_pad > GLUON_MAX_ROW_BLOCK:
         return None
     return gluon_program_rows(shape) // l_pad, l_pad
+
+
+def gluon_refusal(shape: KernelShape, draft: int, block_n: int, group: int | None, from_rows: int = 0,
+                  invariant_draft: int | None = None, max_draft_tokens: int = 0) -> str | None:
+    """Why the launcher runs the Triton stage at this draft length in place of a config's
+    gluon section, or None where it launches the Gluon stage (at ``gluon_rows`` of the fitted
+    draft). A batch-invariant module (``invariant_draft``, its DRAFT_ROWS) fits every program
+    for that draft, and its longest draft (``max_draft_tokens``) must fit a key tile: which
+    kernel serves never depends on the batch. ``group`` None leaves from_rows unapplied (the
+    default config, which serves every group)."""
+    fitted = draft if invariant_draft is None else invariant_draft
+    if invariant_draft is not None and max_draft_tokens > block_n:
+        return f"batch-invariant programs take drafts to {max_draft_tokens}, over BLOCK_N {block_n}"
+    if gluon_rows(shape, fitted, block_n) is None:
+        return f"longer than BLOCK_N {block_n}"
+    if group is not None and group * fitted < from_rows:
+        return f"under {from_rows} rows a KV head, group x L (from_rows)"
+    return None

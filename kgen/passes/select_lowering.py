@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kgen.blockconfig import BlockConfig, GluonConfig
+from kgen.blockconfig import BlockConfig
 from kgen.errors import TableError
 from kgen.launcher import rules
 from kgen.passes.context import BuildContext
@@ -117,25 +117,6 @@ def _row_label(arch: str, row: ConfigEntry) -> str:
     return f"{arch} row group {row.group_size} batch {row.batches}"
 
 
-def _fitted_draft(plan: Plan, draft: int) -> int:
-    """The draft a program is fitted for: the call's, or the batch-invariant module's DRAFT_ROWS."""
-    invariance = plan.need("invariance", NAME)
-    return invariance.draft_rows if invariance.enabled else draft
-
-
-def _why_triton(plan: Plan, gluon: GluonConfig, group: int | None, draft: int) -> str | None:
-    """Why the launcher (GluonPrefixStage.draft_rows) runs the Triton config at this draft
-    length, or None where it launches the Gluon stage. A row's from_rows counts its group's rows."""
-    fitted = _fitted_draft(plan, draft)
-    if plan.need("invariance", NAME).enabled and plan.tiles.max_draft_tokens > gluon.block_n:
-        return f"batch-invariant programs take drafts to {plan.tiles.max_draft_tokens}, over BLOCK_N {gluon.block_n}"
-    if rules.gluon_rows(plan.fit.kernel_shape, fitted, gluon.block_n) is None:
-        return f"longer than BLOCK_N {gluon.block_n}"
-    if group is not None and group * fitted < gluon.from_rows:
-        return f"under {gluon.from_rows} rows a KV head, group x L (from_rows)"
-    return None
-
-
 def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockConfig, group: int | None) -> Decision:
     """What a config with a gluon section launches on the Gluon arch (both entries), by
     draft length, and why: the launcher's rules (``_gluon_prefix``) run over the module's drafts.
@@ -150,14 +131,16 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
                         f"{limit} B (rules.gluon_shared_bytes), so the launcher runs the Triton config "
                         f"({triton}) instead", f"the Gluon program needs {need} B of {limit}", warning=True)
     drafts = range(1, plan.tiles.max_draft_tokens + 1)
-    why_triton = {n: _why_triton(plan, gluon, group, n) for n in drafts}
+    invariance = plan.need("invariance", NAME)
+    invariant_draft = invariance.draft_rows if invariance.enabled else None  # every program's draft there
+    why_triton = {n: rules.gluon_refusal(plan.fit.kernel_shape, n, gluon.block_n, group, gluon.from_rows,
+                                         invariant_draft, plan.tiles.max_draft_tokens) for n in drafts}
     gluon_at = [n for n in drafts if why_triton[n] is None]
     triton_at = [n for n in drafts if why_triton[n] is not None]
     because = list(dict.fromkeys(why_triton[n] for n in triton_at))
     by_rows: dict[tuple[int, int], list[int]] = {}
     for n in gluon_at:
-        by_rows.setdefault(rules.gluon_rows(plan.fit.kernel_shape, _fitted_draft(plan, n), gluon.block_n),
-                           []).append(n)
+        by_rows.setdefault(rules.gluon_rows(plan.fit.kernel_shape, invariant_draft or n, gluon.block_n), []).append(n)
     programs = ", ".join(f"{h} x {p} at L {ranges(ns)}" for (h, p), ns in by_rows.items())
     return Decision(
         NAME, label, f"Gluon at L {ranges(gluon_at)}" if gluon_at else "Triton at every L",
