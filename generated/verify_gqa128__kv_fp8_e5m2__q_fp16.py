@@ -21,6 +21,8 @@
 #      causal or masked. A request held by one split writes o directly; otherwise each
 #      split writes a normalized fp32 partial and its log2-sum-exp.
 #   2. _verify_merge_stage: combines the partials of requests with more than one split.
+# On sm_90 under Triton 3.6.x, table rows with a `gluon` section run
+# _gluon_prefix_stage (Gluon: wgmma, cp.async, two warpgroups) in place of launch 1.
 # Imports only torch, triton and kgen.launcher, the host side every module shares (argument
 # checks, launch set-up, scratch, the call shapes): an engine can copy this file with that package.
 
@@ -29,10 +31,26 @@ import triton
 import triton.language as tl
 
 # gdc_wait is None on a Triton without grid dependency control: the kernels' USE_PDL is off there.
+from kgen.launcher.gluon import gluon_stage_runs
 from kgen.launcher.identity import Kernels, ModuleIdentity
 from kgen.launcher.pdl import gdc_wait
 from kgen.launcher.rules import kernel_shape
 from kgen.launcher.verify import VerifyLauncher
+
+try:  # the Gluon prefix stage (below) is written for Triton 3.6.x; elsewhere the Triton one serves
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        async_copy,
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    _HAS_GLUON = gluon_stage_runs("3.6")
+except ImportError:
+    _HAS_GLUON = False
 
 # The module's public names (docs/design.md, "What a generated module exposes"); the rest is
 # its own machinery.
@@ -83,6 +101,11 @@ _BLOCK_CONFIGS = {
           'num_warps': 4,
           'num_stages': 3,
           'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128},
+          'gluon': {'block_n': 64,
+                    'num_stages': 2,
+                    'lazy_rescale': False,
+                    'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128},
+                    'from_rows': 128},
           'widen_from_rows': 128}),
         (16, 33, 96,
          {'block_h': 16,
@@ -591,6 +614,566 @@ def _verify_merge_stage(
 
 
 # ---------------------------------------------------------------------------------------
+# Hopper lowering of the prefix stage (Gluon, sm_90, Triton 3.6.x): warp-specialized.
+#
+# One program is 128 rows (BLOCK_H heads x L_PAD draft tokens) of one split of one request, and
+# three warpgroups, each a partition of its own:
+#   consumer 0 (default partition, 4 warps) and consumer 1 (worker, 4 warps): rows 0-63 and
+#             64-127, one wgmma tile each. Per tile, a consumer computes S = q.K^T for its rows
+#             (wgmma, q and K from shared memory), the online softmax and acc += P.V (P from
+#             its registers, V from the stage), then releases the stage. Both read the same K
+#             and V stage, so the split's prefix is read once for all 128 rows. Where the group's
+#             rows all fall in the first 64 (GROUP x L_PAD <= 64), consumer 1 has none and
+#             returns at once; `empty` then counts consumer 0 alone.
+#   producer  (worker, 4 warps): gathers each prefix tile's e5m2 K and V rows through the
+#             request's kv_indices (token slots) or block-table row (pages) into registers (16-byte
+#             loads, the whole tile in flight before it waits for the stage), converts them to
+#             fp16 (exact) and stores them into the stage ring, then the draft rows (16-bit,
+#             converted to fp16). It issues every global load of the loop; no consumer converts.
+#
+# FP8 KV: the stages, q and P are fp16; q is scaled by K's descale once (as the Triton kernel
+# does), and V's descale multiplies the prefix's P.V once.
+#
+# A consumer's accumulator is 64 x 128 fp32 (64 registers a thread) beside S and P;
+# setmaxnreg gives the consumers the most, the producer the fewest (GLUON_*_REGISTERS).
+#
+# Shared memory (rules.gluon_shared_bytes):
+#   q_smem [2, 64, 128]      each consumer's rows: written once by it, read by its S wgmma
+#   k_stages [NUM_STAGES, BLOCK_N, 128], v_stages [NUM_STAGES, BLOCK_N, 128]   the ring:
+#             written by the producer's cp.async, read by both consumers' wgmma
+#   ready, empty [NUM_STAGES]   the ring's mbarriers (pipeline.py.j2 says how they count;
+#             `empty` completes when every consumer with rows released the stage)
+# ---------------------------------------------------------------------------------------
+GLUON_NUM_WARPS = tl.constexpr(4)  # the default partition: consumer 0's warpgroup
+GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup of cp.async gathers
+# Registers a thread of the workers: consumer 1 (its accumulator, S and P) and the producer (a
+# few 64-bit row offsets); consumer 0 takes what they leave (as many as consumer 1). setmaxnreg
+# moves the physical registers and ptxas compiles each partition within its share.
+# The converting producer holds a tile's e5m2 K and V rows and their next row offsets.
+GLUON_CONSUMER_REGISTERS = tl.constexpr(200)
+GLUON_PRODUCER_REGISTERS = tl.constexpr(104)
+# 12 warps x 32 threads x 168 = 64,512 of the 65,536 registers: what setmaxnreg redistributes.
+GLUON_MAX_REGISTERS = tl.constexpr(168)
+
+if _HAS_GLUON:
+
+    # ---- the request's bounds and splits --------------------------------------------------
+
+    @gluon.jit
+    def _gluon_request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len,
+                              BLOCK_TABLE: gl.constexpr):
+        """_request_bounds, in Gluon: (q_start, q_len, table_start, prefix_len). Token slots:
+        Kv_Bounds is kv_indptr, less the trimmed last slots (SGLang's kv_len_adjust); pages:
+        Kv_Bounds holds the prefix lengths and row `batch` of the block table lists the pages."""
+        q_start = gl.load(Qo_Indptr + batch).to(gl.int64)
+        q_len = (gl.load(Qo_Indptr + batch + 1) - gl.load(Qo_Indptr + batch)).to(gl.int32)
+        if BLOCK_TABLE:
+            table_start = batch.to(gl.int64) * stride_table
+            prefix_len = gl.load(Kv_Bounds + batch).to(gl.int32)
+        else:
+            table_start = gl.load(Kv_Bounds + batch).to(gl.int64)
+            prefix_len = (gl.load(Kv_Bounds + batch + 1) - gl.load(Kv_Bounds + batch)).to(gl.int32) - prefix_trim_len
+        return q_start, q_len, table_start, prefix_len
+
+    @gluon.jit
+    def _gluon_split_plan(prefix_len, max_splits, min_tokens_per_split, block_n):
+        """_split_plan, in Gluon: both stages must cut a request into the same splits."""
+        num_splits = gl.minimum(gl.maximum(gl.cdiv(prefix_len, min_tokens_per_split), 1), max_splits)
+        split_len = gl.maximum(gl.cdiv(gl.cdiv(prefix_len, num_splits), block_n) * block_n, block_n)
+        return split_len, gl.maximum(gl.cdiv(prefix_len, split_len), 1)
+
+    # ---- the stage ring -----------------------------------------------------------------
+    # NUM_STAGES shared-memory stages, each one tile of BLOCK_N gathered K rows, and two
+    # mbarriers a stage:
+    #   ready[s]  initialised to the producer's thread count; each producer thread arrives once
+    #             its own copies into stage s have landed (cp.async.mbarrier.arrive.noinc), so
+    #             the phase completes when the whole tile is in shared memory;
+    #   empty[s]  initialised to 1; one consumer thread arrives once both consumer warpgroups
+    #             are done with stage s (their last wgmma on it waited, then a barrier of theirs).
+    # Tile t lives in stage t % NUM_STAGES and is that stage's round t // NUM_STAGES. A fresh
+    # mbarrier counts as having completed a phase of parity 1, so the producer's first round
+    # waits on parity 1 and passes at once.
+
+    @gluon.jit
+    def _gluon_ring_slot(t, NUM_STAGES: gl.constexpr):
+        """(stage, parity of the phase that completes when round t // NUM_STAGES is done)."""
+        return t % NUM_STAGES, (t // NUM_STAGES) & 1
+
+    @gluon.jit
+    def _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
+        """The table entries of prefix tokens `tok` (int32): a token's page in a block table (page
+        sizes are powers of two), its own slot in kv_indices; read as 32-bit words (an int64
+        entry is its low word), as the Triton kernel reads them. An empty split (an empty
+        prefix) has no last token to clamp to: its tokens are -1 and read nothing."""
+        if BLOCK_TABLE:
+            entry = tok >> page_shift
+        else:
+            entry = tok
+        return gl.load(table_words + INDEX_WORDS * entry, mask=tok >= 0, other=0)
+
+    @gluon.jit
+    def _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off,
+                           BLOCK_TABLE: gl.constexpr):
+        """Element offsets of the tokens' K rows of this KV head in the pool (int64: a pool can
+        pass 2**31 elements): page x page stride + position in the page x slot stride. A token
+        slot is a page of one (its stride_k_slot is 0)."""
+        row = entries.to(gl.int64) * stride_k_page + head_off
+        if BLOCK_TABLE:
+            row += (tok & ((1 << page_shift) - 1)).to(gl.int64) * stride_k_slot
+        return row
+
+    @gluon.jit
+    def _gluon_copy_rows(k_dst, v_dst, k_src, v_src, k_row, v_row, ROW_LOAD: gl.constexpr, in_rows=None):
+        """cp.async one tile of rows into a stage: K's from its rows (element offsets k_row) and
+        V's from its own (v_row), 16 bytes a copy."""
+        cols_k = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, ROW_LOAD))
+        async_copy.async_copy_global_to_shared(k_dst, k_src + k_row[:, None] + cols_k[None, :], mask=in_rows)
+        cols_v = gl.arange(0, V_HEAD_DIM, layout=gl.SliceLayout(0, ROW_LOAD))
+        async_copy.async_copy_global_to_shared(v_dst, v_src + v_row[:, None] + cols_v[None, :], mask=in_rows)
+
+    @gluon.jit
+    def _gluon_producer(K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
+                        split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
+                        head_off, stride_v_page, stride_v_slot, v_head_off, q_start, q_len, ke_head, stride_ke_tok,
+                        ve_head, stride_ve_tok, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                        INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
+        """The producer partition (GLUON_PRODUCER_WARPS warps, GLUON_PRODUCER_REGISTERS registers a
+        thread): tiles 0 .. num_tiles - 1 of the split, K and V rows gathered from their pools
+        through the table, then (draft_tiles == 1, the request's last split) the draft rows from
+        K_Extend and V_Extend. It waits on `empty` of a stage before refilling it and never
+        touches the consumers' buffers.
+
+        Tokens past the split read its last token again: finite data, which the consumers score
+        -inf (no predicate on the copies). The next tile's slots load while this tile waits for
+        its stage, so the table read is off the path from `empty` to the copies."""
+        # One layout for K's and V's columns: 8 lanes cover 64 columns of a row (128 bytes, one
+        # line) a copy, so a thread owns BLOCK_N / (4 * warps) rows and holds only their entries.
+        ROW_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ROW_LOAD))
+        last = split_end - 1
+        tok = gl.minimum(split_start + offs_n, last)
+        entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
+        for t in range(num_tiles):
+            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+            mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
+            row = _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off, BLOCK_TABLE)
+            v_row = _gluon_row_offsets(entries, tok, page_shift, stride_v_page, stride_v_slot, v_head_off,
+                                       BLOCK_TABLE)
+            _gluon_copy_rows(k_stages.index(stage), v_stages.index(stage), K_Buffer, V_Buffer, row, v_row, ROW_LOAD)
+            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+            tok = gl.minimum(split_start + (t + 1) * BLOCK_N + offs_n, last)
+            entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
+        for t in range(num_tiles, num_tiles + draft_tiles):
+            # The draft tile: draft token j is row j; rows past the draft are zeros.
+            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+            mbarrier.wait(empty.index(stage), parity ^ 1)
+            row = (q_start + offs_n) * stride_ke_tok + ke_head
+            _gluon_copy_rows(k_stages.index(stage), v_stages.index(stage), K_Extend, V_Extend, row,
+                             (q_start + offs_n) * stride_ve_tok + ve_head, ROW_LOAD, in_rows=(offs_n < q_len)[:, None])
+            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+
+    # ---- the consumers' side of the ring --------------------------------------------------
+
+    @gluon.jit
+    def _gluon_stage_landed(ready, t, NUM_STAGES: gl.constexpr):
+        """Wait until tile t is in its stage; then its bytes may be read by wgmma."""
+        stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+        mbarrier.wait(ready.index(stage), parity)
+        # The producer's cp.async wrote through the generic proxy; wgmma reads through the async one.
+        fence_async_shared()
+        return stage
+
+    @gluon.jit
+    def _gluon_release_stage(empty, stage):
+        """Hand this warpgroup's use of a stage back: its warps' barrier first, so that its whole
+        P.V on the stage is done before the one thread that arrives does."""
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(stage), count=1)
+
+    @gluon.jit
+    def _gluon_rescale(acc, alpha, LAZY_RESCALE: gl.constexpr):
+        """acc x alpha per row. Under the lazy rescale almost every tile moves no row's
+        reference, and then every alpha is exactly 1: the warpgroup skips the multiply of its
+        128 accumulator registers, which stands between the tile's P and its P.V."""
+        if LAZY_RESCALE:
+            if gl.max((alpha != 1.0).to(gl.int32), 0) > 0:
+                acc = acc * alpha[:, None]
+        else:
+            acc = acc * alpha[:, None]
+        return acc
+
+    # ---- the converting producer (FP8 KV) ------------------------------------------------
+    # e5m2 rows cannot go to the stage as they are: wgmma reads 16-bit tiles, and converting on
+    # the MMA warps puts the conversion on their chain. So this producer loads a tile's rows into
+    # registers, converts them to fp16 (cvt.rn.f16x2.e5m2x2: exact) and stores them into the
+    # stage; `ready` then counts one arrival, after the warps' stores and a proxy fence.
+
+    @gluon.jit
+    def _gluon_fp8_rows(src, row, col0, COLS: gl.constexpr, LOAD: gl.constexpr):
+        """One column chunk [BLOCK_N, COLS] of a tile's e5m2 rows (element offsets `row`), 16
+        bytes a load."""
+        cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, LOAD))
+        return gl.load(src + row[:, None] + cols[None, :])
+
+    @gluon.jit
+    def _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_k_page, stride_k_slot, head_off,
+                         BLOCK_N: gl.constexpr, LOAD: gl.constexpr, INDEX_WORDS: gl.constexpr,
+                         BLOCK_TABLE: gl.constexpr):
+        """Element offsets of a prefix tile's K rows, in LOAD's row layout; tokens past the split
+        read its last token again (finite data the consumers score -inf)."""
+        tok = gl.minimum(first_tok + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD)), last)
+        entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
+        return _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off, BLOCK_TABLE)
+
+    @gluon.jit
+    def _gluon_stage_filled(ready, stage):
+        """The stage's stores are done: every producer warp's, then the proxy fence (wgmma reads
+        through the async proxy), then one thread's arrival."""
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ready.index(stage), count=1)
+
+    @gluon.jit
+    def _gluon_store_draft_rows(dst, K_Extend, row, col0, in_rows, COLS: gl.constexpr, LOAD: gl.constexpr):
+        """One column chunk of the draft rows (16-bit, from K_Extend; zeros past the draft) into
+        the stage as fp16."""
+        cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, LOAD))
+        rows = gl.load(K_Extend + row[:, None] + cols[None, :], mask=in_rows[:, None], other=0.0)
+        dst.slice(col0, COLS, dim=1).store(rows.to(dst.dtype))
+
+    @gluon.jit
+    def _gluon_converting_producer(K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready,
+                                   empty, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
+                                   stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off, q_start, q_len,
+                                   ke_head, stride_ke_tok, ve_head, stride_ve_tok, BLOCK_N: gl.constexpr,
+                                   NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
+        """The producer partition of FP8 KV (GLUON_PRODUCER_WARPS warps, GLUON_PRODUCER_REGISTERS
+        registers a thread): the split's K and V tiles, then (draft_tiles == 1) the draft rows,
+        as _gluon_producer fills them, but converted to fp16 on the way. A tile's loads are all
+        issued before the wait for its stage, so their memory latency overlaps the consumers'
+        use of that stage; the next tile's row offsets load before this tile's stores."""
+        # e5m2 rows, 16 bytes (16 elements) a thread a load: NOPE_DIM / 16 lanes a row, the rest
+        # of the warp on further rows, so a thread holds BLOCK_N x NOPE_DIM / (32 x warps) bytes of K
+        # and as many of V.
+        gl.static_assert(NOPE_DIM == V_HEAD_DIM and NOPE_DIM // 16 <= 32, "K and V rows of one width, at most 512")
+        LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (NOPE_DIM // 16), NOPE_DIM // 16],
+                                              [GLUON_PRODUCER_WARPS, 1], [1, 0])
+        last = split_end - 1
+        k_row = _gluon_tile_rows(table_words, split_start, last, page_shift, stride_k_page, stride_k_slot, head_off,
+                                 BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
+        v_row = _gluon_tile_rows(table_words, split_start, last, page_shift, stride_v_page, stride_v_slot, v_head_off,
+                                 BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
+        for t in range(num_tiles):
+            k = _gluon_fp8_rows(K_Buffer, k_row, 0, NOPE_DIM, LOAD)
+            v = _gluon_fp8_rows(V_Buffer, v_row, 0, V_HEAD_DIM, LOAD)
+            next_tok = split_start + (t + 1) * BLOCK_N
+            k_row = _gluon_tile_rows(table_words, next_tok, last, page_shift, stride_k_page, stride_k_slot, head_off,
+                                     BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
+            v_row = _gluon_tile_rows(table_words, next_tok, last, page_shift, stride_v_page, stride_v_slot,
+                                     v_head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
+            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+            mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
+            k_stages.index(stage).store(k.to(k_stages.dtype))
+            v_stages.index(stage).store(v.to(v_stages.dtype))
+            _gluon_stage_filled(ready, stage)
+        for t in range(num_tiles, num_tiles + draft_tiles):
+            # The draft tile: draft token j is row j; rows past the draft are zeros.
+            DRAFT_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
+            offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, DRAFT_LOAD))
+            in_rows = offs_n < q_len
+            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+            mbarrier.wait(empty.index(stage), parity ^ 1)
+            for c in gl.static_range(NOPE_DIM // 64):
+                _gluon_store_draft_rows(k_stages.index(stage), K_Extend, (q_start + offs_n) * stride_ke_tok + ke_head,
+                                        c * 64, in_rows, 64, DRAFT_LOAD)
+                _gluon_store_draft_rows(v_stages.index(stage), V_Extend, (q_start + offs_n) * stride_ve_tok + ve_head,
+                                        c * 64, in_rows, 64, DRAFT_LOAD)
+            _gluon_stage_filled(ready, stage)
+
+    # ---- the consumers ------------------------------------------------------------------
+
+    @gluon.constexpr_function
+    def _gluon_acc_layout():
+        """A consumer's accumulator: 64 rows x V_HEAD_DIM columns, wgmma's register layout."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, V_HEAD_DIM, 16])
+
+    @gluon.constexpr_function
+    def _gluon_s_layout(block_n):
+        """A consumer's scores S: 64 rows x BLOCK_N keys, wgmma's register layout."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_n, 16])
+
+    @gluon.jit
+    def _gluon_consume_tile(q_smem, k_stages, v_stages, empty, stage, m_i, l_i, acc, visible, qk_scale,
+                            BLOCK_N: gl.constexpr, MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+        """One tile on a landed stage for this consumer's 64 rows: S, the online softmax (log2
+        domain; with MASKED, column c is visible to row r where visible[r, c], else every column
+        is), acc += P.V, waited, and the stage released. Returns (m_i, l_i, acc)."""
+        S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
+        ACC: gl.constexpr = _gluon_acc_layout()
+        s = gl.zeros([64, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        s = warpgroup_mma(q_smem, k_stages.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        if MASKED:
+            s = gl.where(visible, s, float("-inf"))
+        # qk_scale > 0: the scaled row max is the row max scaled (rounding is monotonic), and
+        # p below scales and subtracts in one fma an element.
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        if LAZY_RESCALE:
+            # A row's max moves only when it grows by more than 2**8 (p stays <= 256, exact in
+            # fp32), so most tiles rescale by exactly 1.
+            m_new = gl.where(m_new > m_i + 8.0, m_new, m_i)
+        # A row that has seen nothing yet keeps a finite reference (no -inf - -inf).
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_ref)
+        p = gl.exp2(s * qk_scale - m_ref[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        acc = _gluon_rescale(acc, gl.convert_layout(alpha, gl.SliceLayout(1, ACC)), LAZY_RESCALE)
+        p_operand = gl.convert_layout(p.to(v_stages.dtype), gl.DotOperandLayout(operand_index=0, parent=ACC,
+                                                                                  k_width=2))
+        acc = warpgroup_mma(p_operand, v_stages.index(stage), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _gluon_release_stage(empty, stage)
+        return m_new, l_i, acc
+
+    @gluon.jit
+    def _gluon_store_rows(Out, Partial_O, Partial_Lse, acc, m_i, l_i, q_start, q_len, kv_head, head_block, row0,
+                          split,
+                          num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
+                          stride_pl_tok, stride_pl_head, GROUP: gl.constexpr, BLOCK_H: gl.constexpr,
+                          L_PAD: gl.constexpr):
+        """A consumer's 64 rows (from row0) of the output: o itself when one split holds the
+        request, else the split's normalized fp32 partial and its log2-sum-exp. A row that sees
+        nothing (an empty prefix and a masked-out draft row) writes zeros."""
+        ACC: gl.constexpr = _gluon_acc_layout()
+        rows_o = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
+        cols_o = gl.arange(0, V_HEAD_DIM, layout=gl.SliceLayout(0, ACC))
+        head_o = head_block * BLOCK_H + rows_o // L_PAD
+        draft_o = rows_o % L_PAD
+        ok_o = (head_o < GROUP) & (draft_o < q_len)
+        q_head_o = (kv_head * GROUP + head_o).to(gl.int64)
+        q_tok_o = q_start + draft_o
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, ACC))
+        l_safe = gl.where(ok_o & (l_o > 0), l_o, 1.0)
+        out = acc / l_safe[:, None]
+        if num_written == 1:
+            o_ptr = Out + q_tok_o[:, None] * stride_o_tok + q_head_o[:, None] * stride_o_head + cols_o[None, :]
+            gl.store(o_ptr, out.to(Out.dtype.element_ty), mask=ok_o[:, None])
+        else:
+            lse = gl.convert_layout(m_i, gl.SliceLayout(1, ACC)) + gl.log2(l_safe)
+            po_ptr = (Partial_O + q_tok_o[:, None] * stride_po_tok + q_head_o[:, None] * stride_po_head
+                      + split * stride_po_split + cols_o[None, :])
+            gl.store(Partial_Lse + q_tok_o * stride_pl_tok + q_head_o * stride_pl_head + split, lse, mask=ok_o)
+            gl.store(po_ptr, out, mask=ok_o[:, None])
+
+    @gluon.jit
+    def _gluon_consumer(Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
+                        empty, q_start, q_len, kv_head, head_block,
+                        batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
+                        qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok,
+                        stride_q_head, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
+                        stride_pl_tok, stride_pl_head, CONSUMER: gl.constexpr, GROUP: gl.constexpr,
+                        BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr,
+                        BLOCK_TABLE: gl.constexpr):
+        """Consumer CONSUMER's rows (64 from CONSUMER x 64): q into its shared-memory tile, every
+        tile's S, softmax and P.V, the draft tile on the request's last split, then its rows of
+        o or of the split's partial. A consumer whose rows are all past the group returns at once
+        (the kernel counts it out of `empty`)."""
+        ROW0: gl.constexpr = CONSUMER * 64
+        if ROW0 // L_PAD < GROUP:
+            S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
+            ACC: gl.constexpr = _gluon_acc_layout()
+            # q's load layout: 8 elements (16 bytes) a thread, 8 lanes along 64 columns of a row.
+            Q_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_NUM_WARPS, 1], [1, 0])
+            q_tile = q_smem.index(CONSUMER)
+
+            # q into shared memory. Row r is (head head_block * BLOCK_H + r // L_PAD, draft token
+            # r % L_PAD); padding rows (past the group or the draft) are zeros.
+            rows = ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, Q_LOAD))
+            head = head_block * BLOCK_H + rows // L_PAD
+            q_row = ((q_start + rows % L_PAD) * stride_q_tok
+                     + (kv_head * GROUP + head).to(gl.int64) * stride_q_head)
+            row_ok = (head < GROUP) & (rows % L_PAD < q_len)
+            # K's descale is folded into q once (the stages hold K as stored, converted exactly), 64
+            # columns at a time: a whole row block in fp32 would crowd the consumer's registers.
+            k_descale = gl.load(k_scale)
+            chunk_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, Q_LOAD))
+            for c in gl.static_range(NOPE_DIM // 64):
+                q_chunk = gl.load(Q + q_row[:, None] + (c * 64 + chunk_cols)[None, :], mask=row_ok[:, None],
+                                  other=0.0)
+                q_tile.slice(c * 64, 64, dim=1).store((q_chunk.to(gl.float32) * k_descale).to(q_tile.dtype))
+            fence_async_shared()  # q's generic-proxy stores, read by wgmma
+            gl.thread_barrier()  # all of this consumer's q is in shared memory
+
+            prefix_qk_scale = qk_scale  # K's descale is in q
+            draft_qk_scale = qk_scale / k_descale  # the draft's K is unscaled: take K's descale back out of q
+            m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+            l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+            acc = gl.zeros([64, V_HEAD_DIM], gl.float32, layout=ACC)
+            tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+            # The split's whole tiles see every column; only its last tile may be cut short.
+            full_tiles = (split_end - split_start) // BLOCK_N
+            for t in range(full_tiles):
+                stage = _gluon_stage_landed(ready, t, NUM_STAGES)
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc, None,
+                                                    prefix_qk_scale, BLOCK_N, False, LAZY_RESCALE)
+            for t in range(full_tiles, num_tiles):
+                stage = _gluon_stage_landed(ready, t, NUM_STAGES)
+                visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc,
+                                                    visible, prefix_qk_scale, BLOCK_N, True, LAZY_RESCALE)
+            # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
+            acc = acc * gl.load(v_scale)
+
+            if draft_tiles > 0:
+                # The draft tile (the producer's tile num_tiles): draft token j (zero rows past the
+                # draft) is seen where the request's custom mask says (a tree: SGLang's [L, P + L]
+                # bytes at mask_indptr[b], only the draft columns read; the paged entry's rows),
+                # else by draft positions >= j.
+                stage = _gluon_stage_landed(ready, num_tiles, NUM_STAGES)
+                draft_pos = (ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, S_LAYOUT))) % L_PAD
+                if HAS_MASK:
+                    mask_start = gl.load(Mask_Indptr + batch).to(gl.int64)
+                    if BLOCK_TABLE:
+                        # The paged entry's [rows, W] mask: draft token i reads row mask_indptr[b] + i.
+                        mask_row = Custom_Mask + (mask_start + draft_pos) * stride_mask_row
+                    else:
+                        mask_row = (Custom_Mask + mask_start + draft_pos.to(gl.int64) * (prefix_len + q_len)
+                                    + prefix_len)
+                    bits = gl.load(mask_row[:, None] + tile_cols[None, :],
+                                   mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
+                    visible = bits != 0
+                else:
+                    # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
+                    visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc,
+                                                    visible, draft_qk_scale, BLOCK_N, True, False)
+
+            _gluon_store_rows(Out, Partial_O, Partial_Lse, acc, m_i, l_i, q_start, q_len, kv_head, head_block, ROW0,
+                              split,
+                              num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
+                              stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD)
+
+    # ---- the kernel ---------------------------------------------------------------------
+
+    @gluon.jit(do_not_specialize=["max_splits", "min_tokens_per_split", "page_shift", "prefix_trim_len",
+                                  "draft_lookahead_len", "stride_mask_row", "stride_pl_head"])
+    def _gluon_prefix_stage(
+        Q,
+        K_Buffer,
+        V_Buffer,
+        K_Extend,
+        V_Extend,
+        Out,
+        Qo_Indptr,
+        Kv_Bounds,
+        Kv_Table,
+        Partial_O,
+        Partial_Lse,
+        qk_scale,
+        k_scale,
+        v_scale,
+        max_splits,
+        min_tokens_per_split,
+        page_shift,
+        prefix_trim_len,
+        draft_lookahead_len,
+        stride_table,
+        stride_q_tok,
+        stride_q_head,
+        stride_k_page,
+        stride_k_slot,
+        stride_k_head,
+        stride_v_page,
+        stride_v_slot,
+        stride_v_head,
+        stride_ke_tok,
+        stride_ke_head,
+        stride_ve_tok,
+        stride_ve_head,
+        stride_o_tok,
+        stride_o_head,
+        stride_po_tok,
+        stride_po_head,
+        stride_po_split,
+        stride_pl_tok,
+        stride_pl_head,
+        Custom_Mask,
+        Mask_Indptr,
+        stride_mask_row,
+        GROUP: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        L_PAD: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NUM_STAGES: gl.constexpr,
+        LAZY_RESCALE: gl.constexpr,
+        HAS_MASK: gl.constexpr,
+        BLOCK_TABLE: gl.constexpr,
+    ):
+        """The prefix stage on SGLang's token-slot pool or vLLM's block tables (BLOCK_TABLE): the
+        same grid, split plan, partials and draft tile as _verify_prefix_stage, so
+        _verify_merge_stage combines its output.
+        Launched without programmatic dependent launch: Gluon has no gdc_wait to wait with.
+        k_scale / v_scale are the FP8 pool's descales (1-element fp32 device tensors), on the prefix only."""
+        gl.static_assert(BLOCK_H * L_PAD == 128, "a program is two wgmma tiles of 64 rows (rules.GLUON_GQA_ROWS)")
+        # 128-byte swizzle: conflict-free wgmma reads of 64-element (128-byte) column blocks.
+        TILE_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        # Consumers with rows: both, unless the group's rows all fall in the first 64.
+        CONSUMERS: gl.constexpr = 2 if 64 // L_PAD < GROUP else 1
+
+        HEAD_BLOCKS: gl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
+        pid_heads = gl.program_id(0)
+        split = gl.program_id(1)
+        batch = gl.program_id(2)
+        kv_head = pid_heads // HEAD_BLOCKS
+        head_block = pid_heads % HEAD_BLOCKS
+
+        q_start, q_len, table_start, prefix_len = _gluon_request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table,
+                                                                        prefix_trim_len, BLOCK_TABLE)
+        split_len, num_written = _gluon_split_plan(prefix_len, max_splits, min_tokens_per_split, BLOCK_N)
+        split_start = split * split_len
+        split_end = gl.minimum(split_start + split_len, prefix_len)
+        if split < num_written:
+            STAGE_DTYPE: gl.constexpr = gl.float16  # e5m2 tiles, q and P in fp16 (the producer converts)
+            q_smem = gl.allocate_shared_memory(STAGE_DTYPE, [2, 64, NOPE_DIM], TILE_SMEM)
+            k_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, NOPE_DIM], TILE_SMEM)
+            v_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, V_HEAD_DIM], TILE_SMEM)
+            ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(NUM_STAGES):
+                mbarrier.init(ready.index(i), count=1)  # one producer thread, after its warps' stores and fence
+                mbarrier.init(empty.index(i), count=CONSUMERS)  # one thread of each consumer with rows
+
+            num_tiles = gl.cdiv(split_end - split_start, BLOCK_N)
+            draft_tiles = (split == num_written - 1).to(gl.int32)  # the request's last split adds the draft tile
+            INDEX_WORDS: gl.constexpr = Kv_Table.dtype.element_ty.primitive_bitwidth // 32
+            table_words = Kv_Table.to(gl.pointer_type(gl.int32)) + table_start * INDEX_WORDS
+            gl.warp_specialize([
+                (_gluon_consumer, (
+                    Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
+                    empty, q_start, q_len, kv_head, head_block,
+                    batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale,
+                    k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head, stride_o_tok,
+                    stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head,
+                    0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE)),
+                (_gluon_consumer, (
+                    Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
+                    empty, q_start, q_len, kv_head, head_block,
+                    batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale,
+                    k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head, stride_o_tok,
+                    stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head,
+                    1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE)),
+                (_gluon_converting_producer, (
+                    K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
+                    split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
+                    kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
+                    kv_head.to(gl.int64) * stride_v_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
+                    stride_ke_tok, kv_head.to(gl.int64) * stride_ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES,
+                    INDEX_WORDS, BLOCK_TABLE)),
+            ], [4, GLUON_PRODUCER_WARPS], [GLUON_CONSUMER_REGISTERS, GLUON_PRODUCER_REGISTERS])
+
+
+# ---------------------------------------------------------------------------------------
 # What this module is, for kgen.launcher (the host side every module shares): its layout and
 # dtypes, the targets it was checked for, what one program stages, and its kernels.
 # ---------------------------------------------------------------------------------------
@@ -660,8 +1243,11 @@ LAUNCHER = VerifyLauncher(
         merge_rows=MERGE_ROWS,
         merge_split_chunk=MERGE_SPLIT_CHUNK,
         merge_block_dv=MERGE_BLOCK_DV.value,
+        gluon_arch="sm_90",
     ),
-    Kernels(prefix=_verify_prefix_stage, merge=_verify_merge_stage),
+    Kernels(prefix=_verify_prefix_stage, merge=_verify_merge_stage,
+            gluon_prefix=_gluon_prefix_stage if _HAS_GLUON else None, gluon_num_warps=GLUON_NUM_WARPS.value,
+            gluon_max_registers=GLUON_MAX_REGISTERS.value),
     _BLOCK_CONFIGS,
     _DEFAULT_CONFIG,
 )

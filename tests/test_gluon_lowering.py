@@ -171,8 +171,9 @@ def test_select_lowering_says_what_each_gluon_row_launches(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("layout", "kv", "q", "missing"), [
-    # GQA's stage (gluon_gqa_prefix, the closest package) serves 16-bit KV only
-    ("qwen3_5_gqa256", "float8_e4m3fn", "bfloat16", "kv_dtype: wanted ['bfloat16', 'float16']"),
+    # GQA's stage (gluon_gqa_prefix, the closest package) serves 16-bit, e4m3fn and e5m2 KV
+    ("qwen3_5_gqa256", "float8_e4m3fnuz", "bfloat16",
+     "kv_dtype: wanted ['bfloat16', 'float16', 'float8_e4m3fn', 'float8_e5m2']"),
     (MLA, "float8_e4m3fnuz", "bfloat16", "stage_dtype: wanted ['bfloat16', 'float16'], layout has None"),
     # rows are shared by the query dtypes
     (MLA, "bfloat16", "float16", "stage_dtype: wanted ['bfloat16', 'float16'], layout has None"),
@@ -375,20 +376,12 @@ def test_from_rows_keeps_short_drafts_on_the_triton_stage(tmp_path: Path, monkey
     assert fits.value == "Gluon at L 8-64" and "L 1-7 (under 64 rows a KV head, group x L (from_rows))" in fits.why
 
 
-def test_the_gqa_stage_converts_fp8_off_the_mma_warps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """GQA's FP8 converting producer (gluon/pipeline.py.j2), compiled offline for sm_90 before its
-    dtypes join lowering.json's kv_dtype (they do once its gpu tests have run): the module is
-    built with e4m3fn added to the manifest. No cp.async (the producer loads through registers
-    and converts), the consumers' and producer's FP8 register split, wgmma, no spills at
-    64-token tiles."""
-    from kgen.passes import select_lowering
-
+def test_the_gqa_stage_converts_fp8_off_the_mma_warps(tmp_path: Path) -> None:
+    """GQA's FP8 converting producer (gluon/pipeline.py.j2), compiled offline for sm_90: no
+    cp.async (the producer loads through registers and converts), the consumers' and producer's
+    FP8 register split, wgmma, no spills at 64-token tiles."""
     if not triton.__version__.startswith("3.6."):
         pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
-    manifests = select_lowering.second_lowerings()
-    gqa = manifests["gluon_gqa_prefix"]
-    with_fp8 = {**gqa, "requires": {**gqa["requires"], "kv_dtype": [*gqa["requires"]["kv_dtype"], "float8_e4m3fn"]}}
-    monkeypatch.setattr(select_lowering, "second_lowerings", lambda: {**manifests, "gluon_gqa_prefix": with_fp8})
     rows = table("sm_90", entry(GQA, 8, gluon=GQA_GLUON_ROW, kv="float8_e4m3fn"))
     built = Path(build_one(GQA, "float8_e4m3fn", "bfloat16", ctx=context(tmp_path, rows)).output_path)
     module = check.load_module_file(built)

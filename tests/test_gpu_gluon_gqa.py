@@ -5,9 +5,9 @@ Run on the H200 (sm_90, Triton 3.6), spread over processes:
     KGEN_TEST_ON_GPU=1 python -m pytest -q -m gpu tests/test_gpu_gluon_gqa.py -n 16 --dist loadgroup
 
 Every GQA layout with the stage (a KV dtype its lowering.json lists: 16-bit with q in that
-dtype, FP8 with either 16-bit q) runs through ``launch`` with a config that carries a
-``gluon`` section, so the launcher picks the Gluon kernel (asserted through ``launch_params``)
-whatever the shipped table holds:
+dtype, FP8 with one 16-bit q dtype each, fp8_q_pairs) runs through ``launch`` with a config
+that carries a ``gluon`` section, so the launcher picks the Gluon kernel (asserted through
+``launch_params``) whatever the shipped table holds:
 
 - groups: each listed group and an unlisted one (1.5 x the largest: several programs a KV head,
   the last one partly padding); with them programs whose rows all fit the first consumer
@@ -30,7 +30,7 @@ import pytest
 import torch
 from case_tools import poison_unnamed_slots
 from kernel_cases import SPECS, tolerance
-from test_gpu_gluon import GLUON_CONFIGS, _assert_gluon, check_domain, gluon_config
+from test_gpu_gluon import GLUON_CONFIGS, _assert_gluon, check_domain, fp8_q_pairs, gluon_config
 from test_gpu_sweep import unlisted_group
 
 import kgen
@@ -80,9 +80,10 @@ def test_gluon_gqa_domain(layout, kv_dtype, group, config_name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize(("layout", "kv_dtype", "group", "config_name"), _cases(FP8_KV))
-def test_gluon_gqa_fp8_domain(layout, kv_dtype, group, config_name, q_dtype):
+@pytest.mark.parametrize(("layout", "kv_dtype", "q_dtype", "group", "config_name"),
+                         [(layout, kv, q, group, name) for kv, q in fp8_q_pairs(FP8_KV)
+                          for layout, _, group, name in _cases([kv])])
+def test_gluon_gqa_fp8_domain(layout, kv_dtype, q_dtype, group, config_name):
     """FP8 KV through the converting producer (fp16 stages, q scaled by K's descale): every
     draft length to the tile, several splits and one, non-unit scales, both index dtypes."""
     module = kgen.load(layout, kv_dtype, q_dtype)

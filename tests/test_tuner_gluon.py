@@ -77,11 +77,12 @@ def test_sm90_mla_searches_a_lowering_axis_and_the_gluon_axes(kv: str) -> None:
     assert "lowering" in text and "gluon.num_stages" in text and "gluon_shared_bytes" in text
 
 
+@pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3fn"])
 @pytest.mark.parametrize("layout", ["qwen3_5_gqa256", "gqa128", "gqa64"])
-def test_sm90_gqa_16_bit_searches_its_gluon_stage(layout: str) -> None:
-    """GQA with 16-bit KV has its own Gluon prefix stage (kgen/templates/gluon_gqa/): its studies
-    search the lowering axis too, pruned by its rules (128-row programs)."""
-    space = space_for("sm_90", layout, LAYOUTS[layout].attention.group_sizes[0], "bfloat16")
+def test_sm90_gqa_searches_its_gluon_stage(layout: str, kv: str) -> None:
+    """GQA with 16-bit or FP8 KV has its own Gluon prefix stage (kgen/templates/gluon_gqa/): its
+    studies search the lowering axis too, pruned by its rules (128-row programs)."""
+    space = space_for("sm_90", layout, LAYOUTS[layout].attention.group_sizes[0], kv)
     assert set(space.gluon_axes) == GLUON_AXES and space.conditional
     assert "gluon_gqa/ws_prefix_stage.py.j2" in space.gluon_note
 
@@ -91,7 +92,7 @@ def test_sm90_gqa_16_bit_searches_its_gluon_stage(layout: str) -> None:
     ("gfx950", MLA, "bfloat16", TRITON_36, "runs on sm_90 only"),
     ("sm_90", MLA, "bfloat16", "3.9.0", "this is Triton 3.9.0"),
     ("sm_90", MLA, "float8_e4m3fnuz", TRITON_36, ""),  # the module has no Gluon prefix stage: nothing to say
-    ("sm_90", "qwen3_5_gqa256", "float8_e4m3fn", TRITON_36, ""),  # GQA's stage serves 16-bit KV only
+    ("sm_90", "qwen3_5_gqa256", "float8_e4m3fnuz", TRITON_36, ""),  # no 16-bit stage dtype: no GQA stage
 ])
 def test_no_gluon_axes_elsewhere_and_those_studies_keep_their_names(tmp_path: Path, arch: str, layout: str, kv: str,
                                                                     triton: str, note: str) -> None:
