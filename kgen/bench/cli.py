@@ -62,7 +62,7 @@ from kgen.bench.report import (
     write_json,
     write_report,
 )
-from kgen.bench.timing import EagerTimer, Timer
+from kgen.bench.timing import Timer
 from kgen.errors import KgenError
 
 DEFAULT_OUT = "bench-out"
@@ -574,14 +574,12 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path,
             "Use --list to see the cases, or --from-json RESULT.json [--compare BASELINE.json]."
         )
     from kgen.bench.peers import DeviceProvider
-    from kgen.bench.timing import CudaGraphTimer, copy_ceiling_gbps
+    from kgen.bench.timing import CudaGraphTimer, bench_copy_ceiling_gbps
 
     started = time.monotonic()
     timer = CudaGraphTimer(replays=args.replays, min_graph_us=args.min_graph_us)
     copy_bytes = int(args.copy_gib * (1 << 30))
-    # Eager events, not a graph: a captured copy becomes a copy-engine memcpy node, which
-    # measured far below the same copy launched eagerly (docs/perf-notes.md, "The copy ceiling's timer").
-    copy_gbps = copy_ceiling_gbps(EagerTimer(iters=20, warmup=3), copy_bytes)
+    copy_gbps = bench_copy_ceiling_gbps(copy_bytes)
     meta = collect_meta(args, copy_gbps, copy_bytes)
     print(f"{meta.gpu_name} ({meta.arch}): copy ceiling {copy_gbps:.0f} GB/s; {len(cases)} cases", flush=True)
     if left_out:

@@ -313,3 +313,10 @@ def copy_ceiling_gbps(timer: Timer, nbytes: int = 2 << 30, device: str = "cuda")
     timing = _copy_timing(timer, nbytes, device)
     torch.cuda.empty_cache()
     return 2 * nbytes / (timing.median_us * 1e-6) / 1e9
+
+
+def bench_copy_ceiling_gbps(nbytes: int = 2 << 30) -> float:
+    """The copy ceiling as `kgen bench` reports it (its 100%): eager events around 20 copies, not
+    a graph. A captured copy becomes a copy-engine memcpy node, which measured far below the
+    same copy launched eagerly (docs/perf-notes.md, "The copy ceiling's timer")."""
+    return copy_ceiling_gbps(EagerTimer(iters=20, warmup=3), nbytes)
