@@ -16,7 +16,8 @@ that carries a ``gluon`` section, so the launcher picks the Gluon kernel (assert
   as a ragged batch with an empty prefix, prefixes that are not multiples of a tile and one
   long enough for several splits; kv_indices int32 and then int64;
 - 64-token tiles with 2 stages, 32-token tiles with 4 and the lazy rescale, and 128-token
-  tiles with 3 where they fit shared memory (head dims 128 and 64);
+  tiles with 3 where they fit shared memory (head dims 128 and 64), all with bf16 KV (FP8:
+  e4m3fn); fp16 and e5m2 KV with 64-token tiles (dtype_config_pairs);
 - NaN in every pool slot no request names, in o before the call and in the split scratch;
 - separate K and V pools whose strides differ (V a view of a wider buffer);
 - the batch-invariant module.
@@ -30,7 +31,7 @@ import pytest
 import torch
 from case_tools import poison_unnamed_slots
 from kernel_cases import SPECS, tolerance
-from test_gpu_gluon import GLUON_CONFIGS, _assert_gluon, check_domain, fp8_q_pairs, gluon_config
+from test_gpu_gluon import GLUON_CONFIGS, _assert_gluon, check_domain, dtype_config_pairs, fp8_q_pairs, gluon_config
 from test_gpu_sweep import unlisted_group
 
 import kgen
@@ -66,9 +67,13 @@ def _fits(layout: str, config_name: str) -> bool:
     return need <= identity.targets["sm_90"]["shared_bytes"]
 
 
-def _cases(kv_dtypes: list[str]) -> list[tuple[str, str, int, str]]:
-    return [(layout, kv, group, name) for layout in LAYOUTS for kv in kv_dtypes for group in _groups(layout)
-            for name in CONFIGS if _fits(layout, name)]
+def _cases(dtypes: list) -> list[tuple]:
+    """(layout, dtype, group, config) for every GQA layout and group: every config that fits
+    shared memory with the first dtype, the first config with each further one
+    (dtype_config_pairs)."""
+    return [(layout, dtype, group, name) for layout in LAYOUTS
+            for dtype, name in dtype_config_pairs(dtypes, [n for n in CONFIGS if _fits(layout, n)])
+            for group in _groups(layout)]
 
 
 @pytest.mark.gpu
@@ -81,8 +86,7 @@ def test_gluon_gqa_domain(layout, kv_dtype, group, config_name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("layout", "kv_dtype", "q_dtype", "group", "config_name"),
-                         [(layout, kv, q, group, name) for kv, q in fp8_q_pairs(FP8_KV)
-                          for layout, _, group, name in _cases([kv])])
+                         [(layout, kv, q, group, name) for layout, (kv, q), group, name in _cases(fp8_q_pairs(FP8_KV))])
 def test_gluon_gqa_fp8_domain(layout, kv_dtype, q_dtype, group, config_name):
     """FP8 KV through the converting producer (fp16 stages, q scaled by K's descale): every
     draft length to the tile, several splits and one, non-unit scales, both index dtypes."""
