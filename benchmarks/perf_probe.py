@@ -24,18 +24,12 @@ import triton
 import kgen
 from kgen.bench.cases import Case
 from kgen.bench.cases import min_bytes as bench_min_bytes
+from kgen.bench.timing import bench_copy_ceiling_gbps
 from kgen.problems import make_case
 from kgen.reference import relative_error
 from kgen.spec import load_layouts
 
 SPECS = load_layouts()
-
-
-def copy_ceiling_gbs(nbytes: int = 2 << 30) -> float:
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
 def min_bytes(layout, kv, group, batch, prefix, draft) -> int:
@@ -129,7 +123,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     torch.manual_seed(0)
-    ceiling = copy_ceiling_gbs()
+    ceiling = bench_copy_ceiling_gbps()
     print(f"GPU {torch.cuda.get_device_name()} copy ceiling {ceiling:.0f} GB/s", flush=True)
     log = open(os.path.join(args.out, "perf_probe.log"), "w")
     recs = []

@@ -640,6 +640,11 @@ def _verify_merge_stage(
 #             loads, the whole tile in flight before it waits for the stage), converts them to
 #             fp16 (exact) and stores them into the stage ring, then the draft rows (16-bit,
 #             converted to fp16). It issues every global load of the loop; no consumer converts.
+#             It holds a tile in registers until that tile's stage frees, so one converter keeps
+#             one tile of rows in flight. Where consumer 1 has no rows (GROUP x L_PAD <= 64), its
+#             warpgroup is a second converter instead: the two take the odd and the even tiles
+#             (each waits on `empty` and arrives on `ready` of its own tiles' stages only), and
+#             two tiles are in flight.
 #
 # FP8 KV: the stages, q and P are fp16; q is scaled by K's descale once (as the Triton kernel
 # does), and V's descale multiplies the prefix's P.V once.
@@ -659,6 +664,7 @@ GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup 
 # Registers a thread of the workers: consumer 1 (its accumulator, S and P) and the producer (a
 # few 64-bit row offsets); consumer 0 takes what they leave (as many as consumer 1). setmaxnreg
 # moves the physical registers and ptxas compiles each partition within its share.
+# Two converters (consumer 1 without rows) each take the producer's share.
 # The converting producer holds a tile's e5m2 K and V rows and their next row offsets.
 GLUON_CONSUMER_REGISTERS = tl.constexpr(200)
 GLUON_PRODUCER_REGISTERS = tl.constexpr(104)
@@ -865,12 +871,16 @@ if _HAS_GLUON:
                                    empty, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
                                    stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off, q_start, q_len,
                                    ke_head, stride_ke_tok, ve_head, stride_ve_tok, BLOCK_N: gl.constexpr,
-                                   NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """The producer partition of FP8 KV (GLUON_PRODUCER_WARPS warps, GLUON_PRODUCER_REGISTERS
-        registers a thread): the split's K and V tiles, then (draft_tiles == 1) the draft rows,
-        as _gluon_producer fills them, but converted to fp16 on the way. A tile's loads are all
-        issued before the wait for its stage, so their memory latency overlaps the consumers'
-        use of that stage; the next tile's row offsets load before this tile's stores."""
+                                   NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr,
+                                   FIRST_TILE: gl.constexpr, TILE_STEP: gl.constexpr):
+        """A converting producer partition of FP8 KV (4 warps): the split's K and V tiles
+        FIRST_TILE, FIRST_TILE + TILE_STEP, ..., then the draft rows if the draft tile (tile
+        num_tiles, draft_tiles == 1) is one of those, as _gluon_producer fills them, but
+        converted to fp16 on the way. One converter fills every tile (0, 1); two interleave
+        (0, 2 and 1, 2), each owning its own stages of a round, so twice the rows are in flight.
+        A tile's loads are all issued before the wait for its stage, so their memory latency
+        overlaps the consumers' use of that stage; the next tile's row offsets load before this
+        tile's stores."""
         # e5m2 rows, 16 bytes (16 elements) a thread a load: NOPE_DIM / 16 lanes a row, the rest
         # of the warp on further rows, so a thread holds BLOCK_N x NOPE_DIM / (32 x warps) bytes of K
         # and as many of V.
@@ -878,14 +888,15 @@ if _HAS_GLUON:
         LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (NOPE_DIM // 16), NOPE_DIM // 16],
                                               [GLUON_PRODUCER_WARPS, 1], [1, 0])
         last = split_end - 1
-        k_row = _gluon_tile_rows(table_words, split_start, last, page_shift, stride_k_page, stride_k_slot, head_off,
+        first_tok = split_start + FIRST_TILE * BLOCK_N
+        k_row = _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_k_page, stride_k_slot, head_off,
                                  BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
-        v_row = _gluon_tile_rows(table_words, split_start, last, page_shift, stride_v_page, stride_v_slot, v_head_off,
+        v_row = _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_v_page, stride_v_slot, v_head_off,
                                  BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
-        for t in range(num_tiles):
+        for t in range(FIRST_TILE, num_tiles, TILE_STEP):
             k = _gluon_fp8_rows(K_Buffer, k_row, 0, NOPE_DIM, LOAD)
             v = _gluon_fp8_rows(V_Buffer, v_row, 0, V_HEAD_DIM, LOAD)
-            next_tok = split_start + (t + 1) * BLOCK_N
+            next_tok = split_start + (t + TILE_STEP) * BLOCK_N
             k_row = _gluon_tile_rows(table_words, next_tok, last, page_shift, stride_k_page, stride_k_slot, head_off,
                                      BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
             v_row = _gluon_tile_rows(table_words, next_tok, last, page_shift, stride_v_page, stride_v_slot,
@@ -895,7 +906,10 @@ if _HAS_GLUON:
             k_stages.index(stage).store(k.to(k_stages.dtype))
             v_stages.index(stage).store(v.to(v_stages.dtype))
             _gluon_stage_filled(ready, stage)
-        for t in range(num_tiles, num_tiles + draft_tiles):
+        # The draft tile is tile num_tiles: this converter's if it falls on its tiles (the first of
+        # them at or past num_tiles; every term non-negative, so `%` needs no sign care).
+        draft_t = num_tiles + (TILE_STEP + FIRST_TILE - num_tiles % TILE_STEP) % TILE_STEP
+        for t in range(draft_t, num_tiles + draft_tiles, TILE_STEP):
             # The draft tile: draft token j is row j; rows past the draft are zeros.
             DRAFT_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
             offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, DRAFT_LOAD))
@@ -1175,31 +1189,64 @@ if _HAS_GLUON:
             draft_tiles = (split == num_written - 1).to(gl.int32)  # the request's last split adds the draft tile
             INDEX_WORDS: gl.constexpr = Kv_Table.dtype.element_ty.primitive_bitwidth // 32
             table_words = Kv_Table.to(gl.pointer_type(gl.int32)) + table_start * INDEX_WORDS
-            gl.warp_specialize([
-                (_gluon_consumer, (
-                    Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                    empty, q_start, q_len, kv_head, head_block,
-                    first_row, slot,
-                    batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale,
-                    k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head, stride_o_tok,
-                    stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head,
-                    0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE)),
-                (_gluon_consumer, (
-                    Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                    empty, q_start, q_len, kv_head, head_block,
-                    first_row, slot,
-                    batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles, qk_scale,
-                    k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head, stride_o_tok,
-                    stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok, stride_pl_head,
-                    1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK, BLOCK_TABLE)),
-                (_gluon_converting_producer, (
-                    K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
-                    split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
-                    kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
-                    kv_head.to(gl.int64) * stride_v_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
-                    stride_ke_tok, kv_head.to(gl.int64) * stride_ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES,
-                    INDEX_WORDS, BLOCK_TABLE)),
-            ], [4, GLUON_PRODUCER_WARPS], [GLUON_CONSUMER_REGISTERS, GLUON_PRODUCER_REGISTERS])
+            if CONSUMERS == 2:
+                # Both consumers have rows; one converter fills every tile.
+                gl.warp_specialize([
+                    (_gluon_consumer, (
+                        Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
+                        empty, q_start, q_len, kv_head, head_block,
+                        first_row, slot,
+                        batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
+                        qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
+                        stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
+                        stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
+                        BLOCK_TABLE)),
+                    (_gluon_consumer, (
+                        Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
+                        empty, q_start, q_len, kv_head, head_block,
+                        first_row, slot,
+                        batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
+                        qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
+                        stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
+                        stride_pl_head, 1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
+                        BLOCK_TABLE)),
+                    (_gluon_converting_producer, (
+                        K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
+                        split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
+                        kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
+                        kv_head.to(gl.int64) * stride_v_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
+                        stride_ke_tok, kv_head.to(gl.int64) * stride_ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES,
+                        INDEX_WORDS, BLOCK_TABLE, 0, 1)),
+                ], [4, GLUON_PRODUCER_WARPS], [GLUON_CONSUMER_REGISTERS, GLUON_PRODUCER_REGISTERS])
+            else:
+                # Consumer 1 has no rows: its warpgroup converts instead. Two converters take the
+                # odd and the even tiles, so two tiles' rows are in flight where one converter,
+                # holding a tile in registers until its stage frees, keeps one.
+                gl.warp_specialize([
+                    (_gluon_consumer, (
+                        Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
+                        empty, q_start, q_len, kv_head, head_block,
+                        first_row, slot,
+                        batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
+                        qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
+                        stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
+                        stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
+                        BLOCK_TABLE)),
+                    (_gluon_converting_producer, (
+                        K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
+                        split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
+                        kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
+                        kv_head.to(gl.int64) * stride_v_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
+                        stride_ke_tok, kv_head.to(gl.int64) * stride_ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES,
+                        INDEX_WORDS, BLOCK_TABLE, 1, 2)),
+                    (_gluon_converting_producer, (
+                        K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
+                        split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
+                        kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
+                        kv_head.to(gl.int64) * stride_v_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
+                        stride_ke_tok, kv_head.to(gl.int64) * stride_ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES,
+                        INDEX_WORDS, BLOCK_TABLE, 0, 2)),
+                ], [GLUON_PRODUCER_WARPS, GLUON_PRODUCER_WARPS], [GLUON_PRODUCER_REGISTERS, GLUON_PRODUCER_REGISTERS])
 
 
 # ---------------------------------------------------------------------------------------

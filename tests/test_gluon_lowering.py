@@ -376,10 +376,13 @@ def test_from_rows_keeps_short_drafts_on_the_triton_stage(tmp_path: Path, monkey
     assert fits.value == "Gluon at L 8-64" and "L 1-7 (under 64 rows a KV head, group x L (from_rows))" in fits.why
 
 
-def test_the_gqa_stage_converts_fp8_off_the_mma_warps(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("l_pad", "converters"), [(16, 1), (4, 2)])
+def test_the_gqa_stage_converts_fp8_off_the_mma_warps(tmp_path: Path, l_pad: int, converters: int) -> None:
     """GQA's FP8 converting producer (gluon/pipeline.py.j2), compiled offline for sm_90: no
-    cp.async (the producer loads through registers and converts), the consumers' and producer's
-    FP8 register split, wgmma, no spills at 64-token tiles."""
+    cp.async (the producer loads through registers and converts), wgmma, no spills at 64-token
+    tiles. Group 8 at L_PAD 16 fills both consumers: they run at GLUON_CONSUMER_REGISTERS beside
+    one converter. At L_PAD 4 its 32 rows fit consumer 0, and consumer 1's warpgroup converts
+    too: both workers are converters at GLUON_PRODUCER_REGISTERS."""
     if not triton.__version__.startswith("3.6."):
         pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
     rows = table("sm_90", entry(GQA, 8, gluon=GQA_GLUON_ROW, kv="float8_e4m3fn"))
@@ -387,11 +390,13 @@ def test_the_gqa_stage_converts_fp8_off_the_mma_warps(tmp_path: Path) -> None:
     module = check.load_module_file(built)
     infos = check.find_modules(generated=built.parent)
     enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
-    variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == 16
-                   and not v.constexprs["HAS_MASK"])
+    variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == l_pad
+                   and v.constexprs["GROUP"] == 8 and not v.constexprs["HAS_MASK"])
     result, roles = _compiled_with_roles(variant)
     assert result["error"] is None, result["error"]
     assert result["spill_stores"] == 0, result
     set_to = {n for _, n in roles["setmaxnreg"]}
-    assert {module.GLUON_CONSUMER_REGISTERS.value, module.GLUON_PRODUCER_REGISTERS.value} <= set_to, roles
+    consumer, producer = module.GLUON_CONSUMER_REGISTERS.value, module.GLUON_PRODUCER_REGISTERS.value
+    # One converter: consumer 1 is a worker at the consumers' registers; two: no worker is a consumer.
+    assert producer in set_to and (consumer in set_to) == (converters == 1), roles
     assert roles["copy_arrivals"] == 0 and roles["wgmma"] > 0, roles
