@@ -659,8 +659,8 @@ GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup 
 # Registers a thread of the workers: consumer 1 (its accumulator, S and P) and the producer (a
 # few 64-bit row offsets); consumer 0 takes what they leave (as many as consumer 1). setmaxnreg
 # moves the physical registers and ptxas compiles each partition within its share.
-# Two converters (consumer 1 without rows) each take the producer's share.
-# The converting producer holds a tile's e5m2 K and V rows and their next row offsets.
+# The converting producer holds a tile's e5m2 K and V rows and their next row offsets;
+# two converters (consumer 1 without rows) each take this share.
 GLUON_CONSUMER_REGISTERS = tl.constexpr(200)
 GLUON_PRODUCER_REGISTERS = tl.constexpr(104)
 # 12 warps x 32 threads x 168 = 64,512 of the 65,536 registers: what setmaxnreg redistributes.
