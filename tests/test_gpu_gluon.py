@@ -46,7 +46,8 @@ from kgen.spec import FP8_DTYPES
 
 LAYOUT = "mla_absorbed_512_64"
 # The KV dtypes the stage serves (lowering.json's kv_dtype): a dtype added there runs here. A
-# 16-bit pool takes queries in its own dtype (select_lowering); an FP8 one either 16-bit dtype.
+# 16-bit pool takes queries in its own dtype (select_lowering); an FP8 one either 16-bit dtype
+# (run in pairs, fp8_q_pairs).
 SERVED_KV = second_lowerings()["gluon_prefix"]["requires"]["kv_dtype"]
 KV16 = [kv for kv in SERVED_KV if kv not in FP8_DTYPES]
 FP8_KV = [kv for kv in SERVED_KV if kv in FP8_DTYPES]

@@ -44,7 +44,8 @@ from kgen.spec import FP8_DTYPES
 PACKAGE = second_lowerings()["gluon_gqa_prefix"]
 LAYOUTS = [name for name, spec in SPECS.items() if spec.attention.kind == "gqa"]
 # The KV dtypes the stage serves (lowering.json's kv_dtype): a dtype added there runs here. A
-# 16-bit pool takes queries in its own dtype; an FP8 one (the converting producer) either.
+# 16-bit pool takes queries in its own dtype; an FP8 one (the converting producer) either (run in
+# pairs, fp8_q_pairs).
 SERVED_KV = PACKAGE["requires"]["kv_dtype"]
 KV16 = [kv for kv in SERVED_KV if kv not in FP8_DTYPES]
 FP8_KV = [kv for kv in SERVED_KV if kv in FP8_DTYPES]
