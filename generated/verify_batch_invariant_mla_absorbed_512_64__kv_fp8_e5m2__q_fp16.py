@@ -634,14 +634,12 @@ GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup 
 # Registers a thread of the workers: the second PV (its accumulator half and the rescale) and the
 # producer (a few 64-bit row offsets); the scorer takes what they leave (256: S, P and its half).
 # setmaxnreg moves the physical registers and ptxas compiles each partition within its share;
-# every single instruction must still fit GLUON_MAX_REGISTERS (docs/perf-notes.md, "What Triton
-# 3.6's Gluon does on sm_90").
+# every single instruction must still fit the launch's maxnreg (rules.gluon_launch_registers: 168
+# at 12 warps; docs/perf-notes.md, "What Triton 3.6's Gluon does on sm_90").
 # The converting producer holds a tile's e5m2 rows (72 registers a thread) and one converted
 # chunk; the second PV needs at least 160 (152 spills 1 KB), so the producer gets what is left.
 GLUON_SECOND_PV_REGISTERS = tl.constexpr(168)
 GLUON_PRODUCER_REGISTERS = tl.constexpr(104)
-# 12 warps x 32 threads x 168 = 64,512 of the 65,536 registers: what setmaxnreg redistributes.
-GLUON_MAX_REGISTERS = tl.constexpr(168)
 
 if _HAS_GLUON:
 
@@ -1331,8 +1329,7 @@ LAUNCHER = InvariantVerifyLauncher(
                               draft_rows=DRAFT_ROWS),
     ),
     Kernels(prefix=_verify_prefix_stage, merge=_verify_merge_stage,
-            gluon_prefix=_gluon_prefix_stage if _HAS_GLUON else None, gluon_num_warps=GLUON_NUM_WARPS.value,
-            gluon_max_registers=GLUON_MAX_REGISTERS.value),
+            gluon_prefix=_gluon_prefix_stage if _HAS_GLUON else None, gluon_num_warps=GLUON_NUM_WARPS.value),
     _BLOCK_CONFIGS,
     _DEFAULT_CONFIG,
 )

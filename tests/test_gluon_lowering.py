@@ -274,7 +274,7 @@ def test_the_gluon_stage_is_warp_specialized(built: Path) -> None:
     infos = check.find_modules(generated=built.parent)
     enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
     variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == 4)
-    assert variant.options["maxnreg"] == module.GLUON_MAX_REGISTERS.value
+    assert variant.options["maxnreg"] == rules.gluon_launch_registers(12) == 168
     with check._compile_environment(), ProcessPoolExecutor(
             1, mp_context=multiprocessing.get_context("spawn"), initializer=check._worker_init) as pool:
         roles = pool.submit(_warp_roles, check._job(variant)).result()
@@ -282,7 +282,7 @@ def test_the_gluon_stage_is_warp_specialized(built: Path) -> None:
     assert {module.GLUON_SECOND_PV_REGISTERS.value, module.GLUON_PRODUCER_REGISTERS.value, 256} <= set_to, roles
     # Within the register file: 4 warps of each partition at the registers they were given.
     assert 32 * 4 * (256 + module.GLUON_SECOND_PV_REGISTERS.value + module.GLUON_PRODUCER_REGISTERS.value) <= (
-        32 * 12 * module.GLUON_MAX_REGISTERS.value)
+        32 * 12 * variant.options["maxnreg"])
     # The producer's prefix tiles and its draft tile each signal `ready`; the scorer waits on
     # `ready`, the second PV on `p_ready` and the rows' stats, the producer on `empty`.
     assert roles["copy_arrivals"] == 2 and roles["waits"] >= 5 and roles["wgmma"] > 0, roles
@@ -400,3 +400,155 @@ def test_the_gqa_stage_converts_fp8_off_the_mma_warps(tmp_path: Path, l_pad: int
     # One converter: consumer 1 is a worker at the consumers' registers; two: no worker is a consumer.
     assert producer in set_to and (consumer in set_to) == (converters == 1), roles
     assert roles["copy_arrivals"] == 0 and roles["wgmma"] > 0, roles
+
+
+# ------------------------------------------------------- 256 rows a program (max_rows)
+
+WIDE_GQA_ROW = {"block_n": 32, "num_stages": 4, "max_rows": 256,
+                "split": {"programs_per_sm": 1, "max_splits": 64, "min_tokens_per_split": 128}}
+
+
+@pytest.fixture(scope="module")
+def built_wide_gqa(tmp_path_factory) -> Path:
+    """The GQA 128 BF16 module with a max_rows 256 gluon row at group 16, batch 1-8, as sm_90's table."""
+    out = tmp_path_factory.mktemp("gluon_wide_gqa_module")
+    rows = table("sm_90", entry(GQA, 16, gluon=WIDE_GQA_ROW))
+    return Path(build_one(GQA, "bfloat16", "bfloat16", ctx=context(out, rows)).output_path)
+
+
+@pytest.mark.parametrize(("draft", "block_h", "l_pad"), [(4, 32, 4), (8, 16, 8), (9, 16, 16), (16, 16, 16),
+                                                         (17, 8, 32), (32, 8, 32)])
+def test_max_rows_256_holds_a_kv_heads_rows_in_one_program(built_wide_gqa: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          draft: int, block_h: int, l_pad: int) -> None:
+    """A max_rows 256 section: 256-row programs (two consumers of 128) where a KV head has more
+    than 128 rows (group 16 from L_PAD 16: one program a KV head, from 32: two), 128-row ones where
+    it has no more (L_PAD 8 and under), so no program leaves a consumer idle that two would share."""
+    mod = _import(built_wide_gqa, "gluon_wide_gqa_module")
+    monkeypatch.setattr(mod.LAUNCHER, "gluon_enabled", True)
+    name, constexprs, options = mod.launch_params("sm_90", 132, 16, 4, draft, None)[0]
+    assert name == GLUON and (constexprs["BLOCK_H"], constexprs["L_PAD"]) == (block_h, l_pad)
+    assert constexprs["BLOCK_N"] == 32 and options == {"num_warps": 4, "num_stages": 1, "maxnreg": 168}
+
+
+def test_select_lowering_says_where_a_program_holds_256_rows(tmp_path: Path) -> None:
+    rows = table("sm_90", entry(GQA, 16, gluon=WIDE_GQA_ROW))
+    plan = plan_through_lowering(context(tmp_path, rows), GQA)
+    fits = {d.what: d for d in plan.decisions_of("select_lowering")}["sm_90 row group 16 batch 1-8"]
+    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, 32, 4, 256)
+    # q of 256 rows and four stages of K and V, 32 tokens of 128 columns each.
+    assert need == 256 * 128 * 2 + 4 * 32 * 256 * 2 + rules.SHARED_MARGIN_BYTES
+    assert fits.value == "Gluon at L 1-32" and f"{need} of 232448 B" in fits.why
+    assert "16 x 16 at L 9-16" in fits.why and "8 x 32 at L 17-32" in fits.why and "16 x 8 at L 5-8" in fits.why
+
+
+@pytest.mark.parametrize(("layout", "kv", "gluon", "why"), [
+    ("qwen3_5_gqa256", "bfloat16", WIDE_GQA_ROW, "head dim 256 and BLOCK_N 32 take 304 registers"),
+    (GQA, "bfloat16", {**WIDE_GQA_ROW, "block_n": 64}, "head dim 128 and BLOCK_N 64 take 224 registers"),
+    (GQA, "float8_e4m3fn", WIDE_GQA_ROW, "FP8 KV"),
+    (MLA, "bfloat16", {**GLUON_ROW, "max_rows": 128}, "absorbed MLA's Gluon programs are 64 rows"),
+])
+def test_a_max_rows_no_program_could_hold_is_refused(tmp_path: Path, layout: str, kv: str, gluon: dict,
+                                                     why: str) -> None:
+    """A section asking for more rows than this module's programs hold names the row and why:
+    the launcher would otherwise run narrower programs than the table says."""
+    ctx = context(tmp_path, table("sm_90", entry(layout, 16, gluon=gluon, kv=kv)))
+    with pytest.raises(TableError, match=f"the row for {layout} .*max_rows {gluon['max_rows']}.*{why}.*remove "
+                                         "max_rows"):
+        plan_through_lowering(ctx, layout, kv)
+
+
+def test_kgen_check_compiles_a_256_row_program_without_spills(built_wide_gqa: Path) -> None:
+    """Offline for sm_90: the 256-row program (two consumers of two wgmma tiles each) at
+    GLUON_CONSUMER_REGISTERS, no spills (rules.GLUON_WIDE_DATA_REGISTERS), q of 256 rows within
+    rules.gluon_shared_bytes."""
+    module = check.load_module_file(built_wide_gqa)
+    if not module._HAS_GLUON:
+        pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
+    infos = check.find_modules(generated=built_wide_gqa.parent)
+    enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
+    variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == 16
+                   and v.constexprs["BLOCK_H"] == 16 and not v.constexprs["HAS_MASK"])
+    result, roles = _compiled_with_roles(variant)
+    assert result["error"] is None, result["error"]
+    estimate = rules.gluon_shared_bytes(module.LAUNCHER.identity.kernel_shape, 32, 4, 256)
+    assert estimate - rules.SHARED_MARGIN_BYTES <= result["shared"] <= estimate
+    assert result["spill_stores"] == 0, result
+    assert module.GLUON_CONSUMER_REGISTERS.value in {n for _, n in roles["setmaxnreg"]}, roles
+    assert roles["wgmma"] > 0, roles
+
+
+
+# ------------------------------------------------ FP8 GQA: two converters beside two consumers
+
+FP8_GQA_ROW = {"block_n": 64, "num_stages": 2,
+               "split": {"programs_per_sm": 1, "max_splits": 64, "min_tokens_per_split": 128}}
+
+
+def _fp8_gqa_module(tmp_path: Path, converters: int | None, name: str) -> ModuleType:
+    gluon = {**FP8_GQA_ROW, **({"converters": converters} if converters else {})}
+    rows = table("sm_90", entry(GQA, 8, gluon=gluon, kv="float8_e4m3fn"))
+    built = build_one(GQA, "float8_e4m3fn", "bfloat16", ctx=context(tmp_path, rows)).output_path
+    return _import(Path(built), name)
+
+
+@pytest.mark.parametrize(("converters", "draft", "expected", "maxnreg"), [
+    (None, 4, 2, 168), (None, 16, 1, 168),  # the rule: two where consumer 1 has no rows (32 rows), else one
+    (2, 4, 2, 168), (2, 16, 2, 128),  # beside two consumers (128 rows) a fourth warpgroup: 16 warps
+    (1, 4, 1, 168), (1, 16, 1, 168),
+])
+def test_an_fp8_gqa_launch_chooses_its_converters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  converters: int | None, draft: int, expected: int,
+                                                  maxnreg: int) -> None:
+    """CONVERTERS and the launch's maxnreg follow rules.gluon_converters / gluon_warps: a 16-warp
+    program launches at 128 registers a thread, a 12-warp one at 168."""
+    mod = _fp8_gqa_module(tmp_path, converters, f"fp8_converters_{converters}_{draft}")
+    monkeypatch.setattr(mod.LAUNCHER, "gluon_enabled", True)
+    name, constexprs, options = mod.launch_params("sm_90", 132, 8, 4, draft, None)[0]
+    assert name == GLUON and constexprs["CONVERTERS"] == expected and options["maxnreg"] == maxnreg
+
+
+@pytest.mark.parametrize(("layout", "kv", "why"), [
+    ("qwen3_5_gqa256", "float8_e4m3fn", "head dim 256: beside two consumers a second converter makes 16 warps"),
+    (GQA, "bfloat16", "only GQA's FP8 programs convert"),
+    (MLA, "float8_e4m3fn", "only GQA's FP8 programs convert"),
+])
+def test_converters_no_program_could_have_are_refused(tmp_path: Path, layout: str, kv: str, why: str) -> None:
+    gluon = {**(FP8_GQA_ROW if layout != MLA else GLUON_ROW), "converters": 2}
+    ctx = context(tmp_path, table("sm_90", entry(layout, 16, gluon=gluon, kv=kv)))
+    with pytest.raises(TableError, match=f"the row for {layout} .*2 converters.*{why}.*remove converters"):
+        plan_through_lowering(ctx, layout, kv)
+
+
+def test_two_converters_beside_two_consumers_compile_at_16_warps(tmp_path: Path) -> None:
+    """Offline for sm_90: the four-warpgroup FP8 program (GQA 128, group 8, L_PAD 16: both
+    consumers have rows) at maxnreg 128: the consumers at GLUON_FOUR_WARPGROUP_CONSUMER_REGISTERS,
+    both converters at GLUON_PRODUCER_REGISTERS, no cp.async, no spills at 64-token tiles."""
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
+    gluon = {**FP8_GQA_ROW, "converters": 2}
+    rows = table("sm_90", entry(GQA, 8, gluon=gluon, kv="float8_e4m3fn"))
+    built = Path(build_one(GQA, "float8_e4m3fn", "bfloat16", ctx=context(tmp_path, rows)).output_path)
+    module = check.load_module_file(built)
+    infos = check.find_modules(generated=built.parent)
+    enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
+    variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == 16
+                   and v.constexprs["GROUP"] == 8 and not v.constexprs["HAS_MASK"])
+    assert variant.options["maxnreg"] == rules.gluon_launch_registers(16) == 128
+    result, roles = _compiled_with_roles(variant)
+    assert result["error"] is None, result["error"]
+    assert result["spill_stores"] == 0, result
+    consumer = module.GLUON_FOUR_WARPGROUP_CONSUMER_REGISTERS.value
+    producer = module.GLUON_PRODUCER_REGISTERS.value
+    assert 32 * 4 * (2 * consumer + 2 * producer) == rules.REGISTER_FILE
+    assert {consumer, producer} <= {n for _, n in roles["setmaxnreg"]}, roles
+    assert roles["copy_arrivals"] == 0 and roles["wgmma"] > 0, roles
+
+
+def test_select_lowering_says_each_fp8_programs_converters(tmp_path: Path) -> None:
+    """Group 8: 32 rows at L 4 (consumer 1 converts), 128 at L 16 (a fourth warpgroup converts)."""
+    for converters, at_16 in ((None, "8 x 16 (1 converter)"), (2, "8 x 16 (2 converters)")):
+        gluon = {**FP8_GQA_ROW, **({"converters": converters} if converters else {})}
+        rows = table("sm_90", entry(GQA, 8, gluon=gluon, kv="float8_e4m3fn"))
+        plan = plan_through_lowering(context(tmp_path, rows), GQA, "float8_e4m3fn")
+        fits = {d.what: d for d in plan.decisions_of("select_lowering")}["sm_90 row group 8 batch 1-8"]
+        assert "32 x 4 (2 converters) at L 3-4" in fits.why and f"{at_16} at L 9-16" in fits.why, fits.why

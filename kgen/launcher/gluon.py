@@ -35,16 +35,16 @@ class GluonPrefixStage:
 
     @staticmethod
     def draft_rows(identity: ModuleIdentity, max_len: int, block_n: int, group: int,
-                   from_rows: int = 0) -> tuple[int, int] | None:
-        """(BLOCK_H, L_PAD) of a program for this draft, or None where rules.gluon_refusal gives
-        a reason (the draft does not fit, a KV head's rows fall short of from_rows, or a
-        batch-invariant module's longest draft exceeds a key tile)."""
+                   from_rows: int = 0, max_rows: int | None = None) -> tuple[int, int] | None:
+        """(BLOCK_H, L_PAD) of a program for this draft (up to the section's max_rows), or None
+        where rules.gluon_refusal gives a reason (the draft does not fit, a KV head's rows fall
+        short of from_rows, or a batch-invariant module's longest draft exceeds a key tile)."""
         invariant_draft = None if identity.invariance is None else identity.invariance.draft_rows
         if rules.gluon_refusal(identity.kernel_shape, max_len, block_n, group, from_rows, invariant_draft,
                                identity.max_draft_tokens):
             return None
         return rules.gluon_rows(identity.kernel_shape, max_len if invariant_draft is None else invariant_draft,
-                                block_n)
+                                block_n, group, max_rows)
 
     def prefix_launch(self, identity: ModuleIdentity, kernels: Kernels, enabled: bool, arch: str,
                       config: Mapping[str, Any], group: int, max_len: int, page_size: int | None,
@@ -59,15 +59,24 @@ class GluonPrefixStage:
         gluon = config.get("gluon")
         if gluon is None or not enabled or arch != identity.gluon_arch:
             return None
-        rows = self.draft_rows(identity, max_len, gluon["block_n"], group, gluon.get("from_rows", 0))
-        shared = rules.gluon_shared_bytes(identity.kernel_shape, gluon["block_n"], gluon["num_stages"])
+        rows = self.draft_rows(identity, max_len, gluon["block_n"], group, gluon.get("from_rows", 0),
+                               gluon.get("max_rows"))
+        shared = rules.gluon_shared_bytes(identity.kernel_shape, gluon["block_n"], gluon["num_stages"],
+                                          gluon.get("max_rows"))
         if rows is None or shared > identity.targets[arch]["shared_bytes"]:
             return None
         block_h, l_pad = rows
         constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": gluon["block_n"],
                       "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale")),
                       "HAS_MASK": has_mask, "BLOCK_TABLE": page_size is not None}
-        options = {"num_warps": kernels.gluon_num_warps, "num_stages": 1, "maxnreg": kernels.gluon_max_registers}
+        shape = identity.kernel_shape
+        consumers = rules.gluon_consumers(block_h * l_pad, group, l_pad)
+        converters = rules.gluon_converters(shape, consumers, gluon.get("converters"))
+        if converters:  # an FP8 GQA program: its converter warpgroups are the launch's choice
+            constexprs["CONVERTERS"] = converters
+        warps = rules.gluon_warps(consumers, converters)
+        options = {"num_warps": kernels.gluon_num_warps, "num_stages": 1,
+                   "maxnreg": rules.gluon_launch_registers(warps)}
         # Gluon has no gdc_wait: this stage launches after the kernels before it, not early.
         return self.kernel_name, constexprs, options, {"split": gluon.get("split", {})}, False
 

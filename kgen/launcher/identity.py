@@ -78,5 +78,3 @@ class Kernels:
     merge: Any
     gluon_prefix: Any = None
     gluon_num_warps: int | None = None  # its default partition's warps (the consumers)
-    # Registers a thread at launch (maxnreg) for all its warps: what setmaxnreg redistributes.
-    gluon_max_registers: int | None = None

@@ -256,25 +256,60 @@ def fit_program(target: Target, shape: KernelShape, config: Config, group: int, 
 
 # The Gluon prefix stage's program rows: absorbed MLA's two consumer warpgroups split one wgmma's
 # 64 rows by output columns (gluon/mla_ws_prefix_stage.py.j2); GQA's split 128 rows into two
-# wgmma tiles of 64 on one K/V stage (gluon_gqa/ws_prefix_stage.py.j2).
+# wgmma tiles of 64 on one K/V stage (gluon_gqa/ws_prefix_stage.py.j2), or 256 into two
+# consumers of two tiles each where a config's section asks (its max_rows).
 GLUON_ROWS = 64
 GLUON_GQA_ROWS = 128
+GLUON_GQA_WIDE_ROWS = 256
+# A 128-row consumer's registers a thread for its data: the fp32 accumulator (head dim), S
+# (BLOCK_N) and P (BLOCK_N / 2, 16-bit pairs), of the 224 its setmaxnreg gives beside addresses
+# and the softmax's rows. Offline for sm_90 (Triton 3.6, benchmarks/offline_compile.py
+# --gluon-max-rows 256): head dim 128 with 32-token tiles (176) and head dim 64 with 64-token
+# tiles (160) compile without spills; 128 with 64-token tiles (224) spills 248 B a thread in the
+# loop, 64 with 128-token tiles (256) 868 B.
+GLUON_WIDE_DATA_REGISTERS = 176
 GLUON_MAX_ROW_BLOCK = 64  # L_PAD past this leaves no head per program
 
 
-def gluon_program_rows(shape: KernelShape) -> int:
-    """Rows of one Gluon program of this kernel shape: GLUON_GQA_ROWS where V is its own
-    buffer (GQA), GLUON_ROWS where V is a view of the K tile (absorbed MLA)."""
-    return GLUON_GQA_ROWS if shape["v_separate"] else GLUON_ROWS
+def gluon_wide_refusal(shape: KernelShape, block_n: int) -> str | None:
+    """Why a Gluon program of this kernel shape and key tile cannot hold GLUON_GQA_WIDE_ROWS
+    rows, or None."""
+    if not shape["v_separate"]:
+        return f"absorbed MLA's Gluon programs are {GLUON_ROWS} rows"
+    if shape["kv_bytes"] != 2:
+        return "FP8 KV: the converting producer's registers leave a 128-row consumer too few"
+    data = shape["acc_width"] + block_n * 3 // 2
+    if data > GLUON_WIDE_DATA_REGISTERS:
+        return (f"a 128-row consumer's accumulator, S and P at head dim {shape['acc_width']} and BLOCK_N {block_n} "
+                f"take {data} registers a thread, past {GLUON_WIDE_DATA_REGISTERS} (its loop spills)")
+    return None
 
 
-def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int) -> int:
-    """Shared memory of the Gluon prefix stage: q (16-bit), NUM_STAGES gathered K tiles (and V
-    tiles where V is its own buffer), absorbed MLA's fp32 rows (each stage's rescale row and
-    the rows' final max and sum-exp; its P lives in its stage's PE slot), plus the margin
-    (measured with Triton 3.6 for sm_90: the mbarrier arrays and Triton's own scratch add
-    336-352 bytes to these buffers)."""
-    rows = gluon_program_rows(shape)
+def gluon_max_rows(shape: KernelShape, block_n: int, max_rows: int | None = None) -> int:
+    """The most rows a Gluon program of this kernel shape and key tile holds under a section's
+    max_rows (None: the layout's, GLUON_GQA_ROWS for GQA, GLUON_ROWS for absorbed MLA)."""
+    if not shape["v_separate"]:
+        return GLUON_ROWS
+    if max_rows == GLUON_GQA_WIDE_ROWS and gluon_wide_refusal(shape, block_n) is None:
+        return GLUON_GQA_WIDE_ROWS
+    return GLUON_GQA_ROWS
+
+
+def gluon_program_rows(shape: KernelShape, block_n: int, max_rows: int | None = None, group_rows: int = 0) -> int:
+    """Rows of one Gluon program: ``gluon_max_rows``, but GLUON_GQA_ROWS where a KV head has no
+    more rows than that (group x L_PAD, ``group_rows``): a wider program would leave its second
+    consumer idle where two 64-row consumers share the rows."""
+    most = gluon_max_rows(shape, block_n, max_rows)
+    return most if group_rows > GLUON_GQA_ROWS else min(most, GLUON_GQA_ROWS)
+
+
+def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int, max_rows: int | None = None) -> int:
+    """Shared memory of the Gluon prefix stage: q (16-bit) of its widest program
+    (``gluon_max_rows``), NUM_STAGES gathered K tiles (and V tiles where V is its own buffer),
+    absorbed MLA's fp32 rows (each stage's rescale row and the rows' final max and sum-exp; its P
+    lives in its stage's PE slot), plus the margin (measured with Triton 3.6 for sm_90: the
+    mbarrier arrays and Triton's own scratch add 336-352 bytes to these buffers)."""
+    rows = gluon_max_rows(shape, block_n, max_rows)
     rows_fp32 = 0 if shape["v_separate"] else (num_stages + 2) * rows * 4
     # A stage holds 16-bit rows whatever the pool's bytes (an FP8 producer converts to fp16).
     stage_row_bytes = shape["kv_row_bytes"] // shape["kv_bytes"] * 2
@@ -282,13 +317,68 @@ def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int) -> int
     return tiles + rows_fp32 + SHARED_MARGIN_BYTES
 
 
-def gluon_rows(shape: KernelShape, max_len: int, block_n: int) -> tuple[int, int] | None:
+def gluon_rows(shape: KernelShape, max_len: int, block_n: int, group: int = 0,
+               max_rows: int | None = None) -> tuple[int, int] | None:
     """(BLOCK_H, L_PAD) of a Gluon program, or None when the draft does not fit one tile of
-    draft keys or one program's rows (the Triton kernel serves it)."""
+    draft keys or one program's rows (the Triton kernel serves it). ``group`` and ``max_rows``
+    choose the program's rows (``gluon_program_rows``)."""
     l_pad = next_pow2(max_len)
     if max_len > block_n or l_pad > GLUON_MAX_ROW_BLOCK:
         return None
-    return gluon_program_rows(shape) // l_pad, l_pad
+    return gluon_program_rows(shape, block_n, max_rows, group * l_pad) // l_pad, l_pad
+
+
+# A Gluon program's warps: warpgroups of four. At launch every thread gets the register file's
+# share (maxnreg, a multiple of 8), which setmaxnreg then moves between the partitions; every
+# instruction must still fit that share (docs/perf-notes.md, "What Triton 3.6's Gluon does on sm_90").
+GLUON_WARPGROUP = 4
+REGISTER_FILE = 65536  # 32-bit registers of an SM (sm_90)
+# FP8 GQA: a converter warpgroup holds a tile in registers until its stage frees, so one keeps one
+# tile in flight (docs/perf-notes.md, "GQA with FP8 KV: the converting producer"). Two converters
+# take the odd and the even tiles: in consumer 1's warpgroup where it has no rows (12 warps), or as
+# a fourth warpgroup beside two consumers (16 warps, 128 registers a thread at launch, which a
+# consumer's 64-row wgmma accumulator must fit: head dims to this).
+GLUON_FOUR_WARPGROUP_MAX_ACC = 128
+
+
+def gluon_consumers(rows: int, group: int, l_pad: int) -> int:
+    """Consumer warpgroups with rows in a GQA Gluon program of ``rows``: 2, or 1 where the
+    group's rows all fall in the first half (the kernel's CONSUMERS)."""
+    return 2 if rows // 2 // l_pad < group else 1
+
+
+def gluon_converters_refusal(shape: KernelShape, converters: int) -> str | None:
+    """Why a gluon section's ``converters`` cannot be this module's, or None."""
+    if not shape["v_separate"] or shape["kv_bytes"] != 1:
+        return "only GQA's FP8 programs convert in warpgroups of their own"
+    if converters == 2 and shape["acc_width"] > GLUON_FOUR_WARPGROUP_MAX_ACC:
+        return (f"head dim {shape['acc_width']}: beside two consumers a second converter makes 16 warps, whose "
+                f"{gluon_launch_registers(4 * GLUON_WARPGROUP)} registers a thread at launch a 64 x "
+                f"{shape['acc_width']} wgmma accumulator does not fit")
+    return None
+
+
+def gluon_converters(shape: KernelShape, consumers: int, converters: int | None = None) -> int:
+    """Converter warpgroups of an FP8 GQA Gluon program (``consumers`` with rows): the section's
+    ``converters`` where the module takes it, else 2 where consumer 1's warpgroup has no rows
+    (it converts), 1 beside two consumers. 0 for a program that does not convert (cp.async)."""
+    if not shape["v_separate"] or shape["kv_bytes"] != 1:
+        return 0
+    if converters is not None and gluon_converters_refusal(shape, converters) is None:
+        return converters
+    return 2 if consumers == 1 else 1
+
+
+def gluon_warps(consumers: int, converters: int) -> int:
+    """A GQA Gluon program's warps: three warpgroups (two consumers, or a consumer and its idle
+    or converting neighbour, and a producer), four where two converters sit beside two consumers."""
+    return GLUON_WARPGROUP * (4 if consumers == 2 and converters == 2 else 3)
+
+
+def gluon_launch_registers(warps: int) -> int:
+    """maxnreg of a Gluon launch of ``warps``: the register file's share a thread, rounded down
+    to a multiple of 8 (168 at 12 warps, 128 at 16)."""
+    return REGISTER_FILE // (32 * warps) // 8 * 8
 
 
 def gluon_refusal(shape: KernelShape, draft: int, block_n: int, group: int | None, from_rows: int = 0,

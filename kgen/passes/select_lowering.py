@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kgen.blockconfig import BlockConfig
+from kgen.blockconfig import BlockConfig, GluonConfig
 from kgen.errors import TableError
 from kgen.launcher import rules
 from kgen.passes.context import BuildContext
@@ -123,7 +123,7 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
     A row's from_rows counts its group's rows; the default's (group None) is said, not applied."""
     gluon, arch = config.gluon, lowering.gluon_arch
     triton = config.model_copy(update={"gluon": None}).short()
-    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, gluon.block_n, gluon.num_stages)
+    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, gluon.block_n, gluon.num_stages, gluon.max_rows)
     limit = plan.fit.targets[arch]["shared_bytes"]
     if need > limit:
         return Decision(NAME, label, "Triton at every L",
@@ -138,10 +138,10 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
     gluon_at = [n for n in drafts if why_triton[n] is None]
     triton_at = [n for n in drafts if why_triton[n] is not None]
     because = list(dict.fromkeys(why_triton[n] for n in triton_at))
-    by_rows: dict[tuple[int, int], list[int]] = {}
+    by_rows: dict[str, list[int]] = {}
     for n in gluon_at:
-        by_rows.setdefault(rules.gluon_rows(plan.fit.kernel_shape, invariant_draft or n, gluon.block_n), []).append(n)
-    programs = ", ".join(f"{h} x {p} at L {ranges(ns)}" for (h, p), ns in by_rows.items())
+        by_rows.setdefault(_program_of(plan, gluon, group, invariant_draft or n), []).append(n)
+    programs = ", ".join(f"{program} at L {ranges(ns)}" for program, ns in by_rows.items())
     return Decision(
         NAME, label, f"Gluon at L {ranges(gluon_at)}" if gluon_at else "Triton at every L",
         f"{gluon.short()} fits: {need} of {limit} B of shared memory (rules.gluon_shared_bytes); BLOCK_H x L_PAD "
@@ -150,6 +150,35 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
         + (f"groups under {gluon.from_rows} rows a KV head (from_rows), " if group is None and gluon.from_rows else "")
         + f"another Triton and other archs run the Triton config ({triton})",
         f"it fits: {need} of {limit} B")
+
+
+def _program_of(plan: Plan, gluon: GluonConfig, group: int | None, draft: int) -> str:
+    """'BLOCK_H x L_PAD' of the program a draft launches (rules.gluon_rows), with its converter
+    warpgroups where it converts FP8 in them (rules.gluon_converters; the default's group None
+    counts no group's rows)."""
+    shape = plan.fit.kernel_shape
+    block_h, l_pad = rules.gluon_rows(shape, draft, gluon.block_n, group or 0, gluon.max_rows)
+    converters = rules.gluon_converters(shape, rules.gluon_consumers(block_h * l_pad, group or block_h, l_pad),
+                                        gluon.converters)
+    return f"{block_h} x {l_pad}" + (f" ({converters} converter{'s' if converters > 1 else ''})" if converters else "")
+
+
+def _refuse_program_fields(plan: Plan, gluon: GluonConfig | None, where: str) -> None:
+    """A TableError where a gluon section's max_rows is more than this module's programs hold
+    (rules.gluon_wide_refusal) or its converters are not this module's
+    (rules.gluon_converters_refusal): no launch could honour them."""
+    if gluon is None:
+        return
+    shape = plan.fit.kernel_shape
+    if gluon.max_rows is not None and (gluon.max_rows == rules.GLUON_GQA_WIDE_ROWS or not shape["v_separate"]):
+        why = rules.gluon_wide_refusal(shape, gluon.block_n)
+        if why:
+            raise TableError(f"{where} asks its gluon section for max_rows {gluon.max_rows}, which this module's "
+                             f"programs cannot hold ({why}); remove max_rows")
+    why = None if gluon.converters is None else rules.gluon_converters_refusal(shape, gluon.converters)
+    if why:
+        raise TableError(f"{where} asks its gluon section for {gluon.converters} converters, which this module's "
+                         f"programs cannot have ({why}); remove converters")
 
 
 def gluon_config_decisions(plan: Plan, lowering: Lowering) -> list[Decision]:
@@ -166,6 +195,10 @@ def gluon_config_decisions(plan: Plan, lowering: Lowering) -> list[Decision]:
                     f"{configs.table_sources.get(arch, arch)}: the row for {plan.spec.name} ({plan.kv_dtype}, group "
                     f"{row.group_size}, batch {row.batch_min}-{row.batch_max}) has a gluon section, but the Gluon "
                     f"prefix stage runs on {gluon_arch} only; remove the section")
+            _refuse_program_fields(plan, row.config.gluon, f"{configs.table_sources.get(arch, arch)}: the row for "
+                             f"{plan.spec.name} ({plan.kv_dtype}, group {row.group_size}, batch {row.batch_min}-"
+                             f"{row.batch_max})")
+    _refuse_program_fields(plan, configs.default.gluon, f"the default config for {plan.spec.name} ({plan.kv_dtype})")
     labelled = [(f"{gluon_arch} default", configs.default, None)]
     labelled += [(_row_label(gluon_arch, row), row.config, row.group_size)
                  for row in configs.by_arch.get(gluon_arch, ())]

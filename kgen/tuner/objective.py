@@ -231,7 +231,7 @@ class SyntheticBowl:
         # A Gluon config is its lowering and its gluon section: its Triton fields never run
         # where the Gluon kernel does.
         if cfg.gluon is not None:
-            own = {**cfg.gluon.model_dump(exclude={"split"}), **cfg.gluon.split.model_dump()}
+            own = {**cfg.gluon.model_dump(exclude={"split"}, exclude_none=True), **cfg.gluon.split.model_dump()}
             return {"lowering": _LOWERING_STEPS["gluon"], **{"gluon." + k: int(v) for k, v in own.items()}}
         return {"lowering": _LOWERING_STEPS["triton"], **cfg.model_dump(exclude={"split", "gluon"}),
                 **cfg.split.model_dump(),
