@@ -393,6 +393,62 @@ def test_execute_with_a_baseline_build_on_cpu(tmp_path: Path, capsys: pytest.Cap
     assert f"grouped kernel vs the build in {before}" in render_markdown(again)
 
 
+# ----------------------------------------------------------------- --baseline-tables
+
+
+def _sm90_table(path: Path, gluon: dict) -> Path:
+    """A tables directory whose sm_90.json has one GQA 128 group 8 row with this gluon section."""
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    row = {"layout": "gqa128", "kv_dtype": "bfloat16", "group_size": 8, "batch_min": 1, "batch_max": 8,
+           "config": {"block_h": 8, "block_n": 64, "num_warps": 4, "num_stages": 3, "gluon": gluon}}
+    (path / "sm_90.json").write_text(json.dumps({"schema": "kgen.block-config-table/1", "arch": "sm_90",
+                                                 "metadata": {"arch": "sm_90"}, "entries": [row]}))
+    return path
+
+
+def test_baseline_tables_option_is_checked_before_measuring(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run_bench(_parse("--quick", "--baseline-tables", str(empty))) == 2
+    assert "not a directory of block-config tables" in capsys.readouterr().err
+    tables = _sm90_table(tmp_path / "rows", {"block_n": 64, "num_stages": 2})
+    built = tmp_path / "before"
+    built.mkdir()
+    (built / "verify_gqa128__kv_bf16__q_bf16.py").write_text("")
+    for extra, why in ((("--kernels", "per_head"), "keep it in --kernels"),
+                       (("--mask", "tree,none"), "one at a time"),
+                       (("--baseline-modules", str(built)), "two baselines"),
+                       (("--batch-invariant",), "run one at a time")):  # fmt: skip
+        assert run_bench(_parse("--quick", "--baseline-tables", str(tables), *extra)) == 2
+        assert why in capsys.readouterr().err
+    assert cli.baseline_tables_dir(_parse("--baseline-tables", str(tables))) == tables
+
+
+def test_baseline_tables_build_each_case_module_with_the_rows(tmp_path: Path) -> None:
+    """--baseline-tables DIR builds the cases' grouped modules with DIR's rows (what
+    --baseline-modules then times against the current ones); a row no module could take is a
+    usage error before anything is measured."""
+    import importlib.util
+
+    tables = _sm90_table(tmp_path / "rows", {"block_n": 32, "num_stages": 4, "max_rows": 256})
+    args = _parse("--layout", "gqa128:8", "--kv-dtype", "bf16", "--batch", "2", "--prefix", "32", "--draft", "1",
+                  "--kernels", "grouped", "--baseline-tables", str(tables))
+    built = cli.build_table_baseline(tables, cli.select_cases(args), tmp_path / "out")
+    assert built == tmp_path / "out" / "baseline-tables"
+    path = built / "verify_gqa128__kv_bf16__q_bf16.py"
+    spec = importlib.util.spec_from_file_location("baseline_tables_module", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.LAUNCHER.block_configs["sm_90"]
+    assert [(group, lo, hi, config["gluon"]["max_rows"]) for group, lo, hi, config in rows] == [(8, 1, 8, 256)]
+    bad = _sm90_table(tmp_path / "bad", {"block_n": 64, "num_stages": 2, "converters": 2})
+    with pytest.raises(cli.BenchUsageError, match=f"--baseline-tables {bad}: .*converters"):
+        cli.build_table_baseline(bad, cli.select_cases(args), tmp_path / "out2")
+
+
 # ----------------------------------------------------------------- --batch-invariant
 
 
@@ -458,3 +514,13 @@ def test_execute_batch_invariant_against_the_default_on_cpu(tmp_path: Path, caps
     assert f"geometric mean 1.060 over 1 cases, worst 1.060 at {case.key}" in cli.summary_text(again)
     text = render_markdown(again)
     assert "batch-invariant / default" in text and "the batch-invariant modules" in text
+
+
+def test_a_tables_baseline_says_which_tables_built_it() -> None:
+    from kgen.bench.report import BuildABSummary, build_ab_line
+
+    summary = BuildABSummary(1.02, 1.05, "gqa128/g16/bf16/bs64/p16384/L16", 3)
+    line = build_ab_line(summary, "out/baseline-tables", ".exp/rows")
+    assert line.startswith("grouped kernel vs the build in out/baseline-tables (built with the tables in .exp/rows) "
+                           "(time now / time then): geometric mean 1.020 over 3 cases, worst 1.050 at gqa128/")
+    assert "built with" not in build_ab_line(summary, "/tmp/before")

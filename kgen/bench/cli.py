@@ -85,6 +85,8 @@ EPILOG = """examples:
   cp -r generated /tmp/before; (change kgen, kgen build)
   kgen bench --quick --kernels grouped --baseline-modules /tmp/before
                                                       this build vs the earlier one, alternated graph replays
+  kgen bench --kernels grouped --layout gqa128:16 --kv-dtype bf16 --batch 64 --prefix 16K --draft 8,16 \
+      --baseline-tables /tmp/rows                     the tables in use vs the rows in /tmp/rows/sm_90.json
   kgen bench --batch-invariant --kernels grouped --layout qwen3_5_gqa256:16 --kv-dtype bf16 --batch 64 --prefix 16K
                                                       the batch-invariant modules vs the default ones, alternated
   kgen bench --kernels grouped,flashinfer --layout qwen3_5_gqa256:16 --batch 64 --prefix 16K --draft 4
@@ -148,6 +150,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="a copy of an earlier build's generated/: for every case, its same-named grouped module and the "
         "current one are timed in alternation in one process (CUDA-graph replays, the median of at least 5 "
         "alternations); the JSON holds both times and their ratio, the summary their geometric mean and the worst",
+    )
+    sel.add_argument(
+        "--baseline-tables",
+        metavar="DIR",
+        help="a directory of block-config tables (<arch>.json, as $KGEN_TABLES_DIR takes): every case's grouped "
+        "module is built again with them (into OUT/baseline-tables/) and timed in alternation with the current "
+        "one, as --baseline-modules times an earlier build (ratio: time now / time with DIR's tables)",
     )
     sel.add_argument(
         "--batch-invariant",
@@ -250,6 +259,17 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
     )
 
 
+def _baseline_option_checks(args: argparse.Namespace, option: str) -> None:
+    """What --baseline-modules and --baseline-tables share: they time the grouped kernel, in a
+    measuring run with no other A/B."""
+    if "grouped" not in select_kernels(args):
+        raise BenchUsageError(f"{option} times the grouped kernel: keep it in --kernels")
+    if parse_index_dtypes(args.index_dtype)[1] is not None or parse_masks(args.mask)[1] is not None:
+        raise BenchUsageError(f"{option} and two --index-dtype or --mask values are two A/Bs: run one at a time")
+    if args.from_json:
+        raise BenchUsageError(f"{option} measures: it does not go with --from-json")
+
+
 def baseline_modules_dir(args: argparse.Namespace) -> Path | None:
     """``--baseline-modules DIR``: a directory holding generated modules (verify*.py), for
     a run that times the grouped kernel, with one kv_indices dtype (one A/B at a time)."""
@@ -260,14 +280,47 @@ def baseline_modules_dir(args: argparse.Namespace) -> Path | None:
     if not path.is_dir() or not any(path.glob("verify*.py")):
         raise BenchUsageError(f"--baseline-modules {text}: not a directory of generated modules (verify*.py); "
                               "copy an earlier build's generated/ there")  # fmt: skip
-    if "grouped" not in select_kernels(args):
-        raise BenchUsageError("--baseline-modules times the grouped kernel: keep it in --kernels")
-    if parse_index_dtypes(args.index_dtype)[1] is not None or parse_masks(args.mask)[1] is not None:
-        raise BenchUsageError("--baseline-modules and two --index-dtype or --mask values are two A/Bs: run one at "
-                              "a time")
-    if args.from_json:
-        raise BenchUsageError("--baseline-modules measures: it does not go with --from-json")
+    _baseline_option_checks(args, "--baseline-modules")
+    if getattr(args, "baseline_tables", None):
+        raise BenchUsageError("--baseline-modules and --baseline-tables are two baselines: run one at a time")
     return path
+
+
+def baseline_tables_dir(args: argparse.Namespace) -> Path | None:
+    """``--baseline-tables DIR``: a directory of block-config tables named for their arch
+    (sm_90.json, ...), as $KGEN_TABLES_DIR takes, for a run that times the grouped kernel with
+    no other A/B."""
+    text = getattr(args, "baseline_tables", None)
+    if not text:
+        return None
+    path = Path(text)
+    if not path.is_dir() or not any(path.glob("*.json")):
+        raise BenchUsageError(f"--baseline-tables {text}: not a directory of block-config tables (<arch>.json, as "
+                              "kgen tune --out writes them)")
+    _baseline_option_checks(args, "--baseline-tables")
+    return path
+
+
+def build_table_baseline(tables: Path, cases: Sequence[Case], out_dir: Path) -> Path:
+    """Every case's grouped module built again with the tables in ``tables`` (read as
+    $KGEN_TABLES_DIR, the shipped tables behind them) into OUT/baseline-tables/, for
+    --baseline-modules' alternated timing. A table a module cannot take fails here, before
+    anything is measured."""
+    from kgen.build import build_one
+    from kgen.errors import TableError
+    from kgen.locations import TABLES_DIR_ENV
+    from kgen.passes.context import load_context
+
+    target = out_dir / "baseline-tables"
+    target.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "KGEN_TABLE"} | {TABLES_DIR_ENV: str(tables.resolve())}
+    ctx = load_context(target, env=env)
+    for layout, kv_dtype in sorted({(c.layout, c.kv_dtype) for c in cases}):
+        try:
+            build_one(layout, kv_dtype, "bfloat16", ctx=ctx)
+        except TableError as exc:
+            raise BenchUsageError(f"--baseline-tables {tables}: {exc}") from None
+    return target
 
 
 def batch_invariant_run(args: argparse.Namespace) -> bool:
@@ -278,9 +331,9 @@ def batch_invariant_run(args: argparse.Namespace) -> bool:
     if "grouped" not in select_kernels(args):
         raise BenchUsageError("--batch-invariant times the grouped kernel: keep it in --kernels")
     if (parse_index_dtypes(args.index_dtype)[1] is not None or parse_masks(args.mask)[1] is not None
-            or getattr(args, "baseline_modules", None)):
-        raise BenchUsageError("--batch-invariant is an A/B, and so are two --index-dtype or --mask values and "
-                              "--baseline-modules: run one at a time")  # fmt: skip
+            or getattr(args, "baseline_modules", None) or getattr(args, "baseline_tables", None)):
+        raise BenchUsageError("--batch-invariant is an A/B, and so are two --index-dtype or --mask values, "
+                              "--baseline-modules and --baseline-tables: run one at a time")  # fmt: skip
     if args.from_json:
         raise BenchUsageError("--batch-invariant measures: it does not go with --from-json")
     return True
@@ -354,7 +407,8 @@ def _run(args: argparse.Namespace) -> int:
     if parse_index_dtypes(args.index_dtype)[1] is not None and parse_masks(args.mask)[1] is not None:
         raise BenchUsageError("two --index-dtype and two --mask values are two A/Bs: run one at a time")
     baseline = read_run(args.compare) if args.compare else None  # a bad path fails before measuring
-    baseline_modules_dir(args)  # a bad --baseline-modules fails before measuring too
+    baseline_modules_dir(args)  # a bad --baseline-modules or --baseline-tables fails before measuring too
+    baseline_tables_dir(args)
     if batch_invariant_run(args) and baseline is not None and not baseline.meta.batch_invariant:
         raise BenchUsageError(f"--compare {args.compare} holds the default modules' figures and --batch-invariant "
                               "times the batch-invariant ones: compare with a --batch-invariant run")
@@ -418,7 +472,7 @@ def summary_text(run: BenchRun) -> str:
         lines.append(f"  {kernel} mask {title}: median {mid:.3f} over {n} cases, largest {worst:.3f} at {key}")
     build = build_ab_summary(run.cases)
     if build is not None:
-        lines.append(f"  {build_ab_line(build, run.meta.baseline_modules)}")
+        lines.append(f"  {build_ab_line(build, run.meta.baseline_modules, run.meta.baseline_tables)}")
     mode = mode_ab_summary(run.cases)
     if mode is not None:
         lines.append(f"  {mode_ab_line(mode)}")
@@ -461,7 +515,8 @@ def source_digest(root: Path | None = None) -> str | None:
     return digest.hexdigest()
 
 
-def collect_meta(args: argparse.Namespace, copy_gbps: float, copy_bytes: int) -> BenchMeta:
+def collect_meta(args: argparse.Namespace, copy_gbps: float, copy_bytes: int,
+                 baseline_dir: Path | None = None) -> BenchMeta:
     import torch
     import triton
 
@@ -498,7 +553,8 @@ def collect_meta(args: argparse.Namespace, copy_gbps: float, copy_bytes: int) ->
             "mode_ab_alternations": CudaGraphTimer(replays=args.replays).alternations,
         },  # fmt: skip
         flex_sweep=flex_sweep_mode(args),
-        baseline_modules=str(baseline_modules_dir(args) or "") or None,
+        baseline_modules=str(baseline_dir or "") or None,
+        baseline_tables=str(baseline_tables_dir(args) or "") or None,
         batch_invariant=batch_invariant_run(args),
     )
 
@@ -580,13 +636,15 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path,
     timer = CudaGraphTimer(replays=args.replays, min_graph_us=args.min_graph_us)
     copy_bytes = int(args.copy_gib * (1 << 30))
     copy_gbps = bench_copy_ceiling_gbps(copy_bytes)
-    meta = collect_meta(args, copy_gbps, copy_bytes)
+    tables = baseline_tables_dir(args)
+    baseline_dir = build_table_baseline(tables, cases, out_dir) if tables else baseline_modules_dir(args)
+    meta = collect_meta(args, copy_gbps, copy_bytes, baseline_dir)
     print(f"{meta.gpu_name} ({meta.arch}): copy ceiling {copy_gbps:.0f} GB/s; {len(cases)} cases", flush=True)
     if left_out:
         meta.notes.append(left_out)
         print(left_out, flush=True)
     provider = DeviceProvider(l2_bytes=meta.l2_bytes or (50 << 20), seed=args.seed, compile_flex=not args.flex_eager,
-                              baseline_modules=baseline_modules_dir(args), batch_invariant=batch_invariant_run(args),
+                              baseline_modules=baseline_dir, batch_invariant=batch_invariant_run(args),
                               flashinfer_jit=args.flashinfer_jit)
     if finish is not None:
         finish(BenchRun(meta=meta))  # a resume from another GPU fails here, before any timing

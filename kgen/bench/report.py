@@ -89,6 +89,8 @@ class BenchMeta(BaseModel):
     flex_sweep: str = "none"
     # --baseline-modules: the earlier build whose grouped modules were timed against these.
     baseline_modules: str | None = None
+    # --baseline-tables: the tables the baseline modules were built with (into baseline_modules).
+    baseline_tables: str | None = None
     # --batch-invariant: the grouped figures are the batch-invariant modules', each timed in
     # alternation with the default module (the kernels' mode_ab).
     batch_invariant: bool = False
@@ -240,7 +242,8 @@ def _header(run: BenchRun) -> list[str]:
                      "graph replays")  # fmt: skip
     build = build_ab_summary(run.cases)
     if build is not None:
-        lines.append(f"- {build_ab_line(build, m.baseline_modules)}, each the median of alternated graph replays")
+        lines.append(f"- {build_ab_line(build, m.baseline_modules, m.baseline_tables)}, each the median of "
+                     "alternated graph replays")
     if m.batch_invariant:
         lines.append("- grouped: the batch-invariant modules (`kgen.load(..., batch_invariant=True)`), each timed in "
                      "alternation with the default module")
@@ -829,9 +832,11 @@ def mode_ab_line(summary: BuildABSummary) -> str:
     )
 
 
-def build_ab_line(summary: BuildABSummary, modules: str | None) -> str:
+def build_ab_line(summary: BuildABSummary, modules: str | None, tables: str | None = None) -> str:
+    built = f"the build in {modules or 'the baseline modules'}"
+    if tables:
+        built += f" (built with the tables in {tables})"
     return (
-        f"grouped kernel vs the build in {modules or 'the baseline modules'} (time now / time then): "
-        f"geometric mean {summary.geomean:.3f} over {summary.cases} cases, worst {summary.worst:.3f} at "
-        f"{summary.worst_key}"
+        f"grouped kernel vs {built} (time now / time then): geometric mean {summary.geomean:.3f} over "
+        f"{summary.cases} cases, worst {summary.worst:.3f} at {summary.worst_key}"
     )
