@@ -14,7 +14,8 @@ that carries a ``gluon`` section, so the launcher picks the Gluon kernel (assert
   (GROUP x L_PAD <= 64: the second one returns at once) and programs that need both;
 - draft lengths 1..MAX_DRAFT_TOKENS up to the key tile (every L_PAD class the kernel compiles)
   as a ragged batch with an empty prefix, prefixes that are not multiples of a tile and one
-  long enough for several splits; kv_indices int32 and then int64;
+  long enough for several splits; kv_indices int32 and int64 at each layout's first group, int64
+  at the others (domain_index_dtypes);
 - 64-token tiles with 2 stages, 32-token tiles with 4 and the lazy rescale, and 128-token
   tiles with 3 where they fit shared memory (head dims 128 and 64), all with bf16 KV (FP8:
   e4m3fn); fp16 and e5m2 KV with 64-token tiles (dtype_config_pairs);
@@ -42,6 +43,7 @@ from test_gpu_gluon import (
     _assert_gluon,
     _poison_scratch,
     check_domain,
+    domain_index_dtypes,
     dtype_config_pairs,
     fp8_q_pairs,
     gluon_config,
@@ -116,7 +118,7 @@ def _cases(dtypes: list) -> list[tuple]:
 def test_gluon_gqa_domain(layout, kv_dtype, group, config_name):
     module = kgen.load(layout, kv_dtype, kv_dtype)
     check_domain(module, layout, group, ALL_CONFIGS[config_name], kv_dtype, kv_dtype,
-                 f"{layout}/{kv_dtype}/{group}/{config_name}")
+                 f"{layout}/{kv_dtype}/{group}/{config_name}", domain_index_dtypes(group, _groups(layout)))
 
 
 @pytest.mark.gpu
@@ -127,7 +129,8 @@ def test_gluon_gqa_fp8_domain(layout, kv_dtype, q_dtype, group, config_name):
     draft length to the tile, several splits and one, non-unit scales, both index dtypes."""
     module = kgen.load(layout, kv_dtype, q_dtype)
     check_domain(module, layout, group, ALL_CONFIGS[config_name], q_dtype, kv_dtype,
-                 f"fp8/{layout}/{q_dtype}/{group}/{config_name}", k_scale=0.75, v_scale=1.25)
+                 f"fp8/{layout}/{q_dtype}/{group}/{config_name}", domain_index_dtypes(group, _groups(layout)),
+                 k_scale=0.75, v_scale=1.25)
 
 
 @pytest.mark.gpu
