@@ -653,6 +653,13 @@ if _HAS_GLUON:
     # ---- the request's bounds and splits --------------------------------------------------
 
     @gluon.jit
+    def _gluon_gdc_wait():
+        """gdc_wait, in Gluon: wait until the grid this one depends on (programmatic dependent
+        launch) has completed and its writes are visible; returns at once without one."""
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+
+    @gluon.jit
     def _gluon_request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len,
                               BLOCK_TABLE: gl.constexpr):
         """_request_bounds, in Gluon: (q_start, q_len, table_start, prefix_len). Token slots:
@@ -1024,11 +1031,13 @@ if _HAS_GLUON:
         LAZY_RESCALE: gl.constexpr,
         HAS_MASK: gl.constexpr,
         BLOCK_TABLE: gl.constexpr,
+        USE_PDL: gl.constexpr,
     ):
         """The prefix stage on SGLang's token-slot pool or vLLM's block tables (BLOCK_TABLE): the
         same grid, split plan, partials and draft tile as _verify_prefix_stage, so
         _verify_merge_stage combines its output.
-        Launched without programmatic dependent launch: Gluon has no gdc_wait to wait with.
+        With USE_PDL (programmatic dependent launch) it may start while the kernel before it
+        ends, and waits for it (_gluon_gdc_wait) before its first read.
         k_scale / v_scale are the 16-bit pool's scales (floats), on the prefix only."""
         # A program's rows, half for each consumer (rules.gluon_rows): 128 (a 64-row wgmma tile
         # each), or 256 where the section's max_rows asks (two tiles each).
@@ -1049,6 +1058,8 @@ if _HAS_GLUON:
         kv_head = pid_heads // HEAD_BLOCKS
         head_block = pid_heads % HEAD_BLOCKS
 
+        if USE_PDL:
+            _gluon_gdc_wait()  # nothing is read before the kernel ahead of this one is done
         q_start, q_len, table_start, prefix_len = _gluon_request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table,
                                                                         prefix_trim_len, BLOCK_TABLE)
         split_len, num_written = _gluon_split_plan(prefix_len, max_splits, tokens_per_split)

@@ -622,7 +622,7 @@ def _verify_merge_stage(
 # One program is 128 rows (BLOCK_H heads x L_PAD draft tokens) of one split of one request, and
 # three warpgroups (four where two converters sit beside two consumers), each a partition of its own:
 #   consumer 0 (default partition, 4 warps) and consumer 1 (worker, 4 warps): the first and the
-#             second half of the rows (CONSUMER_ROWS each: one 64-row wgmma tile, or two). Per
+#             second half of the rows (CONSUMER_ROWS, 64 each: one wgmma tile). Per
 #             tile, a consumer computes S = q.K^T for its rows (wgmma, q and K from shared
 #             memory), the online softmax and acc += P.V (P from its registers, V from the
 #             stage), then releases the stage. Both read the same K and V stage, so the split's
@@ -646,18 +646,17 @@ def _verify_merge_stage(
 #
 # A consumer's accumulator is CONSUMER_ROWS x 64 fp32 (32 registers a thread for each 64 rows)
 # beside S and P; setmaxnreg gives the consumers the most, the producer the fewest
-# (GLUON_*_REGISTERS). A 256-row program is launched only where a consumer's accumulator, S and
-# P fit its share (rules.gluon_wide_refusal).
+# (GLUON_*_REGISTERS).
 #
 # Shared memory (rules.gluon_shared_bytes):
 #   q_smem [2, CONSUMER_ROWS, 64]      each consumer's rows: written once by it, read by its S wgmma
 #   k_stages [NUM_STAGES, BLOCK_N, 64], v_stages [NUM_STAGES, BLOCK_N, 64]   the ring:
-#             written by the producer's cp.async, read by both consumers' wgmma
+#             written by the converters' stores, read by both consumers' wgmma
 #   ready, empty [NUM_STAGES]   the ring's mbarriers (pipeline.py.j2 says how they count;
 #             `empty` completes when every consumer with rows released the stage)
 # ---------------------------------------------------------------------------------------
 GLUON_NUM_WARPS = tl.constexpr(4)  # the default partition: consumer 0's warpgroup
-GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup of cp.async gathers
+GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup of converting gathers
 # Registers a thread of the workers: consumer 1 (its accumulator, S and P) and the producer (a
 # few 64-bit row offsets); consumer 0 takes what they leave (as many as consumer 1). setmaxnreg
 # moves the physical registers and ptxas compiles each partition within its share. At launch a
@@ -675,6 +674,13 @@ GLUON_FOUR_WARPGROUP_CONSUMER_REGISTERS = tl.constexpr(152)
 if _HAS_GLUON:
 
     # ---- the request's bounds and splits --------------------------------------------------
+
+    @gluon.jit
+    def _gluon_gdc_wait():
+        """gdc_wait, in Gluon: wait until the grid this one depends on (programmatic dependent
+        launch) has completed and its writes are visible; returns at once without one."""
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
 
     @gluon.jit
     def _gluon_request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len,
@@ -1151,12 +1157,14 @@ if _HAS_GLUON:
         LAZY_RESCALE: gl.constexpr,
         HAS_MASK: gl.constexpr,
         BLOCK_TABLE: gl.constexpr,
+        USE_PDL: gl.constexpr,
         CONVERTERS: gl.constexpr,
     ):
         """The prefix stage on SGLang's token-slot pool or vLLM's block tables (BLOCK_TABLE): the
         same grid, split plan, partials and draft tile as _verify_prefix_stage, so
         _verify_merge_stage combines its output.
-        Launched without programmatic dependent launch: Gluon has no gdc_wait to wait with.
+        With USE_PDL (programmatic dependent launch) it may start while the kernel before it
+        ends, and waits for it (_gluon_gdc_wait) before its first read.
         k_scale / v_scale are the FP8 pool's descales (1-element fp32 device tensors), on the prefix only."""
         gl.static_assert(BLOCK_H * L_PAD == 128, "a program is two wgmma tiles of 64 rows (rules.gluon_rows)")
         CONSUMER_ROWS: gl.constexpr = BLOCK_H * L_PAD // 2
@@ -1175,6 +1183,8 @@ if _HAS_GLUON:
         kv_head = pid_heads // HEAD_BLOCKS
         head_block = pid_heads % HEAD_BLOCKS
 
+        if USE_PDL:
+            _gluon_gdc_wait()  # nothing is read before the kernel ahead of this one is done
         q_start, q_len, table_start, prefix_len = _gluon_request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table,
                                                                         prefix_trim_len, BLOCK_TABLE)
         split_len, num_written = _gluon_split_plan(prefix_len, max_splits, tokens_per_split)

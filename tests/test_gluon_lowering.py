@@ -96,8 +96,10 @@ def prefix(module: ModuleType, arch: str = "sm_90", batch: int = 4, draft: int =
 def test_a_gluon_row_launches_the_gluon_stage_with_its_own_choices(module: ModuleType) -> None:
     name, constexprs, options = prefix(module)
     assert name == GLUON
+    # USE_PDL: the launcher's PDL choice, as the Triton stage takes it (off under the interpreter).
     assert constexprs == {"GROUP": 16, "BLOCK_H": 16, "L_PAD": 4, "BLOCK_N": 32, "NUM_STAGES": 3,
-                          "LAZY_RESCALE": False, "HAS_MASK": False, "BLOCK_TABLE": False, "Custom_Mask": None,
+                          "LAZY_RESCALE": False, "HAS_MASK": False, "BLOCK_TABLE": False,
+                          "USE_PDL": module.LAUNCHER.use_pdl("sm_90", False), "Custom_Mask": None,
                           "Mask_Indptr": None, "stride_mask_row": None}
     # num_warps: the default partition's (the scorer); the workers add theirs.
     assert options == {"num_warps": 4, "num_stages": 1, "maxnreg": 168}
@@ -295,12 +297,17 @@ GQA_GLUON_ROW = {"block_n": 64, "num_stages": 4,
                  "split": {"programs_per_sm": 1, "max_splits": 64, "min_tokens_per_split": 128}}
 
 
+def build_gqa(out: Path, group: int, gluon: dict, kv: str = "bfloat16") -> Path:
+    """The GQA 128 module (bf16 queries) built into ``out`` with one gluon row at ``group``,
+    batch 1-8, as sm_90's table."""
+    rows = table("sm_90", entry(GQA, group, gluon=gluon, kv=kv))
+    return Path(build_one(GQA, kv, "bfloat16", ctx=context(out, rows)).output_path)
+
+
 @pytest.fixture(scope="module")
 def built_gqa(tmp_path_factory) -> Path:
     """The GQA 128 BF16 module with a gluon row at group 8, batch 1-8, as sm_90's table."""
-    out = tmp_path_factory.mktemp("gluon_gqa_module")
-    rows = table("sm_90", entry(GQA, 8, gluon=GQA_GLUON_ROW))
-    return Path(build_one(GQA, "bfloat16", "bfloat16", ctx=context(out, rows)).output_path)
+    return build_gqa(tmp_path_factory.mktemp("gluon_gqa_module"), 8, GQA_GLUON_ROW)
 
 
 @pytest.mark.parametrize(("draft", "block_h", "l_pad"), [(1, 128, 1), (4, 32, 4), (16, 8, 16), (64, 2, 64)])
@@ -338,17 +345,25 @@ def _compiled_with_roles(variant) -> tuple[dict, dict]:
                 pool.submit(_warp_roles, check._job(variant)).result())
 
 
+def gqa_variant(built: Path, l_pad: int, **constexprs: int) -> tuple[ModuleType, check.Variant]:
+    """A built GQA module and its Gluon program at this L_PAD (and these constexprs), without a
+    mask, as `kgen check` enumerates it (token slots, int64 indices). Skips where this Triton
+    does not compile the Gluon stage."""
+    module = check.load_module_file(built)
+    if not module._HAS_GLUON:
+        pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
+    infos = check.find_modules(generated=built.parent)
+    enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
+    return module, next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == l_pad
+                        and not v.constexprs["HAS_MASK"]
+                        and all(v.constexprs[k] == value for k, value in constexprs.items()))
+
+
 def test_kgen_check_compiles_the_gqa_stage_warp_specialized(built_gqa: Path) -> None:
     """Offline for sm_90: two consumers at GLUON_CONSUMER_REGISTERS beside the producer at
     GLUON_PRODUCER_REGISTERS, the producer's cp.async arrivals on `ready` (prefix and draft
     tiles), wgmma, and shared memory within rules.gluon_shared_bytes."""
-    module = check.load_module_file(built_gqa)
-    if not module._HAS_GLUON:
-        pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
-    infos = check.find_modules(generated=built_gqa.parent)
-    enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
-    variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == 16
-                   and not v.constexprs["HAS_MASK"])
+    module, variant = gqa_variant(built_gqa, 16)
     result, roles = _compiled_with_roles(variant)
     assert result["error"] is None, result["error"]
     estimate = rules.gluon_shared_bytes(module.LAUNCHER.identity.kernel_shape, 64, 4)
@@ -385,13 +400,7 @@ def test_the_gqa_stage_converts_fp8_off_the_mma_warps(tmp_path: Path, l_pad: int
     too: both workers are converters at GLUON_PRODUCER_REGISTERS."""
     if not triton.__version__.startswith("3.6."):
         pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
-    rows = table("sm_90", entry(GQA, 8, gluon=GQA_GLUON_ROW, kv="float8_e4m3fn"))
-    built = Path(build_one(GQA, "float8_e4m3fn", "bfloat16", ctx=context(tmp_path, rows)).output_path)
-    module = check.load_module_file(built)
-    infos = check.find_modules(generated=built.parent)
-    enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
-    variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == l_pad
-                   and v.constexprs["GROUP"] == 8 and not v.constexprs["HAS_MASK"])
+    module, variant = gqa_variant(build_gqa(tmp_path, 8, GQA_GLUON_ROW, "float8_e4m3fn"), l_pad, GROUP=8)
     result, roles = _compiled_with_roles(variant)
     assert result["error"] is None, result["error"]
     assert result["spill_stores"] == 0, result
@@ -411,9 +420,7 @@ WIDE_GQA_ROW = {"block_n": 32, "num_stages": 4, "max_rows": 256,
 @pytest.fixture(scope="module")
 def built_wide_gqa(tmp_path_factory) -> Path:
     """The GQA 128 BF16 module with a max_rows 256 gluon row at group 16, batch 1-8, as sm_90's table."""
-    out = tmp_path_factory.mktemp("gluon_wide_gqa_module")
-    rows = table("sm_90", entry(GQA, 16, gluon=WIDE_GQA_ROW))
-    return Path(build_one(GQA, "bfloat16", "bfloat16", ctx=context(out, rows)).output_path)
+    return build_gqa(tmp_path_factory.mktemp("gluon_wide_gqa_module"), 16, WIDE_GQA_ROW)
 
 
 @pytest.mark.parametrize(("draft", "block_h", "l_pad"), [(4, 32, 4), (8, 16, 8), (9, 16, 16), (16, 16, 16),
@@ -461,13 +468,7 @@ def test_kgen_check_compiles_a_256_row_program_without_spills(built_wide_gqa: Pa
     """Offline for sm_90: the 256-row program (two consumers of two wgmma tiles each) at
     GLUON_CONSUMER_REGISTERS, no spills (rules.GLUON_WIDE_DATA_REGISTERS), q of 256 rows within
     rules.gluon_shared_bytes."""
-    module = check.load_module_file(built_wide_gqa)
-    if not module._HAS_GLUON:
-        pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
-    infos = check.find_modules(generated=built_wide_gqa.parent)
-    enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
-    variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == 16
-                   and v.constexprs["BLOCK_H"] == 16 and not v.constexprs["HAS_MASK"])
+    module, variant = gqa_variant(built_wide_gqa, 16, BLOCK_H=16)
     result, roles = _compiled_with_roles(variant)
     assert result["error"] is None, result["error"]
     estimate = rules.gluon_shared_bytes(module.LAUNCHER.identity.kernel_shape, 32, 4, 256)
@@ -486,9 +487,7 @@ FP8_GQA_ROW = {"block_n": 64, "num_stages": 2,
 
 def _fp8_gqa_module(tmp_path: Path, converters: int | None, name: str) -> ModuleType:
     gluon = {**FP8_GQA_ROW, **({"converters": converters} if converters else {})}
-    rows = table("sm_90", entry(GQA, 8, gluon=gluon, kv="float8_e4m3fn"))
-    built = build_one(GQA, "float8_e4m3fn", "bfloat16", ctx=context(tmp_path, rows)).output_path
-    return _import(Path(built), name)
+    return _import(build_gqa(tmp_path, 8, gluon, "float8_e4m3fn"), name)
 
 
 @pytest.mark.parametrize(("converters", "draft", "expected", "maxnreg"), [
@@ -525,14 +524,8 @@ def test_two_converters_beside_two_consumers_compile_at_16_warps(tmp_path: Path)
     both converters at GLUON_PRODUCER_REGISTERS, no cp.async, no spills at 64-token tiles."""
     if not triton.__version__.startswith("3.6."):
         pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
-    gluon = {**FP8_GQA_ROW, "converters": 2}
-    rows = table("sm_90", entry(GQA, 8, gluon=gluon, kv="float8_e4m3fn"))
-    built = Path(build_one(GQA, "float8_e4m3fn", "bfloat16", ctx=context(tmp_path, rows)).output_path)
-    module = check.load_module_file(built)
-    infos = check.find_modules(generated=built.parent)
-    enum = check.enumerate_variants(infos, ["sm_90"], entries=["token-slot"], index_dtypes=["int64"])
-    variant = next(v for v in enum.variants if v.kernel == GLUON and v.constexprs["L_PAD"] == 16
-                   and v.constexprs["GROUP"] == 8 and not v.constexprs["HAS_MASK"])
+    module, variant = gqa_variant(build_gqa(tmp_path, 8, {**FP8_GQA_ROW, "converters": 2}, "float8_e4m3fn"), 16,
+                                  GROUP=8)
     assert variant.options["maxnreg"] == rules.gluon_launch_registers(16) == 128
     result, roles = _compiled_with_roles(variant)
     assert result["error"] is None, result["error"]

@@ -5,6 +5,7 @@ kernel that may start early waits (gdc_wait) before it reads what an earlier ker
 import ast
 import importlib.util
 import inspect
+from pathlib import Path
 
 import pytest
 from case_tools import patch_kernels
@@ -104,3 +105,34 @@ def test_kernels_wait_before_their_first_read(layout, kernel):
     # No early trigger: it let the merge launch while the prefix stage still ran, slower at
     # batch 16 on the H200 (docs/perf-notes.md, "Programmatic dependent launch").
     assert "gdc_launch_dependents" not in calls
+
+
+def _module_function_calls(module, name: str) -> list[str]:
+    """The calls of a function of a generated module's file, in source order (read from the
+    file: the Gluon stage is defined only where Gluon imports)."""
+    tree = ast.parse(Path(module.__file__).read_text())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+    calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    return [c.func.id for c in sorted(calls, key=lambda c: (c.lineno, c.col_offset))]
+
+
+@pytest.mark.parametrize(("layout", "kv"), [("mla_absorbed_512_64", "bfloat16"), ("gqa128", "bfloat16"),
+                                            ("gqa128", "float8_e4m3fn")])
+def test_the_gluon_stage_waits_before_its_first_read(layout, kv):
+    calls = _module_function_calls(kgen.load(layout, kv), "_gluon_prefix_stage")
+    assert calls.index("_gluon_gdc_wait") < calls.index("_gluon_request_bounds")
+    assert "gdc_launch_dependents" not in calls
+
+
+@pytest.mark.parametrize("no_pdl", [False, True])
+def test_the_gluon_stage_launches_early_where_pdl_applies(monkeypatch, no_pdl):
+    """A Gluon row on sm_90 launches with PDL (launch_pdl, USE_PDL) as the Triton stage does,
+    and both stop where the engine turns PDL off."""
+    module = kgen.load("mla_absorbed_512_64", "bfloat16")
+    monkeypatch.setattr(module.LAUNCHER, "interpret", False)
+    monkeypatch.setattr(module.LAUNCHER, "gluon_enabled", True)
+    monkeypatch.setattr(module.LAUNCHER, "no_pdl", no_pdl)
+    setup = module.LAUNCHER.launch_setup("sm_90", 132, 16, 64, 4, None, None)
+    assert setup.prefix_kernel == "_gluon_prefix_stage"
+    assert setup.prefix_constexprs["USE_PDL"] is (not no_pdl)
+    assert setup.prefix_pdl == ({} if no_pdl else {"launch_pdl": True}) == setup.merge_pdl

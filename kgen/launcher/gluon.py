@@ -48,14 +48,15 @@ class GluonPrefixStage:
 
     def prefix_launch(self, identity: ModuleIdentity, kernels: Kernels, enabled: bool, arch: str,
                       config: Mapping[str, Any], group: int, max_len: int, page_size: int | None,
-                      has_mask: bool) -> tuple[Any, ...] | None:
+                      has_mask: bool, pdl: bool = False) -> tuple[Any, ...] | None:
         """(kernel name, constexprs, compile options, split policy, launched early), or None where
         the Triton kernel serves: the config has no gluon section, the GPU is not the stage's arch,
         this Triton cannot run it, the draft is longer than a key tile or a program's rows, a KV
         head's rows (group x L) fall short of the section's from_rows, or the stages overflow
         shared memory. Both entries (token slots, and block tables: page_size)
         and a custom mask (a tree, or SGLang's chain at topk 1) run in it. ``enabled``: the
-        launcher's switch (this Triton runs the stage, KGEN_NO_GLUON off)."""
+        launcher's switch (this Triton runs the stage, KGEN_NO_GLUON off); ``pdl``: the launch
+        may start early (programmatic dependent launch; the kernel waits before its first read)."""
         gluon = config.get("gluon")
         if gluon is None or not enabled or arch != identity.gluon_arch:
             return None
@@ -68,7 +69,7 @@ class GluonPrefixStage:
         block_h, l_pad = rows
         constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": gluon["block_n"],
                       "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale")),
-                      "HAS_MASK": has_mask, "BLOCK_TABLE": page_size is not None}
+                      "HAS_MASK": has_mask, "BLOCK_TABLE": page_size is not None, "USE_PDL": pdl}
         shape = identity.kernel_shape
         consumers = rules.gluon_consumers(block_h * l_pad, group, l_pad)
         converters = rules.gluon_converters(shape, consumers, gluon.get("converters"))
@@ -77,8 +78,7 @@ class GluonPrefixStage:
         warps = rules.gluon_warps(consumers, converters)
         options = {"num_warps": kernels.gluon_num_warps, "num_stages": 1,
                    "maxnreg": rules.gluon_launch_registers(warps)}
-        # Gluon has no gdc_wait: this stage launches after the kernels before it, not early.
-        return self.kernel_name, constexprs, options, {"split": gluon.get("split", {})}, False
+        return self.kernel_name, constexprs, options, {"split": gluon.get("split", {})}, pdl
 
     @staticmethod
     def launch(kernels: Kernels, grid: tuple[int, ...], setup: LaunchSetup, common: tuple[Any, ...],
@@ -99,5 +99,5 @@ class GluonPrefixStage:
             *split_ints, setup.page_shift, prefix_trim_len, draft_lookahead_len, stride_table, q.stride(0),
             q.stride(1), *k_strides, *v_strides, *extend_strides, o.stride(0), o.stride(1),
             partial_o.stride(0), partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0), partial_lse.stride(1),
-            **mask_arguments, **setup.prefix_constexprs, **setup.prefix_options,
+            **mask_arguments, **setup.prefix_constexprs, **setup.prefix_options, **setup.prefix_pdl,
         )

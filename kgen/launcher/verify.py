@@ -135,15 +135,16 @@ class VerifyLauncher(CallShapes):
         """(kernel name, constexprs, compile options, config of its split policy, launched early)
         of the prefix stage: the first of the module's other lowerings that applies (the Gluon
         stage), else the Triton one; None when no program fits."""
+        pdl = self.use_pdl(arch, self.target_of(arch)["family"] == "hip")
         for lowering in self.prefix_lowerings.values():
             chosen = lowering.prefix_launch(self.identity, self.kernels, self.gluon_enabled, arch, config, group,
-                                            max_len, page_size, has_mask)
+                                            max_len, page_size, has_mask, pdl)
             if chosen is not None:
                 return chosen
         triton_prefix = self.triton_prefix(arch, config, group, max_len, page_size, has_mask)
         if triton_prefix is None:
             return None
-        return (PREFIX_KERNEL, *triton_prefix, config, self.use_pdl(arch, self.target_of(arch)["family"] == "hip"))
+        return (PREFIX_KERNEL, *triton_prefix, config, pdl)
 
     def max_splits(self, config: Mapping[str, Any], programs_per_split: int, num_sms: int) -> tuple[int, int]:
         """(grid size of the split axis, min tokens a split): enough programs to fill the GPU."""
