@@ -85,8 +85,8 @@ EPILOG = """examples:
   cp -r generated /tmp/before; (change kgen, kgen build)
   kgen bench --quick --kernels grouped --baseline-modules /tmp/before
                                                       this build vs the earlier one, alternated graph replays
-  kgen bench --kernels grouped --layout gqa128:16 --kv-dtype bf16 --batch 64 --prefix 16K --draft 8,16 \
-      --baseline-tables /tmp/rows                     the tables in use vs the rows in /tmp/rows/sm_90.json
+  kgen bench --kernels grouped --layout gqa128:16 --kv-dtype bf16 --draft 8,16 --baseline-tables /tmp/rows
+                                                      the tables in use vs the rows in /tmp/rows/sm_90.json
   kgen bench --batch-invariant --kernels grouped --layout qwen3_5_gqa256:16 --kv-dtype bf16 --batch 64 --prefix 16K
                                                       the batch-invariant modules vs the default ones, alternated
   kgen bench --kernels grouped,flashinfer --layout qwen3_5_gqa256:16 --batch 64 --prefix 16K --draft 4
