@@ -170,11 +170,9 @@ def _refuse_program_fields(plan: Plan, gluon: GluonConfig | None, where: str) ->
     if gluon is None:
         return
     shape = plan.fit.kernel_shape
-    if gluon.max_rows is not None and (gluon.max_rows == rules.GLUON_GQA_WIDE_ROWS or not shape["v_separate"]):
-        why = rules.gluon_wide_refusal(shape, gluon.block_n)
-        if why:
-            raise TableError(f"{where} asks its gluon section for max_rows {gluon.max_rows}, which this module's "
-                             f"programs cannot hold ({why}); remove max_rows")
+    if gluon.max_rows is not None and rules.gluon_max_rows(shape, gluon.block_n, gluon.max_rows) != gluon.max_rows:
+        raise TableError(f"{where} asks its gluon section for max_rows {gluon.max_rows}, which this module's "
+                         f"programs cannot hold ({rules.gluon_wide_refusal(shape, gluon.block_n)}); remove max_rows")
     why = None if gluon.converters is None else rules.gluon_converters_refusal(shape, gluon.converters)
     if why:
         raise TableError(f"{where} asks its gluon section for {gluon.converters} converters, which this module's "
