@@ -121,6 +121,11 @@ _BLOCK_CONFIGS = {
           'num_warps': 4,
           'num_stages': 3,
           'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128},
+          'gluon': {'block_n': 128,
+                    'num_stages': 3,
+                    'lazy_rescale': False,
+                    'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128},
+                    'from_rows': 128},
           'widen_from_rows': 128}),
     ),
 }

@@ -108,11 +108,12 @@ _BLOCK_CONFIGS = {
           'num_stages': 3,
           'split': {'programs_per_sm': 4, 'max_splits': 8, 'min_tokens_per_split': 64},
           'draft_tile': 'after',
-          'gluon': {'block_n': 128,
+          'gluon': {'block_n': 64,
                     'num_stages': 4,
                     'lazy_rescale': False,
                     'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128},
-                    'from_rows': 128}}),
+                    'from_rows': 128,
+                    'converters': 2}}),
     ),
 }
 # Used when no table row matches: the built-in default for this K width (kgen/tables/defaults.json)
