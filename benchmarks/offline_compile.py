@@ -57,8 +57,6 @@ def chosen_program(module, args) -> tuple[str, dict, dict]:
         if args.gluon:
             block_n, stages = (int(x) for x in args.gluon.split(","))
             config["gluon"] = {"block_n": block_n, "num_stages": stages, "lazy_rescale": args.lazy}
-            if args.gluon_max_rows:
-                config["gluon"]["max_rows"] = args.gluon_max_rows
             if args.gluon_converters:
                 config["gluon"]["converters"] = args.gluon_converters
     launches = module.launch_params("sm_90", 132, args.group, args.batch, args.draft, args.page_size, config,
@@ -158,8 +156,6 @@ def main() -> int:
     ap.add_argument("--draft-first", action="store_true", help="GQA: the draft tile before the loop (DRAFT_FIRST)")
     ap.add_argument("--gluon", metavar="BLOCK_N,STAGES",
                     help="the Gluon prefix stage with this gluon section (where the module has one, under Triton 3.6)")
-    ap.add_argument("--gluon-max-rows", type=int, choices=(128, 256),
-                    help="the gluon section's max_rows (256: GQA programs of two 128-row consumers)")
     ap.add_argument("--gluon-converters", type=int, choices=(1, 2),
                     help="the gluon section's converters (FP8 GQA: 2 beside two consumers is a fourth warpgroup)")
     ap.add_argument("--mask", action="store_true", help="the custom-mask (tree) program (HAS_MASK)")

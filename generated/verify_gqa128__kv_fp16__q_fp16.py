@@ -610,29 +610,25 @@ def _verify_merge_stage(
 # ---------------------------------------------------------------------------------------
 # Hopper lowering of the prefix stage (Gluon, sm_90, Triton 3.6.x): warp-specialized.
 #
-# One program is 128 rows (BLOCK_H heads x L_PAD draft tokens) of one split of one request, or 256
-# where its config's gluon section asks (max_rows) and a KV head has more than 128 rows, and
+# One program is 128 rows (BLOCK_H heads x L_PAD draft tokens) of one split of one request, and
 # three warpgroups, each a partition of its own:
-#   consumer 0 (default partition, 4 warps) and consumer 1 (worker, 4 warps): the first and the
-#             second half of the rows (CONSUMER_ROWS each: one 64-row wgmma tile, or two). Per
-#             tile, a consumer computes S = q.K^T for its rows (wgmma, q and K from shared
-#             memory), the online softmax and acc += P.V (P from its registers, V from the
-#             stage), then releases the stage. Both read the same K and V stage, so the split's
-#             prefix is read once for all the program's rows. Where the group's rows all fall in
-#             consumer 0's (GROUP x L_PAD <= 64 in a 128-row program), consumer 1 has none and
+#   consumer 0 (default partition, 4 warps) and consumer 1 (worker, 4 warps): rows 0-63 and
+#             64-127, one wgmma tile each. Per tile, a consumer computes S = q.K^T for its rows
+#             (wgmma, q and K from shared memory), the online softmax and acc += P.V (P from
+#             its registers, V from the stage), then releases the stage. Both read the same K
+#             and V stage, so the split's prefix is read once for all 128 rows. Where the group's
+#             rows all fall in the first 64 (GROUP x L_PAD <= 64), consumer 1 has none and
 #             returns at once; `empty` then counts consumer 0 alone.
 #   producer  (worker, 4 warps): gathers each prefix tile's K and V rows through the request's
 #             kv_indices (token slots) or block-table row (pages) with cp.async into the stage
 #             ring, then the draft rows. It issues every global load of the loop; the consumers
 #             issue none.
 #
-# A consumer's accumulator is CONSUMER_ROWS x 128 fp32 (64 registers a thread for each 64 rows)
-# beside S and P; setmaxnreg gives the consumers the most, the producer the fewest
-# (GLUON_*_REGISTERS). A 256-row program is launched only where a consumer's accumulator, S and
-# P fit its share (rules.gluon_wide_refusal).
+# A consumer's accumulator is 64 x 128 fp32 (64 registers a thread) beside S and P;
+# setmaxnreg gives the consumers the most, the producer the fewest (GLUON_*_REGISTERS).
 #
 # Shared memory (rules.gluon_shared_bytes):
-#   q_smem [2, CONSUMER_ROWS, 128]      each consumer's rows: written once by it, read by its S wgmma
+#   q_smem [2, 64, 128]      each consumer's rows: written once by it, read by its S wgmma
 #   k_stages [NUM_STAGES, BLOCK_N, 128], v_stages [NUM_STAGES, BLOCK_N, 128]   the ring:
 #             written by the producer's cp.async, read by both consumers' wgmma
 #   ready, empty [NUM_STAGES]   the ring's mbarriers (pipeline.py.j2 says how they count;
@@ -806,25 +802,23 @@ if _HAS_GLUON:
 
     @gluon.constexpr_function
     def _gluon_acc_layout():
-        """A consumer's accumulator, rows x V_HEAD_DIM columns in wgmma's register layout: 64 rows
-        a wgmma tile, a consumer of 128 rows holds two (its warps repeat down the rows)."""
+        """A consumer's accumulator: 64 rows x V_HEAD_DIM columns, wgmma's register layout."""
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, V_HEAD_DIM, 16])
 
     @gluon.constexpr_function
     def _gluon_s_layout(block_n):
-        """A consumer's scores S, rows x BLOCK_N keys in wgmma's register layout."""
+        """A consumer's scores S: 64 rows x BLOCK_N keys, wgmma's register layout."""
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_n, 16])
 
     @gluon.jit
     def _gluon_consume_tile(q_smem, k_stages, v_stages, empty, stage, m_i, l_i, acc, visible, qk_scale,
-                            ROWS: gl.constexpr, BLOCK_N: gl.constexpr, MASKED: gl.constexpr,
-                            LAZY_RESCALE: gl.constexpr):
-        """One tile on a landed stage for this consumer's ROWS rows: S, the online softmax (log2
+                            BLOCK_N: gl.constexpr, MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+        """One tile on a landed stage for this consumer's 64 rows: S, the online softmax (log2
         domain; with MASKED, column c is visible to row r where visible[r, c], else every column
         is), acc += P.V, waited, and the stage released. Returns (m_i, l_i, acc)."""
         S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
         ACC: gl.constexpr = _gluon_acc_layout()
-        s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        s = gl.zeros([64, BLOCK_N], gl.float32, layout=S_LAYOUT)
         s = warpgroup_mma(q_smem, k_stages.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         if MASKED:
@@ -854,12 +848,12 @@ if _HAS_GLUON:
                           split,
                           num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
                           stride_pl_tok, stride_pl_head, GROUP: gl.constexpr, BLOCK_H: gl.constexpr,
-                          L_PAD: gl.constexpr, ROWS: gl.constexpr):
-        """A consumer's ROWS rows (from row0) of the output: o itself when one split holds the
+                          L_PAD: gl.constexpr):
+        """A consumer's 64 rows (from row0) of the output: o itself when one split holds the
         request, else the split's normalized fp32 partial and its log2-sum-exp. A row that sees
         nothing (an empty prefix and a masked-out draft row) writes zeros."""
         ACC: gl.constexpr = _gluon_acc_layout()
-        rows_o = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, ACC))
+        rows_o = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
         cols_o = gl.arange(0, V_HEAD_DIM, layout=gl.SliceLayout(0, ACC))
         head_o = head_block * BLOCK_H + rows_o // L_PAD
         draft_o = rows_o % L_PAD
@@ -889,12 +883,11 @@ if _HAS_GLUON:
                         BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr,
                         BLOCK_TABLE: gl.constexpr):
-        """Consumer CONSUMER's rows (half the program's, from CONSUMER x ROWS): q into its shared-memory tile, every
+        """Consumer CONSUMER's rows (64 from CONSUMER x 64): q into its shared-memory tile, every
         tile's S, softmax and P.V, the draft tile on the request's last split, then its rows of
         o or of the split's partial. A consumer whose rows are all past the group returns at once
         (the kernel counts it out of `empty`)."""
-        ROWS: gl.constexpr = BLOCK_H * L_PAD // 2
-        ROW0: gl.constexpr = CONSUMER * ROWS
+        ROW0: gl.constexpr = CONSUMER * 64
         if ROW0 // L_PAD < GROUP:
             S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
             ACC: gl.constexpr = _gluon_acc_layout()
@@ -904,7 +897,7 @@ if _HAS_GLUON:
 
             # q into shared memory. Row r is (head head_block * BLOCK_H + r // L_PAD, draft token
             # r % L_PAD); padding rows (past the group or the draft) are zeros.
-            rows = ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, Q_LOAD))
+            rows = ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, Q_LOAD))
             head = head_block * BLOCK_H + rows // L_PAD
             q_row = ((q_start + rows % L_PAD) * stride_q_tok
                      + (kv_head * GROUP + head).to(gl.int64) * stride_q_head)
@@ -915,21 +908,21 @@ if _HAS_GLUON:
             gl.thread_barrier()  # all of this consumer's q is in shared memory
 
             prefix_qk_scale = qk_scale * k_scale  # the pool's k_scale, on the prefix only
-            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-            l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-            acc = gl.zeros([ROWS, V_HEAD_DIM], gl.float32, layout=ACC)
+            m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+            l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
+            acc = gl.zeros([64, V_HEAD_DIM], gl.float32, layout=ACC)
             tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
             # The split's whole tiles see every column; only its last tile may be cut short.
             full_tiles = (split_end - split_start) // BLOCK_N
             for t in range(full_tiles):
                 stage = _gluon_stage_landed(ready, t, NUM_STAGES)
                 m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc, None,
-                                                    prefix_qk_scale, ROWS, BLOCK_N, False, LAZY_RESCALE)
+                                                    prefix_qk_scale, BLOCK_N, False, LAZY_RESCALE)
             for t in range(full_tiles, num_tiles):
                 stage = _gluon_stage_landed(ready, t, NUM_STAGES)
                 visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
                 m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc,
-                                                    visible, prefix_qk_scale, ROWS, BLOCK_N, True, LAZY_RESCALE)
+                                                    visible, prefix_qk_scale, BLOCK_N, True, LAZY_RESCALE)
             # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
             acc = acc * v_scale
 
@@ -939,7 +932,7 @@ if _HAS_GLUON:
                 # bytes at mask_indptr[b], only the draft columns read; the paged entry's rows),
                 # else by draft positions >= j.
                 stage = _gluon_stage_landed(ready, num_tiles, NUM_STAGES)
-                draft_pos = (ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT))) % L_PAD
+                draft_pos = (ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, S_LAYOUT))) % L_PAD
                 if HAS_MASK:
                     mask_start = gl.load(Mask_Indptr + batch).to(gl.int64)
                     if BLOCK_TABLE:
@@ -955,13 +948,12 @@ if _HAS_GLUON:
                     # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
                     visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
                 m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc,
-                                                    visible, qk_scale, ROWS, BLOCK_N, True,
-                                                    False)
+                                                    visible, qk_scale, BLOCK_N, True, False)
 
             _gluon_store_rows(Out, Partial_O, Partial_Lse, acc, m_i, l_i, q_start, q_len, kv_head, head_block, ROW0,
                               split,
                               num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
-                              stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD, ROWS)
+                              stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD)
 
     # ---- the kernel ---------------------------------------------------------------------
 
@@ -1026,14 +1018,11 @@ if _HAS_GLUON:
         With USE_PDL (programmatic dependent launch) it may start while the kernel before it
         ends, and waits for it (_gluon_gdc_wait) before its first read.
         k_scale / v_scale are the 16-bit pool's scales (floats), on the prefix only."""
-        # A program's rows, half for each consumer (rules.gluon_rows): 128 (a 64-row wgmma tile
-        # each), or 256 where the section's max_rows asks (two tiles each).
-        gl.static_assert((BLOCK_H * L_PAD == 128) | (BLOCK_H * L_PAD == 256), "a program is 128 or 256 rows")
-        CONSUMER_ROWS: gl.constexpr = BLOCK_H * L_PAD // 2
+        gl.static_assert(BLOCK_H * L_PAD == 128, "a program is two wgmma tiles of 64 rows (rules.GLUON_GQA_ROWS)")
         # 128-byte swizzle: conflict-free wgmma reads of 64-element (128-byte) column blocks.
         TILE_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        # Consumers with rows: both, unless the group's rows all fall in consumer 0's.
-        CONSUMERS: gl.constexpr = 2 if CONSUMER_ROWS // L_PAD < GROUP else 1
+        # Consumers with rows: both, unless the group's rows all fall in the first 64.
+        CONSUMERS: gl.constexpr = 2 if 64 // L_PAD < GROUP else 1
 
         HEAD_BLOCKS: gl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
         pid_heads = gl.program_id(0)
@@ -1051,7 +1040,7 @@ if _HAS_GLUON:
         split_end = gl.minimum(split_start + split_len, prefix_len)
         if split < num_written:
             STAGE_DTYPE: gl.constexpr = K_Buffer.dtype.element_ty  # q's dtype too (the lowering's requirement)
-            q_smem = gl.allocate_shared_memory(STAGE_DTYPE, [2, CONSUMER_ROWS, NOPE_DIM], TILE_SMEM)
+            q_smem = gl.allocate_shared_memory(STAGE_DTYPE, [2, 64, NOPE_DIM], TILE_SMEM)
             k_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, NOPE_DIM], TILE_SMEM)
             v_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, V_HEAD_DIM], TILE_SMEM)
             ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())

@@ -87,10 +87,6 @@ class GluonConfig(BaseModel):
     # row's Triton fields serve (a GQA program of 64 rows or fewer keeps one consumer busy).
     # Set by hand from a measurement; 0: at every draft length.
     from_rows: int = Field(default=0, ge=0, le=4096)
-    # The most rows a program holds (None: the layout's, 128 for GQA, 64 for absorbed MLA). 256:
-    # a GQA program of two 128-row consumers where a KV head has more than 128 rows, so they share
-    # one KV read (16-bit KV, where its accumulator, S and P fit: rules.gluon_wide_refusal).
-    max_rows: Literal[128, 256] | None = None
     # FP8 GQA: converter warpgroups (None: the launcher's rule, two where consumer 1 has no rows,
     # else one). 2: also beside two consumers, as a fourth warpgroup (head dims to 128); 1: never
     # two (rules.gluon_converters).
@@ -98,20 +94,18 @@ class GluonConfig(BaseModel):
 
     def short(self) -> str:
         from_rows = f" from_rows={self.from_rows}" if self.from_rows else ""
-        max_rows = f" max_rows={self.max_rows}" if self.max_rows else ""
         converters = f" converters={self.converters}" if self.converters else ""
         return (f"gluon(BLOCK_N={self.block_n} stages={self.num_stages}{' lazy_rescale' if self.lazy_rescale else ''} "
                 f"split(ppsm={self.split.programs_per_sm}, max={self.split.max_splits}, "
-                f"min_tok={self.split.min_tokens_per_split}){from_rows}{max_rows}{converters})")
+                f"min_tok={self.split.min_tokens_per_split}){from_rows}{converters})")
 
     def compact(self, splits: bool = True) -> str:
         """The section in ``BlockConfig.compact``'s notation: 'gluon(N64 s2 1/64/256)'."""
         lazy = " lazy_rescale" if self.lazy_rescale else ""
         split = f" {self.split.compact()}" if splits else ""
         from_rows = f" from {self.from_rows} rows" if self.from_rows else ""
-        max_rows = f" to {self.max_rows} rows a program" if self.max_rows else ""
         converters = f" {self.converters} converters" if self.converters else ""
-        return f"gluon(N{self.block_n} s{self.num_stages}{lazy}{split}{from_rows}{max_rows}{converters})"
+        return f"gluon(N{self.block_n} s{self.num_stages}{lazy}{split}{from_rows}{converters})"
 
 
 class BlockConfig(BaseModel):

@@ -433,7 +433,7 @@ def test_baseline_tables_build_each_case_module_with_the_rows(tmp_path: Path) ->
     usage error before anything is measured."""
     import importlib.util
 
-    tables = _sm90_table(tmp_path / "rows", {"block_n": 32, "num_stages": 4, "max_rows": 256})
+    tables = _sm90_table(tmp_path / "rows", {"block_n": 32, "num_stages": 4, "from_rows": 96})
     args = _parse("--layout", "gqa128:8", "--kv-dtype", "bf16", "--batch", "2", "--prefix", "32", "--draft", "1",
                   "--kernels", "grouped", "--baseline-tables", str(tables))
     built = cli.build_table_baseline(tables, cli.select_cases(args), tmp_path / "out")
@@ -443,7 +443,7 @@ def test_baseline_tables_build_each_case_module_with_the_rows(tmp_path: Path) ->
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     rows = module.LAUNCHER.block_configs["sm_90"]
-    assert [(group, lo, hi, config["gluon"]["max_rows"]) for group, lo, hi, config in rows] == [(8, 1, 8, 256)]
+    assert [(group, lo, hi, config["gluon"]["from_rows"]) for group, lo, hi, config in rows] == [(8, 1, 8, 96)]
     bad = _sm90_table(tmp_path / "bad", {"block_n": 64, "num_stages": 2, "converters": 2})
     with pytest.raises(cli.BenchUsageError, match=f"--baseline-tables {bad}: .*converters"):
         cli.build_table_baseline(bad, cli.select_cases(args), tmp_path / "out2")

@@ -21,9 +21,6 @@ that carries a ``gluon`` section, so the launcher picks the Gluon kernel (assert
   e4m3fn); fp16 and e5m2 KV with 64-token tiles (dtype_config_pairs);
 - FP8: two converters beside two consumers (converters 2, a fourth warpgroup; head dims 128 and
   64) as well as the launcher's rule (two only where consumer 1 has no rows);
-- 256-row programs (max_rows 256: two consumers of 128 rows, 16-bit KV, head dims 128 and 64) at
-  the widest key tile rules.gluon_wide_refusal lets them take, where a KV head has more than 128
-  rows (group 16 from L 9, the unlisted group's padded heads);
 - NaN in every pool slot no request names, in o before the call and in the split scratch;
 - separate K and V pools whose strides differ (V a view of a wider buffer);
 - the batch-invariant module.
@@ -35,13 +32,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from case_tools import poison_unnamed_slots, set_draft_masks, to_paged
+from case_tools import poison_unnamed_slots
 from kernel_cases import SPECS, tolerance
 from test_gpu_gluon import (
     GLUON_CONFIGS,
-    INDEX_DTYPES,
     _assert_gluon,
-    _poison_scratch,
     check_domain,
     domain_index_dtypes,
     dtype_config_pairs,
@@ -53,7 +48,7 @@ from test_gpu_sweep import unlisted_group
 import kgen
 from kgen.launcher import rules
 from kgen.passes.select_lowering import second_lowerings
-from kgen.problems import eagle_tree, make_case
+from kgen.problems import make_case
 from kgen.reference import relative_error
 from kgen.spec import FP8_DTYPES
 
@@ -69,12 +64,9 @@ FP8_KV = [kv for kv in SERVED_KV if kv in FP8_DTYPES]
 # the lazy rescale, and (head dims 128 and 64, where they fit shared memory) 128-token tiles.
 CONFIGS = {**{name: GLUON_CONFIGS[name] for name in ("n64s2", "n32s4lazy")},
            "n128s3": {"block_n": 128, "num_stages": 3, "lazy_rescale": False}}
-# 256-row programs: a layout runs the widest of these its consumers' registers take.
-WIDE_CONFIGS = {"n64s4w256": {"block_n": 64, "num_stages": 4, "lazy_rescale": True, "max_rows": 256},
-                "n32s4w256": {"block_n": 32, "num_stages": 4, "lazy_rescale": False, "max_rows": 256}}
 # FP8: two converters at every program, beside two consumers a fourth warpgroup.
 FP8_CONFIGS = {"n64s2c2": {"block_n": 64, "num_stages": 2, "lazy_rescale": False, "converters": 2}}
-ALL_CONFIGS = {**CONFIGS, **WIDE_CONFIGS, **FP8_CONFIGS}
+ALL_CONFIGS = {**CONFIGS, **FP8_CONFIGS}
 BATCH = 4
 
 
@@ -84,23 +76,18 @@ def _groups(layout: str) -> list[int]:
 
 
 def _fits(layout: str, kv_dtype: str, gluon: dict) -> bool:
-    """The section fits shared memory, a max_rows 256 section's programs hold 256 rows and a
-    converters section's converters are the module's."""
+    """The section fits shared memory and a converters section's converters are the module's."""
     identity = kgen.load(layout, kv_dtype).LAUNCHER.identity
     shape = identity.kernel_shape
-    if gluon.get("max_rows") and rules.gluon_wide_refusal(shape, gluon["block_n"]):
-        return False
     if gluon.get("converters") and rules.gluon_converters_refusal(shape, gluon["converters"]):
         return False
-    need = rules.gluon_shared_bytes(shape, gluon["block_n"], gluon["num_stages"], gluon.get("max_rows"))
+    need = rules.gluon_shared_bytes(shape, gluon["block_n"], gluon["num_stages"])
     return need <= identity.targets["sm_90"]["shared_bytes"]
 
 
 def _configs(layout: str, kv_dtype: str) -> list[str]:
-    """The CONFIGS that fit, the first of WIDE_CONFIGS that does, and FP8_CONFIGS that fit."""
-    wide = [name for name, gluon in WIDE_CONFIGS.items() if _fits(layout, kv_dtype, gluon)]
-    fp8 = [name for name, gluon in FP8_CONFIGS.items() if _fits(layout, kv_dtype, gluon)]
-    return [name for name, gluon in CONFIGS.items() if _fits(layout, kv_dtype, gluon)] + wide[:1] + fp8
+    """The CONFIGS and FP8_CONFIGS that fit."""
+    return [name for name, gluon in ALL_CONFIGS.items() if _fits(layout, kv_dtype, gluon)]
 
 
 def _cases(dtypes: list) -> list[tuple]:
@@ -179,33 +166,3 @@ def test_gluon_gqa_batch_invariant(layout):
     alone.kv_indices = problem.kv_indices[-prefixes[-1]:].clone()
     module.launch(*alone.launch_args(), config=config)
     assert torch.equal(alone.o, problem.o[-drafts[-1]:]), "the request's output changed with the batch"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("page_size", [None, 16])
-def test_gluon_gqa_256_row_programs_with_a_tree(page_size):
-    """256-row programs (GQA 128, group 16, max_rows 256) with EAGLE trees in the draft tile, on
-    token slots and on pages of 16: L 9-16 fills one program a KV head, L 32 two; several splits."""
-    module = kgen.load("gqa128", "bfloat16")
-    config = gluon_config(module, WIDE_CONFIGS["n32s4w256"], min_tokens=128)
-    for draft in (9, 16, 32):
-        drafts = [draft, draft - 3, 5, 1]
-        problem = make_case(SPECS["gqa128"], [1500, 0, 333, 64], drafts, 16, device="cuda", seed=draft)
-        set_draft_masks(problem, [eagle_tree(n, seed=draft + i) for i, n in enumerate(drafts)])
-        poison_unnamed_slots(problem)
-        reference = problem.reference(torch.float64)
-        _assert_gluon(module, config, 16, 4, draft, page_size, has_mask=True)
-        rows = module.launch_params("sm_90", 132, 16, 4, draft, page_size, config, has_mask=True)[0][1]
-        assert rows["BLOCK_H"] * rows["L_PAD"] == 256, rows
-        paged = to_paged(problem, page_size, seed=draft) if page_size else None
-        for index_dtype in INDEX_DTYPES:
-            problem.o.fill_(float("nan"))
-            _poison_scratch(module)
-            if paged:
-                args = paged.paged_args(problem, index_dtype)
-                assert module.verify_paged_fwd(*args, config=config), module.why_not_paged(*args)
-            else:
-                problem.kv_indices = problem.kv_indices.to(index_dtype)
-                module.launch(*problem.launch_args(), config=config, **problem.mask_kwargs())
-            err = relative_error(problem.o, reference)
-            assert err <= tolerance(problem), f"L {draft}, page {page_size}, {index_dtype}: relative error {err:.2e}"

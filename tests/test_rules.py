@@ -144,10 +144,8 @@ def test_every_module_accepts_its_whole_domain_on_sm_90(layout, kv, groups):
                 rows = constexprs["BLOCK_H"] * constexprs["L_PAD"]
                 shape = module.LAUNCHER.identity.kernel_shape
                 if launches[0][0] == "_gluon_prefix_stage":  # its own rules: its layout's rows, its buffers
-                    block_n = constexprs["BLOCK_N"]
-                    assert rows in {rules.gluon_program_rows(shape, block_n, most, group * constexprs["L_PAD"])
-                                    for most in (None, rules.GLUON_GQA_WIDE_ROWS)}
-                    assert (rules.gluon_shared_bytes(shape, block_n, constexprs["NUM_STAGES"], rows)
+                    assert rows == rules.gluon_program_rows(shape)
+                    assert (rules.gluon_shared_bytes(shape, constexprs["BLOCK_N"], constexprs["NUM_STAGES"])
                             <= target["shared_bytes"])
                     continue
                 assert rows <= rules.max_rows_for(target, shape, options["num_warps"])
@@ -191,33 +189,6 @@ def test_long_drafts_match_the_reference(layout, kv, group, draft):
 
 
 GQA128_BF16 = rules.kernel_shape(128, 128, 2, True)
-GQA64_BF16 = rules.kernel_shape(64, 64, 2, True)
-
-
-@pytest.mark.parametrize(("shape", "block_n", "refused"), [
-    (GQA128_BF16, 32, None),
-    (GQA128_BF16, 64, "take 224 registers a thread, past 176"),
-    (GQA64_BF16, 64, None),
-    (GQA64_BF16, 128, "take 256 registers a thread, past 176"),
-    (rules.kernel_shape(256, 256, 2, True), 32, "head dim 256"),
-    (rules.kernel_shape(128, 128, 1, True), 32, "FP8 KV"),
-    (MLA, 32, "absorbed MLA"),
-])
-def test_a_256_row_gluon_program_needs_its_data_to_fit_a_consumer(shape, block_n, refused):
-    """rules.gluon_wide_refusal: a 128-row consumer holds its accumulator, S and P within
-    GLUON_WIDE_DATA_REGISTERS (what compiled without spills offline), 16-bit KV, V its own buffer."""
-    why = rules.gluon_wide_refusal(shape, block_n)
-    assert (why is None) if refused is None else (refused in why), why
-    assert rules.gluon_max_rows(shape, block_n, 256) == (256 if refused is None else rules.gluon_max_rows(shape, 32))
-
-
-@pytest.mark.parametrize(("group", "draft", "rows"), [(16, 16, (16, 16)), (16, 8, (16, 8)), (24, 8, (32, 8)),
-                                                      (8, 32, (8, 32)), (8, 16, (8, 16)), (4, 4, (32, 4))])
-def test_a_program_holds_256_rows_only_where_a_kv_head_has_more_than_128(group, draft, rows):
-    """gluon_rows under max_rows 256: 256-row programs where group x L_PAD passes 128 (group 24
-    pads its last 8 heads); 128-row programs below, which keep both consumers busy."""
-    assert rules.gluon_rows(GQA128_BF16, draft, 32, group, 256) == rows
-    assert rules.gluon_rows(GQA128_BF16, draft, 32, group) == (128 // rows[1], rows[1])  # the section's default
 
 
 GQA128_FP8 = rules.kernel_shape(128, 128, 1, True)
@@ -241,7 +212,7 @@ def test_a_gluon_launch_takes_the_register_files_share():
     assert [rules.gluon_launch_registers(w) for w in (12, 16)] == [168, 128]
 
 
-@pytest.mark.parametrize(("rows", "group", "l_pad", "consumers"), [(128, 8, 4, 1), (128, 8, 8, 1), (128, 8, 16, 2),
-                                                                    (128, 4, 16, 1), (256, 16, 16, 2), (256, 8, 16, 1)])
+@pytest.mark.parametrize(("rows", "group", "l_pad", "consumers"),
+                         [(128, 8, 4, 1), (128, 8, 8, 1), (128, 8, 16, 2), (128, 4, 16, 1)])
 def test_consumers_with_rows(rows, group, l_pad, consumers):
     assert rules.gluon_consumers(rows, group, l_pad) == consumers

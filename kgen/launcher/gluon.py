@@ -35,16 +35,16 @@ class GluonPrefixStage:
 
     @staticmethod
     def draft_rows(identity: ModuleIdentity, max_len: int, block_n: int, group: int,
-                   from_rows: int = 0, max_rows: int | None = None) -> tuple[int, int] | None:
-        """(BLOCK_H, L_PAD) of a program for this draft (up to the section's max_rows), or None
-        where rules.gluon_refusal gives a reason (the draft does not fit, a KV head's rows fall
-        short of from_rows, or a batch-invariant module's longest draft exceeds a key tile)."""
+                   from_rows: int = 0) -> tuple[int, int] | None:
+        """(BLOCK_H, L_PAD) of a program for this draft, or None where rules.gluon_refusal gives
+        a reason (the draft does not fit, a KV head's rows fall short of from_rows, or a
+        batch-invariant module's longest draft exceeds a key tile)."""
         invariant_draft = None if identity.invariance is None else identity.invariance.draft_rows
         if rules.gluon_refusal(identity.kernel_shape, max_len, block_n, group, from_rows, invariant_draft,
                                identity.max_draft_tokens):
             return None
         return rules.gluon_rows(identity.kernel_shape, max_len if invariant_draft is None else invariant_draft,
-                                block_n, group, max_rows)
+                                block_n)
 
     def prefix_launch(self, identity: ModuleIdentity, kernels: Kernels, enabled: bool, arch: str,
                       config: Mapping[str, Any], group: int, max_len: int, page_size: int | None,
@@ -60,10 +60,8 @@ class GluonPrefixStage:
         gluon = config.get("gluon")
         if gluon is None or not enabled or arch != identity.gluon_arch:
             return None
-        rows = self.draft_rows(identity, max_len, gluon["block_n"], group, gluon.get("from_rows", 0),
-                               gluon.get("max_rows"))
-        shared = rules.gluon_shared_bytes(identity.kernel_shape, gluon["block_n"], gluon["num_stages"],
-                                          gluon.get("max_rows"))
+        rows = self.draft_rows(identity, max_len, gluon["block_n"], group, gluon.get("from_rows", 0))
+        shared = rules.gluon_shared_bytes(identity.kernel_shape, gluon["block_n"], gluon["num_stages"])
         if rows is None or shared > identity.targets[arch]["shared_bytes"]:
             return None
         block_h, l_pad = rows

@@ -256,60 +256,27 @@ def fit_program(target: Target, shape: KernelShape, config: Config, group: int, 
 
 # The Gluon prefix stage's program rows: absorbed MLA's two consumer warpgroups split one wgmma's
 # 64 rows by output columns (gluon/mla_ws_prefix_stage.py.j2); GQA's split 128 rows into two
-# wgmma tiles of 64 on one K/V stage (gluon_gqa/ws_prefix_stage.py.j2), or 256 into two
-# consumers of two tiles each where a config's section asks (its max_rows).
+# wgmma tiles of 64 on one K/V stage (gluon_gqa/ws_prefix_stage.py.j2). Where a KV head has more
+# rows, its programs each read the prefix (the second read mostly an L2 hit): 256-row programs
+# lost to that (docs/perf-notes.md, "256 rows in one Gluon program").
 GLUON_ROWS = 64
 GLUON_GQA_ROWS = 128
-GLUON_GQA_WIDE_ROWS = 256
-# A 128-row consumer's registers a thread for its data: the fp32 accumulator (head dim), S
-# (BLOCK_N) and P (BLOCK_N / 2, 16-bit pairs), of the 224 its setmaxnreg gives beside addresses
-# and the softmax's rows. Offline for sm_90 (Triton 3.6, benchmarks/offline_compile.py
-# --gluon-max-rows 256): head dim 128 with 32-token tiles (176) and head dim 64 with 64-token
-# tiles (160) compile without spills; 128 with 64-token tiles (224) spills 248 B a thread in the
-# loop, 64 with 128-token tiles (256) 868 B.
-GLUON_WIDE_DATA_REGISTERS = 176
 GLUON_MAX_ROW_BLOCK = 64  # L_PAD past this leaves no head per program
 
 
-def gluon_wide_refusal(shape: KernelShape, block_n: int) -> str | None:
-    """Why a Gluon program of this kernel shape and key tile cannot hold GLUON_GQA_WIDE_ROWS
-    rows, or None."""
-    if not shape["v_separate"]:
-        return f"absorbed MLA's Gluon programs are {GLUON_ROWS} rows"
-    if shape["kv_bytes"] != 2:
-        return "FP8 KV: the converting producer's registers leave a 128-row consumer too few"
-    data = shape["acc_width"] + block_n * 3 // 2
-    if data > GLUON_WIDE_DATA_REGISTERS:
-        return (f"a 128-row consumer's accumulator, S and P at head dim {shape['acc_width']} and BLOCK_N {block_n} "
-                f"take {data} registers a thread, past {GLUON_WIDE_DATA_REGISTERS} (its loop spills)")
-    return None
+def gluon_program_rows(shape: KernelShape) -> int:
+    """Rows of one Gluon program of this kernel shape: GLUON_GQA_ROWS for GQA, GLUON_ROWS for
+    absorbed MLA."""
+    return GLUON_GQA_ROWS if shape["v_separate"] else GLUON_ROWS
 
 
-def gluon_max_rows(shape: KernelShape, block_n: int, max_rows: int | None = None) -> int:
-    """The most rows a Gluon program of this kernel shape and key tile holds under a section's
-    max_rows (None: the layout's, GLUON_GQA_ROWS for GQA, GLUON_ROWS for absorbed MLA)."""
-    if not shape["v_separate"]:
-        return GLUON_ROWS
-    if max_rows == GLUON_GQA_WIDE_ROWS and gluon_wide_refusal(shape, block_n) is None:
-        return GLUON_GQA_WIDE_ROWS
-    return GLUON_GQA_ROWS
-
-
-def gluon_program_rows(shape: KernelShape, block_n: int, max_rows: int | None = None, group_rows: int = 0) -> int:
-    """Rows of one Gluon program: ``gluon_max_rows``, but GLUON_GQA_ROWS where a KV head has no
-    more rows than that (group x L_PAD, ``group_rows``): a wider program would leave its second
-    consumer idle where two 64-row consumers share the rows."""
-    most = gluon_max_rows(shape, block_n, max_rows)
-    return most if group_rows > GLUON_GQA_ROWS else min(most, GLUON_GQA_ROWS)
-
-
-def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int, max_rows: int | None = None) -> int:
-    """Shared memory of the Gluon prefix stage: q (16-bit) of its widest program
-    (``gluon_max_rows``), NUM_STAGES gathered K tiles (and V tiles where V is its own buffer),
-    absorbed MLA's fp32 rows (each stage's rescale row and the rows' final max and sum-exp; its P
-    lives in its stage's PE slot), plus the margin (measured with Triton 3.6 for sm_90: the
-    mbarrier arrays and Triton's own scratch add 336-352 bytes to these buffers)."""
-    rows = gluon_max_rows(shape, block_n, max_rows)
+def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int) -> int:
+    """Shared memory of the Gluon prefix stage: q (16-bit) of a program's rows, NUM_STAGES
+    gathered K tiles (and V tiles where V is its own buffer), absorbed MLA's fp32 rows (each
+    stage's rescale row and the rows' final max and sum-exp; its P lives in its stage's PE slot),
+    plus the margin (measured with Triton 3.6 for sm_90: the mbarrier arrays and Triton's own
+    scratch add 336-352 bytes to these buffers)."""
+    rows = gluon_program_rows(shape)
     rows_fp32 = 0 if shape["v_separate"] else (num_stages + 2) * rows * 4
     # A stage holds 16-bit rows whatever the pool's bytes (an FP8 producer converts to fp16).
     stage_row_bytes = shape["kv_row_bytes"] // shape["kv_bytes"] * 2
@@ -317,15 +284,13 @@ def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int, max_ro
     return tiles + rows_fp32 + SHARED_MARGIN_BYTES
 
 
-def gluon_rows(shape: KernelShape, max_len: int, block_n: int, group: int = 0,
-               max_rows: int | None = None) -> tuple[int, int] | None:
+def gluon_rows(shape: KernelShape, max_len: int, block_n: int) -> tuple[int, int] | None:
     """(BLOCK_H, L_PAD) of a Gluon program, or None when the draft does not fit one tile of
-    draft keys or one program's rows (the Triton kernel serves it). ``group`` and ``max_rows``
-    choose the program's rows (``gluon_program_rows``)."""
+    draft keys or one program's rows (the Triton kernel serves it)."""
     l_pad = next_pow2(max_len)
     if max_len > block_n or l_pad > GLUON_MAX_ROW_BLOCK:
         return None
-    return gluon_program_rows(shape, block_n, max_rows, group * l_pad) // l_pad, l_pad
+    return gluon_program_rows(shape) // l_pad, l_pad
 
 
 # A Gluon program's warps: warpgroups of four. At launch every thread gets the register file's

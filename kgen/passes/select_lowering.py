@@ -123,7 +123,7 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
     A row's from_rows counts its group's rows; the default's (group None) is said, not applied."""
     gluon, arch = config.gluon, lowering.gluon_arch
     triton = config.model_copy(update={"gluon": None}).short()
-    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, gluon.block_n, gluon.num_stages, gluon.max_rows)
+    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, gluon.block_n, gluon.num_stages)
     limit = plan.fit.targets[arch]["shared_bytes"]
     if need > limit:
         return Decision(NAME, label, "Triton at every L",
@@ -157,23 +157,18 @@ def _program_of(plan: Plan, gluon: GluonConfig, group: int | None, draft: int) -
     warpgroups where it converts FP8 in them (rules.gluon_converters; the default's group None
     counts no group's rows)."""
     shape = plan.fit.kernel_shape
-    block_h, l_pad = rules.gluon_rows(shape, draft, gluon.block_n, group or 0, gluon.max_rows)
+    block_h, l_pad = rules.gluon_rows(shape, draft, gluon.block_n)
     converters = rules.gluon_converters(shape, rules.gluon_consumers(block_h * l_pad, group or block_h, l_pad),
                                         gluon.converters)
     return f"{block_h} x {l_pad}" + (f" ({converters} converter{'s' if converters > 1 else ''})" if converters else "")
 
 
 def _refuse_program_fields(plan: Plan, gluon: GluonConfig | None, where: str) -> None:
-    """A TableError where a gluon section's max_rows is more than this module's programs hold
-    (rules.gluon_wide_refusal) or its converters are not this module's
+    """A TableError where a gluon section's converters are not this module's
     (rules.gluon_converters_refusal): no launch could honour them."""
     if gluon is None:
         return
-    shape = plan.fit.kernel_shape
-    if gluon.max_rows is not None and rules.gluon_max_rows(shape, gluon.block_n, gluon.max_rows) != gluon.max_rows:
-        raise TableError(f"{where} asks its gluon section for max_rows {gluon.max_rows}, which this module's "
-                         f"programs cannot hold ({rules.gluon_wide_refusal(shape, gluon.block_n)}); remove max_rows")
-    why = None if gluon.converters is None else rules.gluon_converters_refusal(shape, gluon.converters)
+    why = None if gluon.converters is None else rules.gluon_converters_refusal(plan.fit.kernel_shape, gluon.converters)
     if why:
         raise TableError(f"{where} asks its gluon section for {gluon.converters} converters, which this module's "
                          f"programs cannot have ({why}); remove converters")

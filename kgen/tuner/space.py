@@ -409,7 +409,7 @@ def gluon_why_not(gluon: GluonConfig, shape: ProblemShape, profile: ArchProfile)
     launcher (``_gluon_prefix``) runs the Triton kernel where the program overflows shared
     memory or a draft length of the study does not fit its tile or rows, so timing it would
     time the Triton kernel under a Gluon name."""
-    need = rules.gluon_shared_bytes(shape.kernel, gluon.block_n, gluon.num_stages, gluon.max_rows)
+    need = rules.gluon_shared_bytes(shape.kernel, gluon.block_n, gluon.num_stages)
     limit = profile.target["shared_bytes"]
     if need > limit:
         return (
@@ -424,10 +424,9 @@ def gluon_why_not(gluon: GluonConfig, shape: ProblemShape, profile: ArchProfile)
                 f"the section's from_rows {gluon.from_rows}"
             )
         if rules.gluon_rows(shape.kernel, draft, gluon.block_n) is None:
-            most = rules.gluon_max_rows(shape.kernel, gluon.block_n, gluon.max_rows)
             return (
                 f"at L={draft} the launcher runs the Triton kernel: the draft does not fit one {gluon.block_n}-token "
-                f"tile or a program's {most} rows (rules.gluon_rows)"
+                f"tile or a program's {rules.gluon_program_rows(shape.kernel)} rows (rules.gluon_rows)"
             )
     return None
 
