@@ -88,15 +88,16 @@ def reference_verify(
             visible = col[None, :] <= (prefix + row)[:, None]
         else:
             visible = torch.ones(num_draft, prefix + num_draft, dtype=torch.bool, device=q_extend.device)
-        k_all = k_all.repeat_interleave(group, dim=1)  # [N, H_q, D]
-        v_all = v_all.repeat_interleave(group, dim=1)
-        q = q_extend[q0:q1].to(dtype)  # [L, H_q, D]
-        scores = torch.einsum("lhd,nhd->hln", q, k_all) * sm_scale
+        # Query head h reads KV head h // group: the group is its own axis, so K and V are
+        # never copied per query head (a float64 copy of a long prefix at group 16 is gigabytes).
+        q = q_extend[q0:q1].to(dtype).reshape(num_draft, num_kv_heads, group, qk_dim)  # [L, H_kv, G, D]
+        scores = torch.einsum("lkgd,nkd->kgln", q, k_all).reshape(num_q_heads, num_draft, -1) * sm_scale
         scores = scores.masked_fill(~visible[None], float("-inf"))
         # A row that sees nothing gets zeros (softmax over all -inf would be NaN).
         probs = torch.softmax(scores, dim=-1)
         probs = torch.where(visible.any(dim=-1)[None, :, None], probs, 0.0)
-        out[q0:q1] = torch.einsum("hln,nhd->lhd", probs, v_all)
+        probs = probs.reshape(num_kv_heads, group, num_draft, -1)
+        out[q0:q1] = torch.einsum("kgln,nkd->lkgd", probs, v_all).reshape(num_draft, num_q_heads, v_dim)
     return out
 
 
