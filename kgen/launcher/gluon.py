@@ -69,7 +69,7 @@ class GluonPrefixStage:
                       "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale")),
                       "HAS_MASK": has_mask, "BLOCK_TABLE": page_size is not None, "USE_PDL": pdl}
         shape = identity.kernel_shape
-        consumers = rules.gluon_consumers(block_h * l_pad, group, l_pad)
+        consumers = rules.gluon_consumers(group, l_pad)
         converters = rules.gluon_converters(shape, consumers, gluon.get("converters"))
         if converters:  # an FP8 GQA program: its converter warpgroups are the launch's choice
             constexprs["CONVERTERS"] = converters

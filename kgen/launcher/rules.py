@@ -258,7 +258,7 @@ def fit_program(target: Target, shape: KernelShape, config: Config, group: int, 
 # 64 rows by output columns (gluon/mla_ws_prefix_stage.py.j2); GQA's split 128 rows into two
 # wgmma tiles of 64 on one K/V stage (gluon_gqa/ws_prefix_stage.py.j2). Where a KV head has more
 # rows, its programs each read the prefix (the second read mostly an L2 hit): 256-row programs
-# lost to that (docs/perf-notes.md, "256 rows in one Gluon program").
+# lost to that (docs/perf-notes.md, "256 rows in one Gluon program (experiment, lost)").
 GLUON_ROWS = 64
 GLUON_GQA_ROWS = 128
 GLUON_MAX_ROW_BLOCK = 64  # L_PAD past this leaves no head per program
@@ -306,10 +306,10 @@ REGISTER_FILE = 65536  # 32-bit registers of an SM (sm_90)
 GLUON_FOUR_WARPGROUP_MAX_ACC = 128
 
 
-def gluon_consumers(rows: int, group: int, l_pad: int) -> int:
-    """Consumer warpgroups with rows in a GQA Gluon program of ``rows``: 2, or 1 where the
-    group's rows all fall in the first half (the kernel's CONSUMERS)."""
-    return 2 if rows // 2 // l_pad < group else 1
+def gluon_consumers(group: int, l_pad: int) -> int:
+    """Consumer warpgroups with rows in a GQA Gluon program: 2, or 1 where the group's rows all
+    fall in the first half of its GLUON_GQA_ROWS (the kernel's CONSUMERS)."""
+    return 2 if GLUON_GQA_ROWS // 2 // l_pad < group else 1
 
 
 def gluon_converters_refusal(shape: KernelShape, converters: int) -> str | None:

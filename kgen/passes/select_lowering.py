@@ -158,7 +158,7 @@ def _program_of(plan: Plan, gluon: GluonConfig, group: int | None, draft: int) -
     counts no group's rows)."""
     shape = plan.fit.kernel_shape
     block_h, l_pad = rules.gluon_rows(shape, draft, gluon.block_n)
-    converters = rules.gluon_converters(shape, rules.gluon_consumers(block_h * l_pad, group or block_h, l_pad),
+    converters = rules.gluon_converters(shape, rules.gluon_consumers(group or block_h, l_pad),
                                         gluon.converters)
     return f"{block_h} x {l_pad}" + (f" ({converters} converter{'s' if converters > 1 else ''})" if converters else "")
 
