@@ -13,7 +13,7 @@
 # the ones its request's custom mask gives it (a tree, topk > 1).
 # Layout qwen3_5_gqa256: GQA, K width 256 (nope 256 + pe 0), V width 256, KV float8_e4m3fn, queries float16.
 #
-# Two launches:
+# Two launches, or one:
 #   1. _verify_prefix_stage: one program per (block of ONE query head,
 #      prefix split, request). It loads each K/V tile of its split once and uses it for all
 #      BLOCK_H x L_PAD (head, draft-position) rows with tl.dot (a draft longer than L_PAD
@@ -21,6 +21,9 @@
 #      causal or masked. A request held by one split writes o directly; otherwise each
 #      split writes a normalized fp32 partial and its log2-sum-exp.
 #   2. _verify_merge_stage: combines the partials of requests with more than one split.
+#   On sm_90 and later, where a call has 2 to 16 splits (a power of two), the prefix stage
+#   launches in thread-block clusters of its splits and merges them itself (CLUSTER_SPLITS):
+#   one launch.
 # Imports only torch, triton and kgen.launcher, the host side every module shares (argument
 # checks, launch set-up, scratch, the call shapes): an engine can copy this file with that package.
 
@@ -241,6 +244,66 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
     tl.store(o_ptr, (acc / l_sum[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
 
 
+@triton.jit
+def _cluster_barrier():
+    """Every thread of the thread-block cluster arrives, then waits for all the others. Release on
+    arrival and acquire on the wait: the global stores of every program of the cluster before it
+    are visible to every program after it (the in-kernel merge reads its cluster's partials)."""
+    tl.inline_asm_elementwise("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+                              " // dummy $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _merge_in_cluster(Out, Qo_Indptr, Kv_Bounds, Partial_O, Partial_Lse, max_splits, min_tokens_per_split,
+                      prefix_trim_len, stride_table, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
+                      stride_po_split, stride_pl_tok, stride_pl_head, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+                      L_PAD: tl.constexpr, ROW_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_TABLE: tl.constexpr, CLUSTER_SPLITS: tl.constexpr):
+    """The merge stage's combine, inside the prefix stage: once every program of the cluster (one
+    head block's splits, a power of two) has written its partial, program `split` combines
+    columns [split, split + 1) x BLOCK_DV / CLUSTER_SPLITS of the head block's rows. A cluster
+    barrier orders the partials before the reads: no atomic, no counter and no second launch
+    (docs/perf-notes.md, "The merge in a cluster").
+
+    The program's place and its request's bounds are read again here, not carried from before
+    the prefix loop: live across it they cost the loop's registers (spills at 255 a thread,
+    ptxas sm_90a, GQA 256 group 16).
+    """
+    split = tl.program_id(0) % CLUSTER_SPLITS
+    pid_heads = tl.program_id(0) // CLUSTER_SPLITS
+    batch = tl.program_id(2)
+    q_start, q_len, table_start, prefix_len = _request_bounds(
+        Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, BLOCK_TABLE
+    )
+    _, num_written = _split_plan(prefix_len, max_splits, min_tokens_per_split, BLOCK_N)
+    if num_written > 1:  # one split wrote o itself
+        _cluster_barrier()
+        first_row = (pid_heads % ROW_BLOCKS) * L_PAD
+        pid_heads = pid_heads // ROW_BLOCKS
+        HEAD_BLOCKS: tl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
+        kv_head = pid_heads // HEAD_BLOCKS
+        head_block = pid_heads % HEAD_BLOCKS
+        ROWS: tl.constexpr = BLOCK_H * L_PAD
+        SLICE_COLS: tl.constexpr = BLOCK_DV // CLUSTER_SPLITS
+        rows = tl.arange(0, ROWS)
+        head_in_group = head_block * BLOCK_H + rows // L_PAD
+        draft_pos = first_row + rows % L_PAD
+        row_ok = (head_in_group < GROUP) & (draft_pos < q_len)
+        q_head = (kv_head * GROUP + head_in_group).to(tl.int64)
+        q_tok = q_start + draft_pos
+        offs_c = split * SLICE_COLS + tl.arange(0, SLICE_COLS)
+        c_ok = offs_c < V_HEAD_DIM
+        # Every split of the cluster in flight at once (num_written <= CLUSTER_SPLITS); ".cg": the
+        # partials were written by other SMs.
+        _combine_splits(
+            Partial_Lse + q_tok * stride_pl_tok + q_head * stride_pl_head,
+            Partial_O + q_tok[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + offs_c[None, :],
+            Out + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_c[None, :],
+            stride_po_split, num_written, row_ok, row_ok[:, None] & c_ok[None, :], ROWS, SLICE_COLS,
+            CLUSTER_SPLITS, ".cg",
+        )
+
+
 # Ints the launcher computes from shapes are not value-specialized: one compiled kernel serves
 # every batch size, split count and page size (the JIT would otherwise compile a variant per
 # value class, and `kgen check` would have to prove each).
@@ -302,13 +365,20 @@ def _verify_prefix_stage(
     DOT_DTYPE: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,
     USE_PDL: tl.constexpr,
+    CLUSTER_SPLITS: tl.constexpr,
 ):
     ROWS: tl.constexpr = BLOCK_H * L_PAD
 
     # Programs of one KV head sit next to each other on axis 0 so that their reads of the
     # same prefix tiles (several head blocks, or per-head programs) meet in L2.
-    pid_heads = tl.program_id(0)
-    split = tl.program_id(1)
+    if CLUSTER_SPLITS > 1:
+        # Launched in thread-block clusters of CLUSTER_SPLITS programs along axis 0 (the launcher's
+        # launch_in_clusters): a cluster is one head block's splits, and they merge in it.
+        split = tl.program_id(0) % CLUSTER_SPLITS
+        pid_heads = tl.program_id(0) // CLUSTER_SPLITS
+    else:
+        pid_heads = tl.program_id(0)
+        split = tl.program_id(1)
     batch = tl.program_id(2)
     if ROW_BLOCKS > 1:
         # A draft longer than L_PAD: ROW_BLOCKS programs each take L_PAD consecutive draft
@@ -472,6 +542,11 @@ def _verify_prefix_stage(
             tl.store(po_ptr + offs_dv[None, :], acc / l_safe[:, None], mask=row_ok[:, None])
             pl_ptr = Partial_Lse + q_tok * stride_pl_tok + q_head * stride_pl_head + split
             tl.store(pl_ptr, m_i + tl.log2(l_safe), mask=row_ok)
+    if CLUSTER_SPLITS > 1:
+        _merge_in_cluster(Out, Qo_Indptr, Kv_Bounds, Partial_O, Partial_Lse, max_splits, min_tokens_per_split,
+                          prefix_trim_len, stride_table, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
+                          stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD, ROW_BLOCKS, BLOCK_N,
+                          BLOCK_TABLE, CLUSTER_SPLITS)
 
 
 @triton.jit(do_not_specialize=["num_q_heads", "max_splits", "min_tokens_per_split", "block_n", "prefix_trim_len",
@@ -557,44 +632,50 @@ LAUNCHER = VerifyLauncher(
                            'shared_bytes': 166912,
                            'mma': 'mma',
                            'shared_estimate': 'upper_bound',
-                           'fp8': []},
+                           'fp8': [],
+                           'clusters': 1},
                  'sm_89': {'family': 'cuda',
                            'warp_size': 32,
                            'shared_bytes': 101376,
                            'mma': 'mma',
                            'shared_estimate': 'upper_bound',
-                           'fp8': ['float8_e4m3fn', 'float8_e5m2']},
+                           'fp8': ['float8_e4m3fn', 'float8_e5m2'],
+                           'clusters': 1},
                  'sm_90': {'family': 'cuda',
                            'warp_size': 32,
                            'shared_bytes': 232448,
                            'mma': 'wgmma',
                            'shared_estimate': 'measured',
-                           'fp8': ['float8_e4m3fn', 'float8_e5m2']},
+                           'fp8': ['float8_e4m3fn', 'float8_e5m2'],
+                           'clusters': 16},
                  'sm_100': {'family': 'cuda',
                             'warp_size': 32,
                             'shared_bytes': 232448,
                             'mma': 'tcgen05',
                             'shared_estimate': 'upper_bound',
-                            'fp8': ['float8_e4m3fn', 'float8_e5m2']},
+                            'fp8': ['float8_e4m3fn', 'float8_e5m2'],
+                            'clusters': 8},
                  'gfx942': {'family': 'hip',
                             'warp_size': 64,
                             'shared_bytes': 65536,
                             'mma': 'mfma',
                             'shared_estimate': 'upper_bound',
-                            'fp8': ['float8_e4m3fnuz']},
+                            'fp8': ['float8_e4m3fnuz'],
+                            'clusters': 1},
                  'gfx950': {'family': 'hip',
                             'warp_size': 64,
                             'shared_bytes': 163840,
                             'mma': 'mfma',
                             'shared_estimate': 'upper_bound',
-                            'fp8': ['float8_e4m3fn', 'float8_e5m2']}},
+                            'fp8': ['float8_e4m3fn', 'float8_e5m2'],
+                            'clusters': 1}},
         # Bytes per prefix token and per row one program stages (the launch rules' input).
         kernel_shape=kernel_shape(k_width=256, acc_width=256, kv_bytes=1, v_separate=True),
         # Dot operand dtypes on the GPU. Prefix stage: fp8 KV: e4m3 -> fp16 is a native conversion and exact;
         # e4m3 -> bf16 is emulated.
         prefix_dot_dtype=tl.float16,
         v_from_k_tile=False,
-        split_defaults={'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256},
+        split_defaults={'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256, 'merge': None},
         merge_rows=MERGE_ROWS,
         merge_split_chunk=MERGE_SPLIT_CHUNK,
         merge_block_dv=MERGE_BLOCK_DV.value,

@@ -65,10 +65,16 @@ class SplitPolicy(BaseModel):
     programs_per_sm: int = Field(default=2, ge=1, le=64)
     max_splits: int = Field(default=64, ge=1, le=1024)
     min_tokens_per_split: int = Field(default=256, ge=16, le=1 << 20)
+    # Where a call's splits merge: unset, in the merge stage's launch; "cluster", in the prefix
+    # stage where the launcher can (the splits of a head block one thread-block cluster:
+    # VerifyLauncher.cluster_splits), else in the merge stage's launch.
+    merge: Literal["cluster"] | None = None
 
     def compact(self) -> str:
-        """'programs_per_sm/max_splits/min_tokens_per_split', as ``BlockConfig.compact`` writes it."""
-        return f"{self.programs_per_sm}/{self.max_splits}/{self.min_tokens_per_split}"
+        """'programs_per_sm/max_splits/min_tokens_per_split', as ``BlockConfig.compact`` writes it
+        ('/cluster' after it where the splits merge in a thread-block cluster)."""
+        merge = f"/{self.merge}" if self.merge else ""
+        return f"{self.programs_per_sm}/{self.max_splits}/{self.min_tokens_per_split}{merge}"
 
 
 class GluonConfig(BaseModel):

@@ -29,6 +29,10 @@ class Target(BaseModel):
     mma: Literal["mma", "wgmma", "tcgen05", "mfma"]
     shared_estimate: Literal["measured", "upper_bound"]
     fp8: list[str] = Field(default_factory=list)
+    # Programs one thread-block cluster may hold (1: no clusters). 8 is every sm_90+ part's
+    # portable size; 16 a non-portable size the H100 / H200 launch (docs/perf-notes.md, "The
+    # merge in a cluster").
+    clusters: int = Field(default=1, ge=1, le=16)
 
 
 class TargetsFile(BaseModel):

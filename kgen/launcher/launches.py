@@ -28,6 +28,9 @@ class LaunchSetup:
     # split length in the batch-invariant one (the kernels' min_tokens_per_split / tokens_per_split).
     split_tokens: int
     block_n: int
+    # Splits of a head block launched as one thread-block cluster that merges them (1: none; the
+    # merge stage's launch merges, where a request has more than one split).
+    cluster_splits: int
     page_shift: int  # log2 of the page size (0 for token slots)
     prefix_kernel: str  # PREFIX_KERNEL or GLUON_PREFIX_KERNEL
     prefix_constexprs: Mapping[str, Any]

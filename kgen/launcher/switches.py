@@ -1,6 +1,6 @@
 """On/off switches read from the environment, parsed one way everywhere.
 
-``KGEN_DISABLE``, ``KGEN_CHECK_INDICES``, ``KGEN_NO_PDL``, ``KGEN_NO_GLUON``...: a switch is on
+``KGEN_DISABLE``, ``KGEN_CHECK_INDICES``, ``KGEN_NO_PDL``, ``KGEN_NO_GLUON``, ``KGEN_NO_CLUSTER_MERGE``...: a switch is on
 when its value is ``1``, ``true``, ``yes`` or ``on`` (any case, surrounding spaces ignored);
 unset, empty or anything else is off.
 

@@ -18,6 +18,7 @@ import torch
 import triton
 
 from . import rules
+from .cluster import launch_in_clusters, triton_launches_clusters
 from .device import INTERPRETER, capturing, device_info, stream_key
 from .entries import CallShapes
 from .gluon import GluonPrefixStage
@@ -56,6 +57,9 @@ class VerifyLauncher(CallShapes):
         # @triton.jit decided with (kgen/launcher/switches.py says why).
         self.interpret = bool(triton.knobs.runtime.interpret)
         self.no_pdl = env_flag("KGEN_NO_PDL")
+        # KGEN_NO_CLUSTER_MERGE: every call's splits merge in the merge stage's launch.
+        self.no_cluster_merge = env_flag("KGEN_NO_CLUSTER_MERGE")
+        self.cluster_launch = triton_launches_clusters()
         self.check_indices = env_flag("KGEN_CHECK_INDICES")
         self.grid_dependency_control = HAS_GRID_DEPENDENCY_CONTROL
         self.gluon_enabled = kernels.gluon_prefix is not None
@@ -96,6 +100,19 @@ class VerifyLauncher(CallShapes):
         """PDL where the arch has it (pdl.pdl_applies), not under the interpreter or KGEN_NO_PDL."""
         return (self.grid_dependency_control and not self.interpret and not self.no_pdl
                 and pdl_applies(arch, is_rocm))
+
+    def cluster_splits(self, arch: str, prefix_kernel: str, max_splits: int, split_config: Mapping[str, Any]) -> int:
+        """Splits of a head block the Triton prefix stage launches as one thread-block cluster and
+        merges in it (1: the merge stage's launch does). Where the split policy's merge is
+        "cluster", the target has clusters and the grid has 2 to a cluster's limit of splits; rounded
+        down to a power of two (a program takes one column slice of the merge). Not under the
+        interpreter (no clusters), KGEN_NO_CLUSTER_MERGE, the batch-invariant mode or the Gluon stage."""
+        if (self.invariant or self.interpret or self.no_cluster_merge or not self.cluster_launch
+                or prefix_kernel != PREFIX_KERNEL or not 2 <= max_splits <= self.target_of(arch).get("clusters", 1)):
+            return 1
+        if (split_config.get("split") or {}).get("merge") != "cluster":
+            return 1
+        return 1 << (max_splits.bit_length() - 1)
 
     def draft_first(self, config: Mapping[str, Any], rows: int) -> bool:
         """Whether the last split runs its draft tile before the prefix loop: the config's
@@ -172,9 +189,10 @@ class VerifyLauncher(CallShapes):
                 "needs_merge": max_splits > 1}
 
     def launch_setup(self, arch: str, num_sms: int, group: int, batch: int, max_len: int, page_size: int | None,
-                     config: Mapping[str, Any] | None, num_kv_heads: int = 1,
-                     has_mask: bool = False) -> LaunchSetup | None:
-        """Everything one call launches, from Python scalars alone (None when no program fits)."""
+                     config: Mapping[str, Any] | None, num_kv_heads: int = 1, has_mask: bool = False,
+                     clusters: bool = True) -> LaunchSetup | None:
+        """Everything one call launches, from Python scalars alone (None when no program fits).
+        ``clusters`` False: never the merge in a cluster (a device that cannot hold the clusters)."""
         is_rocm = self.target_of(arch)["family"] == "hip"
         config = config if config is not None else self.select_config(arch, group, batch)
         use_pdl = self.use_pdl(arch, is_rocm)
@@ -184,30 +202,38 @@ class VerifyLauncher(CallShapes):
         prefix_kernel, prefix, prefix_options, split_config, prefix_pdl = chosen
         head_blocks = rules.cdiv(group, prefix["BLOCK_H"])
         splits = self.split_setup(prefix, split_config, head_blocks, batch, max_len, num_sms, num_kv_heads)
+        cluster = self.cluster_splits(arch, prefix_kernel, splits["max_splits"], split_config) if clusters else 1
+        if prefix_kernel == PREFIX_KERNEL and not self.invariant:
+            prefix = {**prefix, "CLUSTER_SPLITS": cluster}
+        if cluster > 1:
+            splits.update(max_splits=cluster, needs_merge=False)
         merge_constexprs = {"MERGE_HEADS": self.merge_heads(splits["merge_l_pad"]), "L_PAD": splits["merge_l_pad"],
                             "SPLIT_CHUNK": splits["split_chunk"], "BLOCK_TABLE": page_size is not None,
                             "USE_PDL": use_pdl}
         merge_options = {"num_warps": 4, "num_stages": 2, **backend_knobs(config, is_rocm)}
         return LaunchSetup(
             head_blocks=head_blocks, row_blocks=splits["row_blocks"], max_splits=splits["max_splits"],
-            split_tokens=splits["split_tokens"], block_n=prefix["BLOCK_N"],
+            split_tokens=splits["split_tokens"], block_n=prefix["BLOCK_N"], cluster_splits=cluster,
             page_shift=(page_size or 1).bit_length() - 1, prefix_kernel=prefix_kernel,
             prefix_constexprs=prefix, prefix_options=prefix_options, prefix_pdl=pdl_options(prefix_pdl),
             merge=(merge_constexprs, merge_options) if splits["needs_merge"] else None,
             merge_pdl=pdl_options(use_pdl))
 
     def _table_setup(self, arch: str, num_sms: int, group: int, batch: int, max_len: int, page_size: int | None,
-                     num_kv_heads: int = 1, has_mask: bool = False) -> LaunchSetup | None:
+                     num_kv_heads: int = 1, has_mask: bool = False, clusters: bool = True) -> LaunchSetup | None:
         """launch_setup with the module's own configs (cached_setup caches it: the same shapes
         every step)."""
-        return self.launch_setup(arch, num_sms, group, batch, max_len, page_size, None, num_kv_heads, has_mask)
+        return self.launch_setup(arch, num_sms, group, batch, max_len, page_size, None, num_kv_heads, has_mask,
+                                 clusters)
 
     def setup_for(self, arch: str, num_sms: int, group: int, batch: int, max_len: int, page_size: int | None,
-                  config: Mapping[str, Any] | None, num_kv_heads: int = 1,
-                  has_mask: bool = False) -> LaunchSetup | None:
+                  config: Mapping[str, Any] | None, num_kv_heads: int = 1, has_mask: bool = False,
+                  clusters: bool = True) -> LaunchSetup | None:
         if config is None:
-            return self.cached_setup(arch, num_sms, group, batch, max_len, page_size, num_kv_heads, has_mask)
-        return self.launch_setup(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads, has_mask)
+            return self.cached_setup(arch, num_sms, group, batch, max_len, page_size, num_kv_heads, has_mask,
+                                     clusters)
+        return self.launch_setup(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads, has_mask,
+                                 clusters)
 
     def launch_params(self, arch: str, num_sms: int, group: int, batch: int, max_len: int,
                       page_size: int | None = None, config: Mapping[str, Any] | None = None, num_kv_heads: int = 1,
@@ -320,57 +346,79 @@ class VerifyLauncher(CallShapes):
             return
         arch, num_sms, _ = self.device_info(q.device.type, q.device.index)
         group = num_q_heads // num_kv_heads
-        setup = self.setup_for(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads,
-                               custom_mask is not None)
+        shapes = (arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads, custom_mask is not None)
+        setup = self.setup_for(*shapes)
         if setup is None:
             raise ValueError(f"{self.identity.uri}: no program fits {arch} for group {group}, draft length {max_len}")
-        grid, split_ints, partials, grid_splits = self.grid_and_scratch(setup, q, num_kv_heads, batch, kv_table,
-                                                                        page_size)
         sm_scale = 1.0 / math.sqrt(self.identity.qk_dim) if sm_scale is None else sm_scale
         k_scale, v_scale = self.kernel_scales(k_scale, v_scale, q.device)
         # Columns past its own a draft row sees: none in a chain, every one of a non-causal block.
         draft_lookahead_len = self.identity.max_draft_tokens if custom_mask is None and not is_causal else 0
         mask_arguments = self.mask_arguments(custom_mask, mask_indptr, page_size is not None)
-        common = (q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, *partials, sm_scale * LOG2E,
+        tensors = (q, k_pool, v_pool, k_extend, v_extend, o, qo_indptr, kv_bounds, kv_table)
+        scalars = (sm_scale * LOG2E, k_scale, v_scale, prefix_trim_len, draft_lookahead_len, stride_table,
+                   k_strides, v_strides, page_size)
+        if not self.launch_stages(setup, tensors, scalars, mask_arguments):
+            # Its clusters do not fit this device at once: the same call without them.
+            self.launch_stages(self.setup_for(*shapes, clusters=False), tensors, scalars, mask_arguments)
+
+    def launch_stages(self, setup: LaunchSetup, tensors: tuple[torch.Tensor, ...], scalars: tuple[Any, ...],
+                      mask_arguments: Mapping[str, Any]) -> bool:
+        """Launch the prefix stage and, where the grid has splits it does not merge, the merge
+        stage. False, having launched nothing, where the setup's clusters do not fit the device."""
+        q, k_pool, v_pool, k_extend, v_extend, o, qo_indptr, kv_bounds, kv_table = tensors
+        qk_scale, k_scale, v_scale, prefix_trim_len, draft_lookahead_len, stride_table, k_strides, v_strides, \
+            page_size = scalars
+        num_q_heads, num_kv_heads, batch = q.shape[1], k_extend.shape[1], qo_indptr.shape[0] - 1
+        grid, split_ints, partials, grid_splits = self.grid_and_scratch(setup, q, num_kv_heads, batch, kv_table,
+                                                                        page_size)
+        common = (q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, *partials, qk_scale,
                   k_scale, v_scale, split_ints, prefix_trim_len, draft_lookahead_len)
         if setup.prefix_kernel in self.prefix_lowerings:
             v_operands = () if self.identity.v_from_k_tile else (v_pool, v_extend, v_strides)
             self.prefix_lowerings[setup.prefix_kernel].launch(self.kernels, grid, setup, common, stride_table,
                                                               k_strides, v_operands, mask_arguments)
-        else:
-            self.launch_triton_prefix(grid, setup, common, v_pool, v_extend, stride_table, k_strides, v_strides,
-                                      mask_arguments)
+        elif not self.launch_triton_prefix(grid, setup, common, v_pool, v_extend, stride_table, k_strides, v_strides,
+                                           mask_arguments):
+            return False
         if setup.merge is not None and grid_splits > 1:
             self.launch_merge(setup, o, qo_indptr, kv_bounds, partials, num_q_heads, batch, split_ints,
                               prefix_trim_len, stride_table)
+        return True
 
     def grid_and_scratch(self, setup: LaunchSetup, q: torch.Tensor, num_kv_heads: int, batch: int,
                          kv_table: torch.Tensor, page_size: int | None) -> tuple[Any, ...]:
         """(prefix grid, the split plan's ints as both stages take them, (partial_o, partial_lse),
         splits in the grid)."""
         partials = self.scratch_buffers(q.device, q.shape[0], q.shape[1], setup.max_splits)
-        grid = (num_kv_heads * setup.head_blocks * setup.row_blocks, setup.max_splits, batch)
+        # Clustered, the splits are a cluster of consecutive programs on axis 0 (launch_in_clusters).
+        splits_axis = 1 if setup.cluster_splits > 1 else setup.max_splits
+        grid = (num_kv_heads * setup.head_blocks * setup.row_blocks, splits_axis, batch)
         return grid, (setup.max_splits, setup.split_tokens), partials, setup.max_splits
 
     def launch_triton_prefix(self, grid: tuple[int, ...], setup: LaunchSetup, common: tuple[Any, ...],
                              v_pool: torch.Tensor, v_extend: torch.Tensor, stride_table: int,
                              k_strides: tuple[int, int, int], v_strides: tuple[int, int, int],
-                             mask_arguments: Mapping[str, Any]) -> None:
+                             mask_arguments: Mapping[str, Any]) -> bool:
+        """The Triton prefix stage's launch; False, having launched nothing, where its clusters do
+        not fit the device at once."""
         (q, k_pool, k_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse, qk_scale, k_scale, v_scale,
          split_ints, prefix_trim_len, draft_lookahead_len) = common
         v_pointer = () if self.identity.v_from_k_tile else (v_pool,)
         v_pool_strides = () if self.identity.v_from_k_tile else v_strides
-        self.kernels.prefix[grid](
-            q, k_pool, *v_pointer, k_extend, v_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse,
-            qk_scale, k_scale, v_scale, *split_ints, setup.page_shift, prefix_trim_len, draft_lookahead_len,
-            stride_table, q.stride(0), q.stride(1), *k_strides, *v_pool_strides,
-            k_extend.stride(0), k_extend.stride(1), v_extend.stride(0), v_extend.stride(1), o.stride(0), o.stride(1),
-            partial_o.stride(0), partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0),
-            partial_lse.stride(1),
-            **mask_arguments,
-            DOT_DTYPE=triton.language.float32 if self.interpret else self.identity.prefix_dot_dtype,
-            **setup.prefix_constexprs, **setup.prefix_options, **setup.prefix_pdl,
-        )
+        args = (q, k_pool, *v_pointer, k_extend, v_extend, o, qo_indptr, kv_bounds, kv_table, partial_o, partial_lse,
+                qk_scale, k_scale, v_scale, *split_ints, setup.page_shift, prefix_trim_len, draft_lookahead_len,
+                stride_table, q.stride(0), q.stride(1), *k_strides, *v_pool_strides,
+                k_extend.stride(0), k_extend.stride(1), v_extend.stride(0), v_extend.stride(1), o.stride(0),
+                o.stride(1), partial_o.stride(0), partial_o.stride(1), partial_o.stride(2), partial_lse.stride(0),
+                partial_lse.stride(1))
+        kwargs = {**mask_arguments,
+                  "DOT_DTYPE": triton.language.float32 if self.interpret else self.identity.prefix_dot_dtype,
+                  **setup.prefix_constexprs, **setup.prefix_options, **setup.prefix_pdl}
+        if setup.cluster_splits > 1:
+            return launch_in_clusters(self.kernels.prefix, grid, setup.cluster_splits, args, kwargs)
+        self.kernels.prefix[grid](*args, **kwargs)
+        return True
 
     def merge_grid(self, setup: LaunchSetup, num_q_heads: int, batch: int, merge_heads: int) -> tuple[int, ...]:
         return (rules.cdiv(num_q_heads, merge_heads), batch,
