@@ -144,3 +144,17 @@ def test_sixteen_splits_at_a_full_program():
     case.o.fill_(float("nan"))
     module.launch(*case.launch_args(), config=config)
     assert_parity(case, "16 splits")
+
+
+def test_clusters_past_what_the_device_holds_run_unclustered():
+    """64 requests x 2 KV heads at 16 splits: 128 clusters of 16, far more than any GPU holds at
+    once. The launch rules still ask for clusters (shapes alone); the launch finds they do not fit
+    and runs the call unclustered, with the merge launch."""
+    case = make_case(SPECS[GQA256], ragged(64, 1024, 64), [4] * 64, 16, num_kv_heads=2, device="cuda", seed=9,
+                     index_dtype=torch.int64)
+    module = kgen.load(GQA256, "bfloat16")
+    config = split_config(16)
+    assert clustered_launch(module, case, config) == 16
+    case.o.fill_(float("nan"))
+    module.launch(*case.launch_args(), config=config)
+    assert_parity(case, "unclustered fallback")
