@@ -1,8 +1,8 @@
 """On/off switches read from the environment, parsed one way everywhere.
 
-``KGEN_DISABLE``, ``KGEN_CHECK_INDICES``, ``KGEN_NO_PDL``, ``KGEN_NO_GLUON``, ``KGEN_NO_CLUSTER_MERGE``...: a switch is on
-when its value is ``1``, ``true``, ``yes`` or ``on`` (any case, surrounding spaces ignored);
-unset, empty or anything else is off.
+``KGEN_DISABLE``, ``KGEN_CHECK_INDICES``, ``KGEN_NO_PDL``, ``KGEN_NO_GLUON``,
+``KGEN_NO_CLUSTER_MERGE``...: a switch is on when its value is ``1``, ``true``, ``yes`` or ``on``
+(any case, surrounding spaces ignored); unset, empty or anything else is off.
 
 kgen's own code and the launcher every generated module runs (``kgen.launcher``) read them
 through ``env_flag``; this file imports nothing but the standard library.

@@ -121,8 +121,11 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                      "a merge kernel after the prefix stage, fp32 partials; merging inside the prefix stage "
                      "(the last split to finish merges) measured slower on the H200 at every size tried, most "
                      "at batch 16, prefix 1K, since one program merges a request's splits serially "
-                     "(docs/perf-notes.md, 'Fused merge')",
-                     "a merge in the prefix stage measured slower"),
+                     "(docs/perf-notes.md, 'Fused merge'). A row's split.merge 'cluster' launches a head "
+                     "block's 2-16 splits as one thread-block cluster (sm_90+, not the batch-invariant mode) "
+                     "that merges them itself, one launch: faster at batch 1-4 where the clusters fit, slower "
+                     "where its 16 splits cut a longer grid (docs/perf-notes.md, 'The merge in a cluster')",
+                     "or a row's cluster; last-split merges lost"),
             Decision(NAME, "prefix dot dtype", prefix_dot, prefix_dot_why, prefix_dot_brief),
         ],
         specialization=Specialization(
