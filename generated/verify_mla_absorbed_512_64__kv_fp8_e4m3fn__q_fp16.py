@@ -21,8 +21,9 @@
 #      causal or masked. A request held by one split writes o directly; otherwise each
 #      split writes a normalized fp32 partial and its log2-sum-exp.
 #   2. _verify_merge_stage: combines the partials of requests with more than one split.
-#   On sm_90 and later, where a call has 2 to 16 splits (a power of two), the prefix stage
-#   launches in thread-block clusters of its splits and merges them itself (CLUSTER_SPLITS):
+#   On sm_90 and later, where a table row's split policy asks for it (merge "cluster") and a
+#   call has 2 to 16 splits (rounded down to a power of two), the prefix stage launches in
+#   thread-block clusters of a head block's splits and merges them itself (CLUSTER_SPLITS):
 #   one launch.
 # On sm_90 under Triton 3.6.x, table rows with a `gluon` section run
 # _gluon_prefix_stage (Gluon: wgmma, cp.async, two warpgroups) in place of launch 1.
