@@ -77,7 +77,7 @@ def test_no_clusters_under_the_interpreter_the_switch_or_the_invariant_mode(on_g
 
 def fake_compiled(num_ctas: int = 1) -> SimpleNamespace:
     return SimpleNamespace(name="k", packed_metadata=(4, num_ctas, 1024), function=7, _init_handles=lambda: None,
-                           metadata=SimpleNamespace(num_ctas=num_ctas, shared=1024))
+                           metadata=SimpleNamespace(num_ctas=num_ctas, shared=1024, num_warps=4))
 
 
 def test_the_compiled_kernel_is_set_to_launch_in_clusters():
@@ -122,3 +122,13 @@ def test_clusters_that_do_not_fit_the_device_fall_back_to_the_merge_launch(on_gp
         assert prefix.compiled.packed_metadata[1] == 8
     else:
         assert prefix.launches == [((1, 8, 4), 1)] and len(merge.launches) == 1
+
+
+def test_programs_of_other_than_four_warps_never_count_as_fitting(monkeypatch):
+    """Triton's occupancy query assumes 128-thread programs: an 8-warp one would be counted half
+    its size, so it runs unclustered rather than risk a second wave."""
+    monkeypatch.setattr(cluster, "max_active_clusters", lambda function, shared, size: 1000)
+    compiled = fake_compiled()
+    assert cluster.clusters_fit(compiled, 8, 4)
+    compiled.metadata.num_warps = 8
+    assert not cluster.clusters_fit(compiled, 8, 4)

@@ -65,10 +65,17 @@ def max_active_clusters(function: int, shared: int, cluster: int) -> int:
     return int(driver.active.utils.cuOccupancyMaxActiveClusters(function, shared, cluster))
 
 
+# The program size Triton's occupancy query assumes (its driver asks for 128-thread blocks).
+OCCUPANCY_QUERY_WARPS = 4
+
+
 def clusters_fit(compiled: Any, cluster: int, clusters: int) -> bool:
     """Whether ``clusters`` clusters of the compiled kernel run in one wave: past it, the clusters
     left wait for whole clusters to finish (measured on an H100: 16 clusters of 8 where 14 fit,
-    1.6x the merge launch's time; docs/perf-notes.md, "The merge in a cluster")."""
+    1.6x the merge launch's time; docs/perf-notes.md, "The merge in a cluster"). A program of
+    other than 4 warps is never taken to fit: the occupancy query would count it as 4."""
+    if getattr(compiled.metadata, "num_warps", None) != OCCUPANCY_QUERY_WARPS:
+        return False
     compiled._init_handles()
     return clusters <= max_active_clusters(compiled.function, compiled.metadata.shared, cluster)
 
