@@ -148,11 +148,13 @@ def test_sm_90_space_is_cuda_without_amd_knobs() -> None:
         "programs_per_sm",
         "max_splits",
         "min_tokens_per_split",
+        "merge",
         "lazy_rescale",
         "draft_tile",
     }
     assert space.axes["lazy_rescale"] == (0, 1)
     assert space.axes["draft_tile"] == ("after", "first")
+    assert space.axes["merge"] == ("cluster", "launch")
     assert space.axes["block_h"] == (1, 2, 4, 8)  # <= next_pow2(group 8)
     assert prof.kv_dtypes == ("bfloat16", "float8_e4m3fn")
 
@@ -305,6 +307,7 @@ def test_suggest_prunes_before_anything_runs() -> None:
         "programs_per_sm": 2,
         "max_splits": 64,
         "min_tokens_per_split": 256,
+        "merge": "launch",
         "lazy_rescale": 0,
         "draft_tile": "first",
     }
@@ -317,6 +320,15 @@ def test_suggest_prunes_before_anything_runs() -> None:
     assert lazy.lazy_rescale is True and "lazy_rescale" in lazy.short()
     after = space.suggest(optuna.trial.FixedTrial({**too_big, "num_stages": 1, "block_n": 64, "draft_tile": "after"}))
     assert after.draft_tile == "after" and "draft_tile=after" in after.short()
+    clustered = space.suggest(optuna.trial.FixedTrial({**too_big, "num_stages": 1, "block_n": 64, "merge": "cluster"}))
+    assert clustered.split.merge == "cluster" and space.params_of(clustered)[0]["merge"] == "cluster"
+    assert space.params_of(ok)[0]["merge"] == "launch"
+
+
+def test_the_merge_is_searched_where_the_target_has_clusters() -> None:
+    assert "merge" in space_for("sm_100", "qwen3_5_gqa256", 8).axes
+    for arch in ("sm_80", "gfx950"):
+        assert "merge" not in space_for(arch, "qwen3_5_gqa256", 8).axes
 
 
 def test_every_shipped_default_is_a_point_of_its_space() -> None:
@@ -353,7 +365,7 @@ def test_space_digest_changes_with_the_choices_and_the_target(tmp_path: Path) ->
 
 def test_counts_and_description() -> None:
     space = space_for("sm_90", "qwen3_5_gqa256", 8)
-    assert 0 < space.feasible_count() < space.size() == 4 * 4 * 3 * 4 * 4 * 5 * 5 * 2 * 2
+    assert 0 < space.feasible_count() < space.size() == 4 * 4 * 3 * 4 * 4 * 5 * 5 * 2 * 2 * 2  # merge: 2
     text = space.describe()
     assert "232448" in text and "block_n" in text and "fit" in text
 

@@ -183,6 +183,8 @@ def make_objective(
 
 
 _PLACEMENT_STEPS = {"after": 0, None: 1, "first": 2}
+# Where the splits merge is a category: one step from the merge launch (unset) to the cluster.
+_MERGE_STEPS = {None: 0, "cluster": 1}
 # The lowering is two kernels, not a knob: a config of the other lowering is as far from the
 # optimum as one several steps off on every axis (a log2 distance of 2, squared 4), as on the
 # H200, where every Gluon config of MLA group 16 beat every Triton one.
@@ -231,10 +233,11 @@ class SyntheticBowl:
         # A Gluon config is its lowering and its gluon section: its Triton fields never run
         # where the Gluon kernel does.
         if cfg.gluon is not None:
-            own = {**cfg.gluon.model_dump(exclude={"split"}, exclude_none=True), **cfg.gluon.split.model_dump()}
+            own = {**cfg.gluon.model_dump(exclude={"split"}, exclude_none=True),
+                   **cfg.gluon.split.model_dump(exclude={"merge"})}
             return {"lowering": _LOWERING_STEPS["gluon"], **{"gluon." + k: int(v) for k, v in own.items()}}
         return {"lowering": _LOWERING_STEPS["triton"], **cfg.model_dump(exclude={"split", "gluon"}),
-                **cfg.split.model_dump(),
+                **cfg.split.model_dump(exclude={"merge"}), "merge": _MERGE_STEPS[cfg.split.merge],
                 **{n: int(bool(getattr(cfg, n))) for n in KERNEL_AXES},
                 **{n: _PLACEMENT_STEPS[getattr(cfg, n)] for n in PLACEMENT_AXES}}
 

@@ -61,6 +61,10 @@ SPACES_FILE = Path(__file__).parent / "spaces.toml"
 
 CORE_AXES = ("block_h", "block_n", "num_warps", "num_stages")
 SPLIT_AXES = ("programs_per_sm", "max_splits", "min_tokens_per_split")
+# Where the splits merge (SplitPolicy.merge: the merge launch, or a thread-block cluster's own),
+# searched where the target has clusters. Like the split axes it never changes what fits.
+MERGE_AXES = ("merge",)
+Merge = Literal["launch", "cluster"]
 ROCM_AXES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 # Kernel switches (0 = off, 1 = on); an axis a family leaves empty is not searched.
 KERNEL_AXES = ("lazy_rescale",)
@@ -106,6 +110,7 @@ class Axes(BaseModel):
     kpack: tuple[Literal[1, 2], ...] = ()
     lazy_rescale: tuple[Literal[0, 1], ...] = ()
     draft_tile: tuple[Placement, ...] = ()
+    merge: tuple[Merge, ...] = ()
 
     @field_validator("*")
     @classmethod
@@ -130,6 +135,7 @@ class AxesOverride(BaseModel):
     kpack: tuple[Literal[1, 2], ...] | None = None
     lazy_rescale: tuple[Literal[0, 1], ...] | None = None
     draft_tile: tuple[Placement, ...] | None = None
+    merge: tuple[Merge, ...] | None = None
 
 
 class Family(BaseModel):
@@ -484,7 +490,8 @@ class SearchSpace:
         kernel = tuple(n for n in KERNEL_AXES if getattr(profile.axes, n))
         if shape.draft_tile_either:  # MLA and per-head modules have one fixed placement
             kernel += tuple(n for n in PLACEMENT_AXES if getattr(profile.axes, n))
-        names = CORE_AXES + SPLIT_AXES + kernel + (ROCM_AXES if profile.is_rocm else ())
+        merge = MERGE_AXES if profile.axes.merge and profile.target.get("clusters", 1) > 1 else ()
+        names = CORE_AXES + SPLIT_AXES + merge + kernel + (ROCM_AXES if profile.is_rocm else ())
         axes = {n: tuple(getattr(profile.axes, n)) for n in names}
         axes["block_h"] = tuple(b for b in axes["block_h"] if b <= cap)
         empty = [n for n, v in axes.items() if not v]
@@ -516,7 +523,8 @@ class SearchSpace:
         """The BlockConfig named by one set of Optuna parameters."""
         if params.get(LOWERING_AXIS) == "gluon":
             return self._gluon_config(params)
-        split = SplitPolicy(**{n: params[n] for n in SPLIT_AXES})
+        split = SplitPolicy(**{n: params[n] for n in SPLIT_AXES},
+                            merge="cluster" if params.get("merge") == "cluster" else None)
         knobs = {n: params[n] for n in ROCM_AXES if n in self.axes}
         switches = {n: bool(params[n]) or None for n in KERNEL_AXES if n in self.axes}  # off is the default
         cfg = BlockConfig(**{n: params[n] for n in CORE_AXES}, split=split, **knobs, **switches)
@@ -630,6 +638,9 @@ class SearchSpace:
             if name in PLACEMENT_AXES:
                 params[name] = self._placement_param(cfg, choices, notes)
                 continue
+            if name in MERGE_AXES:
+                params[name] = _merge_param(cfg, choices, notes)
+                continue
             if want is None:
                 want = self.profile.baseline_knobs.get(name, choices[0])
             params[name] = _nearest(name, choices, want, notes)
@@ -660,7 +671,7 @@ class SearchSpace:
         if self.gluon_axes:
             branches.append((self.gluon_axes, {LOWERING_AXIS: "gluon"}))
         for branch, base in branches:
-            splits = {n for n in branch if n.removeprefix(GLUON_PARAM) in SPLIT_AXES}
+            splits = {n for n in branch if n.removeprefix(GLUON_PARAM) in (*SPLIT_AXES, *MERGE_AXES)}
             names = [n for n in branch if n not in splits]
             fixed = {n: branch[n][0] for n in splits}
             for combo in itertools.product(*(branch[n] for n in names)):
@@ -672,7 +683,7 @@ class SearchSpace:
     def feasible_count(self) -> int:
         feasible = self.feasible_configs()
         triton = sum(1 for c in feasible if c.gluon is None)
-        splits = math.prod(len(self.axes[n]) for n in SPLIT_AXES)
+        splits = math.prod(len(self.axes[n]) for n in (*SPLIT_AXES, *MERGE_AXES) if n in self.axes)
         gluon_splits = math.prod(len(self.gluon_axes[GLUON_PARAM + n]) for n in SPLIT_AXES) if self.gluon_axes else 0
         return triton * splits + (len(feasible) - triton) * gluon_splits
 
@@ -711,6 +722,15 @@ class SearchSpace:
         lines.append(f"  {self.size()} configs, {self.feasible_count()} run as written (kgen/launcher/rules.py fit"
                      + (", gluon_rows, gluon_shared_bytes)" if self.gluon_axes else ")"))
         return "\n".join(lines)
+
+
+def _merge_param(cfg: BlockConfig, choices: tuple[str, ...], notes: list[str]) -> str:
+    """The merge choice of ``cfg``: "cluster" where its split policy asks for it, else "launch"."""
+    want = cfg.split.merge or "launch"
+    if want not in choices:
+        notes.append(f"merge {want} -> {choices[0]} (not a choice)")
+        return choices[0]
+    return want
 
 
 def _nearest(name: str, choices: tuple[int, ...], want: int, notes: list[str]) -> int:
