@@ -463,19 +463,30 @@ def program_hash(kernel: Any) -> str:
     changes the program (any source character, a global constexpr's value) still changes the
     hash. Triton's key leaves out the value of a plain (not ``tl.constexpr``) global the code
     reads, which the compile bakes in all the same: this hash adds every such value. Where a
-    Triton keeps no ``starting_line_number``, Triton's own key stands for the text."""
+    Triton keeps no ``starting_line_number``, Triton's own key stands for the text.
+
+    The globals are those the kernel reads itself and those its called functions had recorded
+    before: Triton's dependency finder takes a callee's globals before computing the callee's key,
+    so a global read only inside a called function (V_HEAD_DIM in the prefix stage's
+    _merge_in_cluster) is in a second computation and not the first. Every function's recorded
+    globals are cleared with its key, so every computation is the first one: the same hash in a
+    fresh process and after any other call (the ledger's keys)."""
     functions = [f for f in vars(sys.modules[kernel.fn.__module__]).values()
                  if hasattr(f, "starting_line_number") and hasattr(f, "hash")]
-    saved = [(f, f.starting_line_number, f.hash) for f in functions]
+    saved = [(f, f.starting_line_number, f.hash, getattr(f, "used_global_vals", None)) for f in functions]
     try:
         if kernel in functions:
             for f in functions:
                 f.starting_line_number, f.hash = 0, None
+                if hasattr(f, "used_global_vals"):
+                    f.used_global_vals = {}
         text_key = kernel.cache_key
         values = sorted((name, repr(value)) for (name, _), (value, _) in kernel.used_global_vals.items())
     finally:
-        for f, line, cached in saved:
+        for f, line, cached, used in saved:
             f.starting_line_number, f.hash = line, cached
+            if used is not None:
+                f.used_global_vals = used
     return hashlib.sha256(json.dumps([text_key, values]).encode()).hexdigest()
 
 
