@@ -28,9 +28,6 @@ class LaunchSetup:
     # split length in the batch-invariant one (the kernels' min_tokens_per_split / tokens_per_split).
     split_tokens: int
     block_n: int
-    # Splits of a head block launched as one thread-block cluster that merges them (1: none; the
-    # merge stage's launch merges, where a request has more than one split).
-    cluster_splits: int
     page_shift: int  # log2 of the page size (0 for token slots)
     prefix_kernel: str  # PREFIX_KERNEL or GLUON_PREFIX_KERNEL
     prefix_constexprs: Mapping[str, Any]
@@ -39,6 +36,13 @@ class LaunchSetup:
     # The merge stage's (constexprs, options); None when no request can need a second split.
     merge: tuple[Mapping[str, Any], Mapping[str, Any]] | None
     merge_pdl: Mapping[str, Any]
+
+    @property
+    def cluster_splits(self) -> int:
+        """Splits of a head block launched as one thread-block cluster that merges them (1: none;
+        the merge stage's launch merges, where a request has more than one split): the Triton
+        prefix stage's CLUSTER_SPLITS."""
+        return self.prefix_constexprs.get("CLUSTER_SPLITS", 1)
 
     def launches(self, has_mask: bool) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
         """(kernel name, constexpr arguments, compile options) of each launch, as kgen check

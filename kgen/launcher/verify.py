@@ -213,7 +213,7 @@ class VerifyLauncher(CallShapes):
         merge_options = {"num_warps": 4, "num_stages": 2, **backend_knobs(config, is_rocm)}
         return LaunchSetup(
             head_blocks=head_blocks, row_blocks=splits["row_blocks"], max_splits=splits["max_splits"],
-            split_tokens=splits["split_tokens"], block_n=prefix["BLOCK_N"], cluster_splits=cluster,
+            split_tokens=splits["split_tokens"], block_n=prefix["BLOCK_N"],
             page_shift=(page_size or 1).bit_length() - 1, prefix_kernel=prefix_kernel,
             prefix_constexprs=prefix, prefix_options=prefix_options, prefix_pdl=pdl_options(prefix_pdl),
             merge=(merge_constexprs, merge_options) if splits["needs_merge"] else None,
