@@ -99,6 +99,13 @@ BATCH_INVARIANT = False
 # kgen.load hands the launcher the rows of $KGEN_TABLES_DIR / $KGEN_TABLE instead (kgen/retable.py).
 _BLOCK_CONFIGS = {
     "sm_90": (
+        (8, 2, 8,
+         {'block_h': 8,
+          'block_n': 64,
+          'num_warps': 4,
+          'num_stages': 3,
+          'split': {'programs_per_sm': 2, 'max_splits': 16, 'min_tokens_per_split': 128, 'merge': 'cluster'},
+          'widen_from_rows': 128}),
         (8, 33, 96,
          {'block_h': 8,
           'block_n': 64,
@@ -110,6 +117,13 @@ _BLOCK_CONFIGS = {
                     'lazy_rescale': False,
                     'split': {'programs_per_sm': 1, 'max_splits': 64, 'min_tokens_per_split': 128},
                     'from_rows': 128},
+          'widen_from_rows': 128}),
+        (16, 2, 8,
+         {'block_h': 16,
+          'block_n': 64,
+          'num_warps': 4,
+          'num_stages': 3,
+          'split': {'programs_per_sm': 2, 'max_splits': 16, 'min_tokens_per_split': 128, 'merge': 'cluster'},
           'widen_from_rows': 128}),
         (16, 33, 96,
          {'block_h': 16,
