@@ -95,7 +95,7 @@ def test_synthetic_run_writes_and_merges_a_table(tmp_path: Path, capsys: pytest.
         "--layout",
         "gqa64",
         "--group",
-        "8",
+        "4",
         "--kv-dtype",
         "bf16",
         "--storage",
@@ -109,7 +109,7 @@ def test_synthetic_run_writes_and_merges_a_table(tmp_path: Path, capsys: pytest.
     shipped = read_table(TABLE_DIR / "sm_90.json")
 
     def tuned(table: TableFile) -> list[TableEntry]:
-        return [e for e in table.entries if (e.layout, e.kv_dtype, e.group_size) == ("gqa64", "bfloat16", 8)]
+        return [e for e in table.entries if (e.layout, e.kv_dtype, e.group_size) == ("gqa64", "bfloat16", 4)]
 
     def buckets(table: TableFile) -> list[tuple[int, int]]:
         return sorted((e.batch_min, e.batch_max) for e in tuned(table))

@@ -123,8 +123,9 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                      "at batch 16, prefix 1K, since one program merges a request's splits serially "
                      "(docs/perf-notes.md, 'Fused merge'). A row's split.merge 'cluster' launches a head "
                      "block's 2-16 splits as one thread-block cluster (sm_90+, not the batch-invariant mode) "
-                     "that merges them itself, one launch: faster at batch 1-4 where the clusters fit, slower "
-                     "where its 16 splits cut a longer grid (docs/perf-notes.md, 'The merge in a cluster')",
+                     "that merges them itself, one launch: on an H100 faster at batches 2-8 where the clusters "
+                     "fit (sm_90's BF16 GQA rows there), slower where its 16 splits cut a longer grid "
+                     "(docs/perf-notes.md, 'The merge in a cluster')",
                      "or a row's cluster; last-split merges lost"),
             Decision(NAME, "prefix dot dtype", prefix_dot, prefix_dot_why, prefix_dot_brief),
         ],
