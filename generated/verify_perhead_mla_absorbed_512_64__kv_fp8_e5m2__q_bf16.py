@@ -35,7 +35,7 @@ import triton.language as tl
 # gdc_wait is None on a Triton without grid dependency control: the kernels' USE_PDL is off there.
 from kgen.launcher.identity import Kernels, ModuleIdentity
 from kgen.launcher.pdl import gdc_wait
-from kgen.launcher.rules import kernel_shape
+from kgen.launcher.rules import MERGE_SPLIT_STAGES, kernel_shape
 from kgen.launcher.verify import VerifyLauncher
 
 # The module's public names (docs/design.md, "What a generated module exposes"); the rest is
@@ -73,6 +73,9 @@ MERGE_BLOCK_DV = tl.constexpr(64)
 MERGE_ROWS = 16
 # Splits a merge program has in flight at once (one unrolled chunk).
 MERGE_SPLIT_CHUNK = 8
+# The merge in a cluster pipelines its chunk loop as the merge stage does on CUDA, the only
+# targets with clusters (the launcher passes the merge stage its stages per target).
+CLUSTER_MERGE_STAGES = tl.constexpr(MERGE_SPLIT_STAGES)
 # Longest draft (chain or tree) this module handles; longer ones fall back to another path.
 MAX_DRAFT_TOKENS = 64
 # Not batch invariant: the split count, block config and draft padding follow the batch and the
@@ -228,18 +231,21 @@ def _draft_tile(
 
 @triton.jit
 def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok, tile_ok,
-                    ROWS: tl.constexpr, COLS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, CACHE: tl.constexpr):
+                    ROWS: tl.constexpr, COLS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, SPLIT_STAGES: tl.constexpr,
+                    CACHE: tl.constexpr):
     """o = the splits' partials weighted by their sum-exp (log2 domain), combined online.
 
-    The splits go SPLIT_CHUNK at a time through an unrolled body: no load in it depends on
-    another or on the arithmetic, so all of a chunk's loads are in flight together, where a
-    loop over single splits waited a memory latency per split. CACHE ".cg" reads through L2
-    only (partials another program just wrote).
+    The splits go SPLIT_CHUNK at a time through an unrolled body. Its loads depend on nothing
+    before them, yet loaded into registers ptxas issues each split's right before its combine
+    (sm_90a: one L2 latency a split, the chunk's loads never in flight together). SPLIT_STAGES 2
+    pipelines the chunk loop: the chunk's partials and sums go to shared memory by cp.async, all
+    issued before one wait, the next chunk's while this one combines (docs/perf-notes.md, "The
+    merge stage"). CACHE ".cg" reads through L2 only (partials another program just wrote).
     """
     m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_sum = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, COLS], dtype=tl.float32)
-    for first in range(0, num_written, SPLIT_CHUNK):
+    for first in tl.range(0, num_written, SPLIT_CHUNK, num_stages=SPLIT_STAGES):
         for i in tl.static_range(SPLIT_CHUNK):
             split_ok = first + i < num_written
             # Masks by tl.where, not `row_ok & split_ok`: Triton 3.9's interpreter broadcasts a scalar
@@ -314,7 +320,7 @@ def _merge_in_cluster(Out, Qo_Indptr, Kv_Bounds, Partial_O, Partial_Lse, max_spl
             Partial_O + q_tok[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + offs_c[None, :],
             Out + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_c[None, :],
             stride_po_split, num_written, row_ok, row_ok[:, None] & c_ok[None, :], ROWS, SLICE_COLS,
-            CLUSTER_SPLITS, ".cg",
+            CLUSTER_SPLITS, CLUSTER_MERGE_STAGES, ".cg",
         )
 
 
@@ -589,6 +595,7 @@ def _verify_merge_stage(
     MERGE_HEADS: tl.constexpr,
     L_PAD: tl.constexpr,
     SPLIT_CHUNK: tl.constexpr,
+    SPLIT_STAGES: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -621,7 +628,7 @@ def _verify_merge_stage(
             Partial_O + q_tok[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + offs_dv[None, :],
             Out + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :],
             stride_po_split, num_written, row_ok, row_ok[:, None] & dv_ok[None, :], ROWS, MERGE_BLOCK_DV, SPLIT_CHUNK,
-            "",
+            SPLIT_STAGES, "",
         )
 
 

@@ -25,6 +25,11 @@ MAX_ROWS = 128  # BLOCK_H x L_PAD rows: the largest tl.dot M any program uses
 ACC_REGISTERS_PER_THREAD = 128
 SHARED_MARGIN_BYTES = 1024  # barriers and alignment Triton adds beside the tile buffers
 WGMMA_MIN_ROWS = 64  # one warpgroup's wgmma is 64 rows; smaller programs run mma.sync
+# Software-pipeline stages of the merge's chunk loop on CUDA targets: its partials go through
+# shared memory by cp.async, every load of a chunk issued before one wait, where register loads
+# take one L2 latency a split (ptxas sm_90a; docs/perf-notes.md, "The merge stage"). HIP
+# targets keep register loads (1): not measured there.
+MERGE_SPLIT_STAGES = 2
 MAX_DRAFT_SCORES = 2048  # rows x columns of one draft tile: 64 x 32, 16 registers a thread at 4 warps
 # Rows of a wgmma FP8 program with an accumulator this wide whose draft columns run in a loop:
 # the loop carries the register accumulator beside the e4m3 -> fp16 conversion (absorbed MLA,

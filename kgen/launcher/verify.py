@@ -208,8 +208,9 @@ class VerifyLauncher(CallShapes):
         if cluster > 1:
             splits.update(max_splits=cluster, needs_merge=False)
         merge_constexprs = {"MERGE_HEADS": self.merge_heads(splits["merge_l_pad"]), "L_PAD": splits["merge_l_pad"],
-                            "SPLIT_CHUNK": splits["split_chunk"], "BLOCK_TABLE": page_size is not None,
-                            "USE_PDL": use_pdl}
+                            "SPLIT_CHUNK": splits["split_chunk"],
+                            "SPLIT_STAGES": 1 if is_rocm else rules.MERGE_SPLIT_STAGES,
+                            "BLOCK_TABLE": page_size is not None, "USE_PDL": use_pdl}
         merge_options = {"num_warps": 4, "num_stages": 2, **backend_knobs(config, is_rocm)}
         return LaunchSetup(
             head_blocks=head_blocks, row_blocks=splits["row_blocks"], max_splits=splits["max_splits"],
