@@ -78,3 +78,18 @@ def test_launch_passes_amd_knobs_on_rocm_and_never_on_cuda(monkeypatch, arch, ro
     for kwargs in prefix.kwargs + merge.kwargs:
         has = {k for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack") if k in kwargs}
         assert has == ({"waves_per_eu", "matrix_instr_nonkdim", "kpack"} if rocm else set())
+
+
+@pytest.mark.parametrize(("arch", "rocm", "stages"), [("gfx950", True, 1), ("gfx942", True, 1), ("sm_90", False, 2),
+                                                     ("sm_80", False, 2)])
+def test_the_merge_pipelines_its_chunks_on_cuda_only(monkeypatch, arch, rocm, stages):
+    """The merge stage's chunk loop goes through shared memory by cp.async on CUDA targets
+    (SPLIT_STAGES 2, rules.MERGE_SPLIT_STAGES); HIP targets keep register loads, not measured there."""
+    merge = _Recorder()
+    patch_kernels(monkeypatch, MODULE, prefix=_Recorder())
+    patch_kernels(monkeypatch, MODULE, merge=merge)
+    monkeypatch.setattr(MODULE.LAUNCHER, "device_info", lambda device_type, index: (arch, 8, rocm))
+    case = build("qwen3_5_gqa256", [300], [2], 16, seed=1)
+    MODULE.launch(*case.launch_args())
+    assert merge.kwargs, "a prefix of 300 tokens on 8 SMs runs splits, so the merge launches"
+    assert {kwargs["SPLIT_STAGES"] for kwargs in merge.kwargs} == {stages}
