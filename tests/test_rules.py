@@ -215,3 +215,13 @@ def test_a_gluon_launch_takes_the_register_files_share():
 @pytest.mark.parametrize(("group", "l_pad", "consumers"), [(8, 4, 1), (8, 8, 1), (8, 16, 2), (4, 16, 1)])
 def test_consumers_with_rows(group, l_pad, consumers):
     assert rules.gluon_consumers(group, l_pad) == consumers
+
+
+@pytest.mark.parametrize(("arch", "rows", "stages"), [("sm_90", 16, 2), ("sm_90", 64, 2), ("sm_80", 64, 2),
+                                                     ("sm_89", 16, 2), ("sm_89", 64, 1), ("gfx950", 16, 1),
+                                                     ("gfx942", 16, 1)])
+def test_the_merge_pipelines_its_chunks_where_a_chunk_fits_shared_memory(arch, rows, stages):
+    """A chunk of 8 splits of 64 columns: 33 KB at 16 rows, 133 KB at 64 (over sm_89's 99 KB, where
+    kgen check found the pipelined program over its limit); HIP targets keep register loads."""
+    target = TARGETS[arch]
+    assert rules.merge_split_stages(target, rows, 64, 8) == stages

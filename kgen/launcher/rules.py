@@ -28,7 +28,7 @@ WGMMA_MIN_ROWS = 64  # one warpgroup's wgmma is 64 rows; smaller programs run mm
 # Software-pipeline stages of the merge's chunk loop on CUDA targets: its partials go through
 # shared memory by cp.async, every load of a chunk issued before one wait, where register loads
 # take one L2 latency a split (ptxas sm_90a; docs/perf-notes.md, "The merge stage"). HIP
-# targets keep register loads (1): not measured there.
+# targets keep register loads (1): not measured there. See merge_split_stages.
 MERGE_SPLIT_STAGES = 2
 MAX_DRAFT_SCORES = 2048  # rows x columns of one draft tile: 64 x 32, 16 registers a thread at 4 warps
 # Rows of a wgmma FP8 program with an accumulator this wide whose draft columns run in a loop:
@@ -367,3 +367,14 @@ def gluon_refusal(shape: KernelShape, draft: int, block_n: int, group: int | Non
     if group is not None and group * fitted < from_rows:
         return f"under {from_rows} rows a KV head, group x L (from_rows)"
     return None
+
+
+def merge_split_stages(target: Target, rows: int, columns: int, split_chunk: int) -> int:
+    """Software-pipeline stages of a merge program's chunk loop: MERGE_SPLIT_STAGES on a CUDA
+    target where one chunk's partials and sums (fp32, rows x (columns + 1) x split_chunk, the one
+    buffer two stages stage) fit its shared memory; else 1, register loads. A 64-row program's
+    chunk is 133 KB: over sm_89's 99 KB (kgen check), under sm_80's and sm_90's."""
+    if target["family"] != "cuda":
+        return 1
+    staged = rows * (columns + 1) * split_chunk * 4
+    return MERGE_SPLIT_STAGES if staged + SHARED_MARGIN_BYTES <= target["shared_bytes"] else 1

@@ -207,9 +207,11 @@ class VerifyLauncher(CallShapes):
             prefix = {**prefix, "CLUSTER_SPLITS": cluster}
         if cluster > 1:
             splits.update(max_splits=cluster, needs_merge=False)
-        merge_constexprs = {"MERGE_HEADS": self.merge_heads(splits["merge_l_pad"]), "L_PAD": splits["merge_l_pad"],
-                            "SPLIT_CHUNK": splits["split_chunk"],
-                            "SPLIT_STAGES": 1 if is_rocm else rules.MERGE_SPLIT_STAGES,
+        merge_heads = self.merge_heads(splits["merge_l_pad"])
+        merge_stages = rules.merge_split_stages(self.target_of(arch), merge_heads * splits["merge_l_pad"],
+                                                self.identity.merge_block_dv, splits["split_chunk"])
+        merge_constexprs = {"MERGE_HEADS": merge_heads, "L_PAD": splits["merge_l_pad"],
+                            "SPLIT_CHUNK": splits["split_chunk"], "SPLIT_STAGES": merge_stages,
                             "BLOCK_TABLE": page_size is not None, "USE_PDL": use_pdl}
         merge_options = {"num_warps": 4, "num_stages": 2, **backend_knobs(config, is_rocm)}
         return LaunchSetup(
