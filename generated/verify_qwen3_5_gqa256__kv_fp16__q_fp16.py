@@ -38,7 +38,7 @@ import triton.language as tl
 from kgen.launcher.gluon import gluon_stage_runs
 from kgen.launcher.identity import Kernels, ModuleIdentity
 from kgen.launcher.pdl import gdc_wait
-from kgen.launcher.rules import MERGE_SPLIT_STAGES, kernel_shape
+from kgen.launcher.rules import kernel_shape
 from kgen.launcher.verify import VerifyLauncher
 
 try:  # the Gluon prefix stage (below) is written for Triton 3.6.x; elsewhere the Triton one serves
@@ -89,9 +89,6 @@ MERGE_BLOCK_DV = tl.constexpr(64)
 MERGE_ROWS = 16
 # Splits a merge program has in flight at once (one unrolled chunk).
 MERGE_SPLIT_CHUNK = 8
-# The merge in a cluster pipelines its chunk loop as the merge stage does on CUDA, the only
-# targets with clusters (the launcher passes the merge stage its stages per target).
-CLUSTER_MERGE_STAGES = tl.constexpr(MERGE_SPLIT_STAGES)
 # Longest draft (chain or tree) this module handles; longer ones fall back to another path.
 MAX_DRAFT_TOKENS = 64
 # Not batch invariant: the split count, block config and draft padding follow the batch and the
@@ -423,14 +420,15 @@ def _merge_in_cluster(Out, Qo_Indptr, Kv_Bounds, Partial_O, Partial_Lse, max_spl
         q_tok = q_start + draft_pos
         offs_c = split * SLICE_COLS + tl.arange(0, SLICE_COLS)
         c_ok = offs_c < V_HEAD_DIM
-        # Every split of the cluster in flight at once (num_written <= CLUSTER_SPLITS); ".cg": the
-        # partials were written by other SMs.
+        # Every split of the cluster in one chunk (num_written <= CLUSTER_SPLITS), register loads:
+        # one chunk has nothing to pipeline (rules.merge_split_stages); ".cg": the partials were
+        # written by other SMs.
         _combine_splits(
             Partial_Lse + q_tok * stride_pl_tok + q_head * stride_pl_head,
             Partial_O + q_tok[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + offs_c[None, :],
             Out + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_c[None, :],
             stride_po_split, num_written, row_ok, row_ok[:, None] & c_ok[None, :], ROWS, SLICE_COLS,
-            CLUSTER_SPLITS, CLUSTER_MERGE_STAGES, ".cg",
+            CLUSTER_SPLITS, 1, ".cg",
         )
 
 

@@ -80,16 +80,18 @@ def test_launch_passes_amd_knobs_on_rocm_and_never_on_cuda(monkeypatch, arch, ro
         assert has == ({"waves_per_eu", "matrix_instr_nonkdim", "kpack"} if rocm else set())
 
 
-@pytest.mark.parametrize(("arch", "rocm", "stages"), [("gfx950", True, 1), ("gfx942", True, 1), ("sm_90", False, 2),
-                                                     ("sm_80", False, 2)])
-def test_the_merge_pipelines_its_chunks_on_cuda_only(monkeypatch, arch, rocm, stages):
-    """The merge stage's chunk loop goes through shared memory by cp.async on CUDA targets
-    (SPLIT_STAGES 2, rules.MERGE_SPLIT_STAGES); HIP targets keep register loads, not measured there."""
+@pytest.mark.parametrize(("arch", "rocm", "num_sms", "stages"),
+                         [("gfx950", True, 132, 1), ("gfx942", True, 132, 1), ("sm_90", False, 132, 2),
+                          ("sm_80", False, 132, 2), ("sm_90", False, 8, 1)])
+def test_the_merge_pipelines_its_chunks_on_cuda_only(monkeypatch, arch, rocm, num_sms, stages):
+    """The merge stage's chunk loop goes through shared memory by cp.async on CUDA targets when
+    the grid has more than one chunk of splits (SPLIT_STAGES 2, rules.MERGE_SPLIT_STAGES: batch 1
+    on 132 SMs); a grid of one chunk (8 SMs) and HIP targets keep register loads."""
     merge = _Recorder()
     patch_kernels(monkeypatch, MODULE, prefix=_Recorder())
     patch_kernels(monkeypatch, MODULE, merge=merge)
-    monkeypatch.setattr(MODULE.LAUNCHER, "device_info", lambda device_type, index: (arch, 8, rocm))
+    monkeypatch.setattr(MODULE.LAUNCHER, "device_info", lambda device_type, index: (arch, num_sms, rocm))
     case = build("qwen3_5_gqa256", [300], [2], 16, seed=1)
     MODULE.launch(*case.launch_args())
-    assert merge.kwargs, "a prefix of 300 tokens on 8 SMs runs splits, so the merge launches"
+    assert merge.kwargs, "a prefix of 300 tokens runs splits, so the merge launches"
     assert {kwargs["SPLIT_STAGES"] for kwargs in merge.kwargs} == {stages}

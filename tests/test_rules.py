@@ -217,11 +217,13 @@ def test_consumers_with_rows(group, l_pad, consumers):
     assert rules.gluon_consumers(group, l_pad) == consumers
 
 
-@pytest.mark.parametrize(("arch", "rows", "stages"), [("sm_90", 16, 2), ("sm_90", 64, 2), ("sm_80", 64, 2),
-                                                     ("sm_89", 16, 2), ("sm_89", 64, 1), ("gfx950", 16, 1),
-                                                     ("gfx942", 16, 1)])
-def test_the_merge_pipelines_its_chunks_where_a_chunk_fits_shared_memory(arch, rows, stages):
+@pytest.mark.parametrize(("arch", "rows", "max_splits", "stages"),
+                         [("sm_90", 16, 64, 2), ("sm_90", 64, 64, 2), ("sm_80", 64, 16, 2), ("sm_89", 16, 9, 2),
+                          ("sm_89", 64, 64, 1), ("sm_90", 16, 8, 1), ("sm_90", 16, 2, 1), ("gfx950", 16, 64, 1),
+                          ("gfx942", 16, 64, 1)])
+def test_the_merge_pipelines_more_than_one_chunk_where_a_chunk_fits_shared_memory(arch, rows, max_splits, stages):
     """A chunk of 8 splits of 64 columns: 33 KB at 16 rows, 133 KB at 64 (over sm_89's 99 KB, where
-    kgen check found the pipelined program over its limit); HIP targets keep register loads."""
+    kgen check found the pipelined program over its limit); a grid of at most one chunk of splits
+    has no next chunk to overlap; HIP targets keep register loads."""
     target = TARGETS[arch]
-    assert rules.merge_split_stages(target, rows, 64, 8) == stages
+    assert rules.merge_split_stages(target, rows, 64, 8, max_splits) == stages

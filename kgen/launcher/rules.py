@@ -27,8 +27,9 @@ SHARED_MARGIN_BYTES = 1024  # barriers and alignment Triton adds beside the tile
 WGMMA_MIN_ROWS = 64  # one warpgroup's wgmma is 64 rows; smaller programs run mma.sync
 # Software-pipeline stages of the merge's chunk loop on CUDA targets: its partials go through
 # shared memory by cp.async, every load of a chunk issued before one wait, where register loads
-# take one L2 latency a split (ptxas sm_90a; docs/perf-notes.md, "The merge stage"). HIP
-# targets keep register loads (1): not measured there. See merge_split_stages.
+# take one L2 latency a split (ptxas sm_90a; docs/perf-notes.md, "The merge stage"). Only calls
+# with more than one chunk of splits take it; HIP targets keep register loads (1): not measured
+# there. See merge_split_stages.
 MERGE_SPLIT_STAGES = 2
 MAX_DRAFT_SCORES = 2048  # rows x columns of one draft tile: 64 x 32, 16 registers a thread at 4 warps
 # Rows of a wgmma FP8 program with an accumulator this wide whose draft columns run in a loop:
@@ -369,12 +370,15 @@ def gluon_refusal(shape: KernelShape, draft: int, block_n: int, group: int | Non
     return None
 
 
-def merge_split_stages(target: Target, rows: int, columns: int, split_chunk: int) -> int:
+def merge_split_stages(target: Target, rows: int, columns: int, split_chunk: int, max_splits: int) -> int:
     """Software-pipeline stages of a merge program's chunk loop: MERGE_SPLIT_STAGES on a CUDA
-    target where one chunk's partials and sums (fp32, rows x (columns + 1) x split_chunk, the one
-    buffer two stages stage) fit its shared memory; else 1, register loads. A 64-row program's
-    chunk is 133 KB: over sm_89's 99 KB (kgen check), under sm_80's and sm_90's."""
-    if target["family"] != "cuda":
+    target for a call whose grid has more than one chunk of splits and where one chunk's partials
+    and sums (fp32, rows x (columns + 1) x split_chunk, the one buffer two stages stage) fit its
+    shared memory; else 1, register loads. One chunk has no next chunk to overlap, and its shared
+    memory keeps the merge's programs off SMs the prefix stage holds while they wait on it
+    (programmatic dependent launch): such calls ran slower pipelined (docs/perf-notes.md, "The
+    merge stage"). A 64-row program's chunk is 133 KB: over sm_89's 99 KB (kgen check)."""
+    if target["family"] != "cuda" or max_splits <= split_chunk:
         return 1
     staged = rows * (columns + 1) * split_chunk * 4
     return MERGE_SPLIT_STAGES if staged + SHARED_MARGIN_BYTES <= target["shared_bytes"] else 1

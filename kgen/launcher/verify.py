@@ -209,7 +209,8 @@ class VerifyLauncher(CallShapes):
             splits.update(max_splits=cluster, needs_merge=False)
         merge_heads = self.merge_heads(splits["merge_l_pad"])
         merge_stages = rules.merge_split_stages(self.target_of(arch), merge_heads * splits["merge_l_pad"],
-                                                self.identity.merge_block_dv, splits["split_chunk"])
+                                                self.identity.merge_block_dv, splits["split_chunk"],
+                                                splits["max_splits"])
         merge_constexprs = {"MERGE_HEADS": merge_heads, "L_PAD": splits["merge_l_pad"],
                             "SPLIT_CHUNK": splits["split_chunk"], "SPLIT_STAGES": merge_stages,
                             "BLOCK_TABLE": page_size is not None, "USE_PDL": use_pdl}
