@@ -27,9 +27,8 @@ SHARED_MARGIN_BYTES = 1024  # barriers and alignment Triton adds beside the tile
 WGMMA_MIN_ROWS = 64  # one warpgroup's wgmma is 64 rows; smaller programs run mma.sync
 # Software-pipeline stages of the merge's chunk loop on CUDA targets: its partials go through
 # shared memory by cp.async, every load of a chunk issued before one wait, where register loads
-# take one L2 latency a split (ptxas sm_90a; docs/perf-notes.md, "The merge stage"). Only calls
-# with more than one chunk of splits take it; HIP targets keep register loads (1): not measured
-# there. See merge_split_stages.
+# take one L2 latency a split (ptxas sm_90a; docs/perf-notes.md, "The merge stage"). Which calls
+# take it: merge_split_stages.
 MERGE_SPLIT_STAGES = 2
 MAX_DRAFT_SCORES = 2048  # rows x columns of one draft tile: 64 x 32, 16 registers a thread at 4 warps
 # Rows of a wgmma FP8 program with an accumulator this wide whose draft columns run in a loop:
@@ -374,10 +373,9 @@ def merge_split_stages(target: Target, rows: int, columns: int, split_chunk: int
     """Software-pipeline stages of a merge program's chunk loop: MERGE_SPLIT_STAGES on a CUDA
     target for a call whose grid has more than one chunk of splits and where one chunk's partials
     and sums (fp32, rows x (columns + 1) x split_chunk, the one buffer two stages stage) fit its
-    shared memory; else 1, register loads. One chunk has no next chunk to overlap, and its shared
-    memory keeps the merge's programs off SMs the prefix stage holds while they wait on it
-    (programmatic dependent launch): such calls ran slower pipelined (docs/perf-notes.md, "The
-    merge stage"). A 64-row program's chunk is 133 KB: over sm_89's 99 KB (kgen check)."""
+    shared memory; else 1, register loads. One chunk has no next chunk to overlap, and such calls
+    ran slower pipelined (docs/perf-notes.md, "The merge stage", which says what may cause it).
+    A 64-row program's chunk is 133 KB: over sm_89's 99 KB (kgen check)."""
     if target["family"] != "cuda" or max_splits <= split_chunk:
         return 1
     staged = rows * (columns + 1) * split_chunk * 4
