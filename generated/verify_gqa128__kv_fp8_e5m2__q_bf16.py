@@ -311,12 +311,13 @@ def _merge_in_cluster(Out, Qo_Indptr, Kv_Bounds, Partial_O, Partial_Lse, max_spl
                       prefix_trim_len, stride_table, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
                       stride_po_split, stride_pl_tok, stride_pl_head, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
                       L_PAD: tl.constexpr, ROW_BLOCKS: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_TABLE: tl.constexpr, CLUSTER_SPLITS: tl.constexpr):
+                      BLOCK_TABLE: tl.constexpr, CLUSTER_SPLITS: tl.constexpr, CLUSTER_MERGE_STAGES: tl.constexpr):
     """The merge stage's combine, inside the prefix stage: once every program of the cluster (one
     head block's splits, a power of two) has written its partial, program `split` combines
     columns [split, split + 1) x BLOCK_DV / CLUSTER_SPLITS of the head block's rows. A cluster
     barrier orders the partials before the reads: no atomic, no counter and no second launch
-    (docs/perf-notes.md, "The merge in a cluster").
+    (docs/perf-notes.md, "The merge in a cluster"). CLUSTER_MERGE_STAGES 2 (the row's
+    split.merge_pipelined) loads the partials by cp.async through shared memory, 1 into registers.
 
     The program's place and its request's bounds are read again here, not carried from before
     the prefix loop: live across it they cost the loop's registers (spills at 255 a thread,
@@ -346,15 +347,15 @@ def _merge_in_cluster(Out, Qo_Indptr, Kv_Bounds, Partial_O, Partial_Lse, max_spl
         q_tok = q_start + draft_pos
         offs_c = split * SLICE_COLS + tl.arange(0, SLICE_COLS)
         c_ok = offs_c < V_HEAD_DIM
-        # Every split of the cluster in one chunk (num_written <= CLUSTER_SPLITS), register loads:
-        # one chunk has nothing to pipeline (rules.merge_split_stages); ".cg": the partials were
-        # written by other SMs.
+        # Every split of the cluster in one chunk (num_written <= CLUSTER_SPLITS); staged through
+        # shared memory or not as the row measured best (rules.cluster_merge_stages); ".cg": the
+        # partials were written by other SMs.
         _combine_splits(
             Partial_Lse + q_tok * stride_pl_tok + q_head * stride_pl_head,
             Partial_O + q_tok[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + offs_c[None, :],
             Out + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_c[None, :],
             stride_po_split, num_written, row_ok, row_ok[:, None] & c_ok[None, :], ROWS, SLICE_COLS,
-            CLUSTER_SPLITS, 1, ".cg",
+            CLUSTER_SPLITS, CLUSTER_MERGE_STAGES, ".cg",
         )
 
 
@@ -421,6 +422,7 @@ def _verify_prefix_stage(
     DRAFT_FIRST: tl.constexpr,
     USE_PDL: tl.constexpr,
     CLUSTER_SPLITS: tl.constexpr,
+    CLUSTER_MERGE_STAGES: tl.constexpr,
 ):
     ROWS: tl.constexpr = BLOCK_H * L_PAD
 
@@ -635,7 +637,7 @@ def _verify_prefix_stage(
         _merge_in_cluster(Out, Qo_Indptr, Kv_Bounds, Partial_O, Partial_Lse, max_splits, min_tokens_per_split,
                           prefix_trim_len, stride_table, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
                           stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD, ROW_BLOCKS, BLOCK_N,
-                          BLOCK_TABLE, CLUSTER_SPLITS)
+                          BLOCK_TABLE, CLUSTER_SPLITS, CLUSTER_MERGE_STAGES)
 
 
 @triton.jit(do_not_specialize=["num_q_heads", "max_splits", "min_tokens_per_split", "block_n", "prefix_trim_len",
@@ -1432,7 +1434,11 @@ LAUNCHER = VerifyLauncher(
         # spills a thread after, none before). 16-row programs ran slower before it, and 64-row ones spill 20
         # B before it and none after (docs/perf-notes.md, 'Draft tile placement').
         draft_first_rows=(32,),
-        split_defaults={'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 256, 'merge': None},
+        split_defaults={'programs_per_sm': 2,
+                        'max_splits': 64,
+                        'min_tokens_per_split': 256,
+                        'merge': None,
+                        'merge_pipelined': None},
         merge_rows=MERGE_ROWS,
         merge_split_chunk=MERGE_SPLIT_CHUNK,
         merge_block_dv=MERGE_BLOCK_DV.value,

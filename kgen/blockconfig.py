@@ -69,12 +69,24 @@ class SplitPolicy(BaseModel):
     # stage where the launcher can (the splits of a head block one thread-block cluster:
     # VerifyLauncher.cluster_splits), else in the merge stage's launch.
     merge: Literal["cluster"] | None = None
+    # The merge in a cluster loads its partials by cp.async through shared memory (true) or into
+    # registers (absent): which wins depends on the program (docs/perf-notes.md, "The merge stage").
+    merge_pipelined: bool | None = None
+
+    @model_validator(mode="after")
+    def _pipelined_needs_cluster(self) -> SplitPolicy:
+        if self.merge_pipelined and self.merge != "cluster":
+            raise ValueError('split.merge_pipelined pipelines the merge in a cluster: set split.merge to "cluster" '
+                             "or drop merge_pipelined")
+        return self
 
     def compact(self) -> str:
         """'programs_per_sm/max_splits/min_tokens_per_split', as ``BlockConfig.compact`` writes it
-        ('/cluster' after it where the splits merge in a thread-block cluster)."""
+        ('/cluster' after it where the splits merge in a thread-block cluster, '/cluster+cp.async'
+        where that merge is pipelined)."""
         merge = f"/{self.merge}" if self.merge else ""
-        return f"{self.programs_per_sm}/{self.max_splits}/{self.min_tokens_per_split}{merge}"
+        staged = "+cp.async" if self.merge_pipelined else ""
+        return f"{self.programs_per_sm}/{self.max_splits}/{self.min_tokens_per_split}{merge}{staged}"
 
 
 class GluonConfig(BaseModel):

@@ -60,6 +60,16 @@ def test_elsewhere_the_merge_launch_merges(on_gpu, arch, splits, merge):
     assert launches[1:] == ([(MERGE_KERNEL, None)] if splits > 1 else [])
 
 
+@pytest.mark.parametrize(("pipelined", "splits", "stages"), [(True, 8, 2), (None, 8, 1), (True, 17, 1)])
+def test_a_row_pipelines_the_merge_in_its_clusters(on_gpu, pipelined, splits, stages):
+    """split.merge_pipelined stages the cluster's merge through shared memory (CLUSTER_MERGE_STAGES
+    2); absent, register loads; a call that does not merge in clusters never pipelines it."""
+    config = with_splits(splits)
+    config["split"] = {**config["split"], "merge_pipelined": pipelined}
+    prefix = MODULE.launch_params("sm_90", 132, 16, 2, 4, None, config)[0][1]
+    assert prefix["CLUSTER_MERGE_STAGES"] == stages
+
+
 def test_no_clusters_under_the_interpreter_the_switch_or_the_invariant_mode(on_gpu, monkeypatch):
     monkeypatch.setattr(on_gpu, "no_cluster_merge", True)
     assert launched("sm_90", with_splits(8))[0] == (PREFIX_KERNEL, 1)

@@ -154,7 +154,7 @@ def test_sm_90_space_is_cuda_without_amd_knobs() -> None:
     }
     assert space.axes["lazy_rescale"] == (0, 1)
     assert space.axes["draft_tile"] == ("after", "first")
-    assert space.axes["merge"] == ("cluster", "launch")
+    assert space.axes["merge"] == ("cluster", "cluster_pipelined", "launch")
     assert space.axes["block_h"] == (1, 2, 4, 8)  # <= next_pow2(group 8)
     assert prof.kv_dtypes == ("bfloat16", "float8_e4m3fn")
 
@@ -323,6 +323,11 @@ def test_suggest_prunes_before_anything_runs() -> None:
     clustered = space.suggest(optuna.trial.FixedTrial({**too_big, "num_stages": 1, "block_n": 64, "merge": "cluster"}))
     assert clustered.split.merge == "cluster" and space.params_of(clustered)[0]["merge"] == "cluster"
     assert space.params_of(ok)[0]["merge"] == "launch"
+    pipelined = space.suggest(optuna.trial.FixedTrial({**too_big, "num_stages": 1, "block_n": 64,
+                                                       "merge": "cluster_pipelined"}))
+    assert pipelined.split.merge == "cluster" and pipelined.split.merge_pipelined is True
+    assert space.params_of(pipelined)[0]["merge"] == "cluster_pipelined"
+    assert "/cluster+cp.async" in pipelined.compact()
 
 
 def test_the_merge_is_searched_where_the_target_has_clusters() -> None:
@@ -365,7 +370,7 @@ def test_space_digest_changes_with_the_choices_and_the_target(tmp_path: Path) ->
 
 def test_counts_and_description() -> None:
     space = space_for("sm_90", "qwen3_5_gqa256", 8)
-    assert 0 < space.feasible_count() < space.size() == 4 * 4 * 3 * 4 * 4 * 5 * 5 * 2 * 2 * 2  # merge: 2
+    assert 0 < space.feasible_count() < space.size() == 4 * 4 * 3 * 4 * 4 * 5 * 5 * 3 * 2 * 2  # merge: 3
     text = space.describe()
     assert "232448" in text and "block_n" in text and "fit" in text
 

@@ -144,6 +144,11 @@ def shipped() -> dict:
             r"field 'entries\.0\.config\.block_n'.*power of two",
         ),
         (lambda t: {**t, "metadata": {**t["metadata"], "arch": "gfx950"}}, r"metadata\.arch"),
+        (
+            lambda t: {**t, "entries": [{**t["entries"][0], "config": {
+                **t["entries"][0]["config"], "split": {"max_splits": 16, "merge_pipelined": True}}}]},
+            r"field 'entries\.0\.config\.split'.*merge_pipelined pipelines the merge in a cluster: set split\.merge",
+        ),
     ],
 )
 def test_corrupt_tables_are_rejected_naming_file_and_field(tmp_path: Path, mutate, pattern: str) -> None:

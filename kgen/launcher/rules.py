@@ -380,3 +380,12 @@ def merge_split_stages(target: Target, rows: int, columns: int, split_chunk: int
         return 1
     staged = rows * (columns + 1) * split_chunk * 4
     return MERGE_SPLIT_STAGES if staged + SHARED_MARGIN_BYTES <= target["shared_bytes"] else 1
+
+
+def cluster_merge_stages(split_policy: Mapping[str, Any], cluster_splits: int) -> int:
+    """Software-pipeline stages of the merge in a cluster: MERGE_SPLIT_STAGES where the call
+    merges in clusters and the table row's split policy asks for it (merge_pipelined), else 1,
+    register loads. A cluster's splits are one chunk; staged through shared memory its loads go
+    out together, which won on some programs and lost on others (docs/perf-notes.md, "The merge
+    stage"), so the row decides."""
+    return MERGE_SPLIT_STAGES if cluster_splits > 1 and split_policy.get("merge_pipelined") else 1

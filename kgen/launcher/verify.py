@@ -204,7 +204,8 @@ class VerifyLauncher(CallShapes):
         splits = self.split_setup(prefix, split_config, head_blocks, batch, max_len, num_sms, num_kv_heads)
         cluster = self.cluster_splits(arch, prefix_kernel, splits["max_splits"], split_config) if clusters else 1
         if prefix_kernel == PREFIX_KERNEL and not self.invariant:
-            prefix = {**prefix, "CLUSTER_SPLITS": cluster}
+            prefix = {**prefix, "CLUSTER_SPLITS": cluster,
+                      "CLUSTER_MERGE_STAGES": rules.cluster_merge_stages(split_config.get("split") or {}, cluster)}
         if cluster > 1:
             splits.update(max_splits=cluster, needs_merge=False)
         merge_heads = self.merge_heads(splits["merge_l_pad"])

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from kgen.blockconfig import BlockConfig
-from kgen.tuner.space import GLUON_PARAM, KERNEL_AXES, PLACEMENT_AXES, SPLIT_AXES
+from kgen.tuner.space import GLUON_PARAM, KERNEL_AXES, PLACEMENT_AXES, SPLIT_AXES, merge_choice
 
 if TYPE_CHECKING:
     import optuna
@@ -183,8 +183,9 @@ def make_objective(
 
 
 _PLACEMENT_STEPS = {"after": 0, None: 1, "first": 2}
-# Where the splits merge is a category: one step from the merge launch (unset) to the cluster.
-_MERGE_STEPS = {None: 0, "cluster": 1}
+# Where the splits merge is a category: one step from the merge launch to the cluster, one more
+# to the cluster's pipelined merge.
+_MERGE_STEPS = {"launch": 0, "cluster": 1, "cluster_pipelined": 2}
 # The lowering is two kernels, not a knob: a config of the other lowering is as far from the
 # optimum as one several steps off on every axis (a log2 distance of 2, squared 4), as on the
 # H200, where every Gluon config of MLA group 16 beat every Triton one.
@@ -234,10 +235,11 @@ class SyntheticBowl:
         # where the Gluon kernel does.
         if cfg.gluon is not None:
             own = {**cfg.gluon.model_dump(exclude={"split"}, exclude_none=True),
-                   **cfg.gluon.split.model_dump(exclude={"merge"})}
+                   **cfg.gluon.split.model_dump(exclude={"merge", "merge_pipelined"})}
             return {"lowering": _LOWERING_STEPS["gluon"], **{"gluon." + k: int(v) for k, v in own.items()}}
         return {"lowering": _LOWERING_STEPS["triton"], **cfg.model_dump(exclude={"split", "gluon"}),
-                **cfg.split.model_dump(exclude={"merge"}), "merge": _MERGE_STEPS[cfg.split.merge],
+                **cfg.split.model_dump(exclude={"merge", "merge_pipelined"}),
+                "merge": _MERGE_STEPS[merge_choice(cfg.split)],
                 **{n: int(bool(getattr(cfg, n))) for n in KERNEL_AXES},
                 **{n: _PLACEMENT_STEPS[getattr(cfg, n)] for n in PLACEMENT_AXES}}
 

@@ -29,7 +29,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -61,10 +61,11 @@ SPACES_FILE = Path(__file__).parent / "spaces.toml"
 
 CORE_AXES = ("block_h", "block_n", "num_warps", "num_stages")
 SPLIT_AXES = ("programs_per_sm", "max_splits", "min_tokens_per_split")
-# Where the splits merge (SplitPolicy.merge: the merge launch, or a thread-block cluster's own),
-# searched where the target has clusters. Like the split axes it never changes what fits.
+# Where the splits merge (SplitPolicy.merge: the merge launch, or a thread-block cluster's own,
+# its loads pipelined or not: merge_pipelined), searched where the target has clusters. Like the
+# split axes it never changes what fits.
 MERGE_AXES = ("merge",)
-Merge = Literal["launch", "cluster"]
+Merge = Literal["launch", "cluster", "cluster_pipelined"]
 ROCM_AXES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 # Kernel switches (0 = off, 1 = on); an axis a family leaves empty is not searched.
 KERNEL_AXES = ("lazy_rescale",)
@@ -523,8 +524,7 @@ class SearchSpace:
         """The BlockConfig named by one set of Optuna parameters."""
         if params.get(LOWERING_AXIS) == "gluon":
             return self._gluon_config(params)
-        split = SplitPolicy(**{n: params[n] for n in SPLIT_AXES},
-                            merge="cluster" if params.get("merge") == "cluster" else None)
+        split = SplitPolicy(**{n: params[n] for n in SPLIT_AXES}, **merge_fields(params.get("merge", "launch")))
         knobs = {n: params[n] for n in ROCM_AXES if n in self.axes}
         switches = {n: bool(params[n]) or None for n in KERNEL_AXES if n in self.axes}  # off is the default
         cfg = BlockConfig(**{n: params[n] for n in CORE_AXES}, split=split, **knobs, **switches)
@@ -724,9 +724,23 @@ class SearchSpace:
         return "\n".join(lines)
 
 
+def merge_choice(split: SplitPolicy) -> Merge:
+    """Where and how a split policy merges, as the tuner's merge axis names it: "launch" (the
+    merge stage's launch), "cluster", or "cluster_pipelined" (merge_pipelined)."""
+    if split.merge != "cluster":
+        return "launch"
+    return "cluster_pipelined" if split.merge_pipelined else "cluster"
+
+
+def merge_fields(choice: str) -> dict[str, Any]:
+    """The SplitPolicy fields of a merge axis choice (``merge_choice`` read backwards)."""
+    return {"merge": "cluster" if choice in ("cluster", "cluster_pipelined") else None,
+            "merge_pipelined": True if choice == "cluster_pipelined" else None}
+
+
 def _merge_param(cfg: BlockConfig, choices: tuple[str, ...], notes: list[str]) -> str:
-    """The merge choice of ``cfg``: "cluster" where its split policy asks for it, else "launch"."""
-    want = cfg.split.merge or "launch"
+    """The merge choice of ``cfg`` (``merge_choice``), or the first choice where it is not one."""
+    want = merge_choice(cfg.split)
     if want not in choices:
         notes.append(f"merge {want} -> {choices[0]} (not a choice)")
         return choices[0]
