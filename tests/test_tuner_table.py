@@ -17,6 +17,7 @@ from kgen.blockconfig import (
     TableMetadata,
     check_triton_version,
     read_table,
+    table_to_json,
 )
 from kgen.errors import TableError
 from kgen.spec import load_layouts
@@ -89,6 +90,21 @@ def test_write_read_round_trip_with_metadata_and_measurements(tmp_path: Path) ->
     assert merged.metadata.gpu_name == "NVIDIA H100 80GB HBM3"
     assert merged.lookup("gqa128", "bfloat16", 8, 20).measured.gpu_name == "NVIDIA H100 80GB HBM3"
     assert merged.lookup("gqa128", "bfloat16", 8, 4).measured.gpu_name == "NVIDIA H200"
+
+
+def test_a_run_on_another_gpu_keeps_where_older_rows_were_measured(tmp_path: Path) -> None:
+    """A row written before measured.gpu_name existed was measured on the GPU its table's
+    metadata names; a run on another GPU replaces that metadata, so the row gets the name first."""
+    out = tmp_path / "sm_90.json"
+    table, _ = write_results(out, "sm_90", "NVIDIA H200", [result()])
+    old = table.entries[0]
+    unnamed = old.model_copy(update={"measured": old.measured.model_copy(update={"gpu_name": None})})
+    out.write_text(table_to_json(table.model_copy(update={"entries": [unnamed]})))
+    write_results(out, "sm_90", "NVIDIA H100 80GB HBM3", [result("b9-32")])
+    merged = read_table(out)
+    assert merged.metadata.gpu_name == "NVIDIA H100 80GB HBM3"
+    assert merged.lookup("gqa128", "bfloat16", 8, 4).measured.gpu_name == "NVIDIA H200"
+    assert merged.lookup("gqa128", "bfloat16", 8, 20).measured.gpu_name == "NVIDIA H100 80GB HBM3"
 
 
 def test_merge_replaces_matching_buckets_and_keeps_the_rest() -> None:

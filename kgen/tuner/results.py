@@ -326,6 +326,14 @@ def merge_entries(old: list[TableEntry], new: list[TableEntry]) -> list[TableEnt
     return sorted(kept + list(new), key=lambda e: (e.layout, e.kv_dtype, e.group_size, e.batch_min))
 
 
+def attribute_to(entries: list[TableEntry], gpu_name: str) -> list[TableEntry]:
+    """``entries`` with ``gpu_name`` written into every measured row that names no GPU. Such a
+    row was measured on the GPU its table's metadata names (SCHEMA.md, ``measured.gpu_name``), so
+    before a run on another GPU replaces that metadata, its rows must say where they came from."""
+    return [e.model_copy(update={"measured": e.measured.model_copy(update={"gpu_name": gpu_name})})
+            if e.measured is not None and e.measured.gpu_name is None else e for e in entries]
+
+
 def _torch_version() -> str | None:
     try:
         return importlib.metadata.version("torch")
@@ -360,7 +368,10 @@ def write_results(
         raise TuneError(f"{path} holds the table of {previous.arch}, not {arch}: a table file is named for "
                         f"its arch, so move it to {path.parent / (previous.arch + '.json')}")
     new = [e for e in (entry_for(r, gpu_name) for r in results) if e is not None]
-    entries = merge_entries(list(previous.entries) if previous else [], new)
+    kept = list(previous.entries) if previous else []
+    if previous is not None and previous.metadata.gpu_name != "unknown":
+        kept = attribute_to(kept, previous.metadata.gpu_name)
+    entries = merge_entries(kept, new)
     carried = sum(1 for e in entries if e.measured is None)
     trials = sum(r.finished for r in results)
     if not note:
