@@ -21,7 +21,7 @@ from kgen.tuner.cli import add_tune_parser, run_tune
 from kgen.tuner.errors import TuneError
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYOUT, GROUP, BATCH = "gqa64", 8, 4  # the synthetic tune below covers bucket b1-8
+LAYOUT, GROUP, BATCH = "gqa64", 8, 4  # the synthetic tune below covers bucket b2-8
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -63,7 +63,7 @@ def test_a_tuned_folder_changes_the_launcher_and_explain_without_a_build(tmp_pat
     tables = tmp_path / "tables"
     shipped_bytes = (TABLE_DIR / "sm_90.json").read_bytes()
     argv = ["--objective", "synthetic", "--arch", "sm_90", "--layout", LAYOUT, "--group", str(GROUP),
-            "--kv-dtype", "bf16", "--bucket", "b1-8", "--storage", f"sqlite:///{tmp_path / 'tune.db'}",
+            "--kv-dtype", "bf16", "--bucket", "b2-8", "--storage", f"sqlite:///{tmp_path / 'tune.db'}",
             "--out", str(tables), "--no-progress", "--trials", "25"]
     assert run_tune(parse(*argv)) == 0
     written = read_table(tables / "sm_90.json")
@@ -90,7 +90,7 @@ def test_a_tuned_folder_changes_the_launcher_and_explain_without_a_build(tmp_pat
 
 def test_out_takes_a_folder_not_a_file(tmp_path: Path) -> None:
     argv = ["--objective", "synthetic", "--arch", "sm_90", "--layout", LAYOUT, "--group", str(GROUP),
-            "--kv-dtype", "bf16", "--bucket", "b1-8", "--storage", f"sqlite:///{tmp_path / 'tune.db'}",
+            "--kv-dtype", "bf16", "--bucket", "b2-8", "--storage", f"sqlite:///{tmp_path / 'tune.db'}",
             "--out", str(tmp_path / "sm_90.json"), "--no-progress", "--trials", "3"]
     with pytest.raises(TuneError, match=r"--out takes a folder .*DIR/sm_90\.json"):
         run_tune(parse(*argv))

@@ -45,7 +45,7 @@ def test_dry_run_prints_space_and_workloads_without_torch(tmp_path: Path) -> Non
     assert "kgen/tables/gfx942.json" in text
     assert "float8_e4m3fnuz" in text and "float8_e4m3fn " not in text  # gfx942's fp8 flavour
     assert "matrix_instr_nonkdim" in text and "65536" in text
-    assert "bs256/P16384/L4" in text and "8 studies, 100 finished trials each" in text  # 2 KV dtypes x 4 buckets
+    assert "bs256/P16384/L4" in text and "10 studies, 100 finished trials each" in text  # 2 KV dtypes x 5 buckets
     assert not list(tmp_path.iterdir()), "a dry run wrote nothing"
 
 
@@ -55,7 +55,7 @@ def test_dry_run_prints_space_and_workloads_without_torch(tmp_path: Path) -> Non
         (["--dry-run"], "--arch is required"),
         (["--dry-run", "--arch", "tpu_v5"], "unknown arch"),
         (["--dry-run", "--arch", "sm_90", "--layout", "llama"], r"unknown layout.*gqa128"),
-        (["--dry-run", "--arch", "sm_90", "--bucket", "huge"], r"unknown bucket 'huge'.*b1-8"),
+        (["--dry-run", "--arch", "sm_90", "--bucket", "huge"], r"unknown bucket 'huge'.*b2-8"),
         (["--dry-run", "--arch", "sm_90", "--kv-dtype", "int4"], "unknown KV dtype"),
         (["--dry-run", "--arch", "sm_90", "--layout", "gqa64", "--group", "2"], r"group size\(s\) \[2\]"),
         (["--dry-run", "--arch", "sm_90", "--trials", "0"], "--trials must be >= 1"),
@@ -115,19 +115,19 @@ def test_synthetic_run_writes_and_merges_a_table(tmp_path: Path, capsys: pytest.
         return sorted((e.batch_min, e.batch_max) for e in tuned(table))
 
     shipped_buckets = buckets(shipped)
-    assert not {(1, 8), (97, 1 << 30)} & set(shipped_buckets), "the test tunes buckets the shipped table lacks"
-    assert run_tune(parse(*common, "--bucket", "b1-8")) == 0
+    assert not {(2, 8), (97, 1 << 30)} & set(shipped_buckets), "the test tunes buckets the shipped table lacks"
+    assert run_tune(parse(*common, "--bucket", "b2-8")) == 0
     first = read_table(out)
     # A new file starts from the shipped table: its rows are kept beside the tuned one.
-    assert buckets(first) == sorted([*shipped_buckets, (1, 8)])
+    assert buckets(first) == sorted([*shipped_buckets, (2, 8)])
     assert len(first.entries) == len(shipped.entries) + 1
     assert first.metadata.note == SYNTHETIC_NOTE and first.metadata.trials == shipped.metadata.trials + 25
     printed = capsys.readouterr().out
     assert "default us" in printed and f"wrote {out}" in printed
     assert run_tune(parse(*common, "--bucket", "b97+")) == 0
     second = read_table(out)
-    assert buckets(second) == sorted([*shipped_buckets, (1, 8), (97, 1 << 30)])
-    assert [e for e in tuned(second) if e.batch_min == 1] == [e for e in tuned(first) if e.batch_min == 1]
+    assert buckets(second) == sorted([*shipped_buckets, (2, 8), (97, 1 << 30)])
+    assert [e for e in tuned(second) if e.batch_min == 2] == [e for e in tuned(first) if e.batch_min == 2]
     assert json.loads(out.read_text())["schema"] == "kgen.block-config-table/1"
 
 
@@ -136,7 +136,7 @@ def test_a_tuned_row_keeps_the_defaults_widen_from_rows(tmp_path: Path, capsys: 
     study's L 4 launches do not depend on it, so the row it writes keeps it and says so."""
     args = ["--objective", "synthetic", "--arch", "sm_90", "--layout", "gqa128", "--group", "8", "--kv-dtype",
             "bf16", "--storage", f"sqlite:///{tmp_path / 'tune.db'}", "--out", str(tmp_path), "--no-progress",
-            "--trials", "12", "--bucket", "b1-8"]
+            "--trials", "12", "--bucket", "b2-8"]
     assert run_tune(parse(*args)) == 0
     (row,) = [e for e in read_table(tmp_path / "sm_90.json").entries
               if (e.layout, e.group_size, e.batch_min) == ("gqa128", 8, 1)]
@@ -155,7 +155,7 @@ def test_synthetic_run_without_out_writes_no_table(tmp_path: Path, capsys: pytes
         "--kv-dtype",
         "bf16",
         "--bucket",
-        "b1-8",
+        "b2-8",
         "--storage",
         f"sqlite:///{tmp_path / 'tune.db'}",
         "--no-progress",
@@ -171,7 +171,7 @@ def test_synthetic_run_without_out_writes_no_table(tmp_path: Path, capsys: pytes
 
 SECRET = "s3cr3t-Pw"
 PG_URL = f"postgresql+psycopg2://kgen:{SECRET}@127.0.0.1:1/kgen"  # port 1: nothing listens
-DRY = ["--dry-run", "--arch", "sm_90", "--layout", "gqa64", "--group", "8", "--bucket", "b1-8"]
+DRY = ["--dry-run", "--arch", "sm_90", "--layout", "gqa64", "--group", "8", "--bucket", "b2-8"]
 
 
 def test_dry_run_shows_the_storage_without_its_password(capsys: pytest.CaptureFixture[str]) -> None:
@@ -209,7 +209,7 @@ def test_storage_from_the_environment_and_the_flag_wins(
 )
 def test_storage_errors_do_not_show_the_password(url: str, tmp_path: Path) -> None:
     argv = ["--objective", "synthetic", "--arch", "sm_90", "--layout", "gqa64", "--kv-dtype", "bf16", "--group",
-            "8", "--bucket", "b1-8", "--trials", "2", "--no-progress", "--storage", url]  # fmt: skip
+            "8", "--bucket", "b2-8", "--trials", "2", "--no-progress", "--storage", url]  # fmt: skip
     with pytest.raises(KgenError) as info:
         run_tune(parse(*argv))
     text = str(info.value)

@@ -64,7 +64,7 @@ def test_the_tuner_writes_no_refused_winner(tmp_path: Path, capsys: pytest.Captu
     monkeypatch.setattr(fit, "fit_error", judge)
     args = ["--objective", "synthetic", "--arch", "sm_90", "--layout", "gqa64", "--group", "8", "--kv-dtype",
             "bf16", "--storage", f"sqlite:///{tmp_path / 'tune.db'}", "--out", str(tmp_path), "--no-progress",
-            "--trials", "25", "--bucket", "b1-8", "--fit-check", mode]
+            "--trials", "25", "--bucket", "b2-8", "--fit-check", mode]
     assert run_tune(parse(*args)) == 0
     (row,) = [e for e in read_table(tmp_path / "sm_90.json").entries
               if (e.layout, e.group_size, e.batch_min) == ("gqa64", 8, 1)]

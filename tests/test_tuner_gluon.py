@@ -180,7 +180,7 @@ def test_the_default_of_a_gluon_study_is_the_built_in_one_with_its_gluon_section
 
 
 def test_a_synthetic_study_finds_a_gluon_optimum() -> None:
-    bucket = WORKLOADS.bucket[0]
+    bucket = WORKLOADS.bucket_named("b2-8")
     job = TuneJob("sm_90", LAYOUTS[MLA], "bfloat16", "bfloat16", 16, bucket, tuple(WORKLOADS.workloads(bucket)))
     space = space_for("sm_90")
     optimum = next(c for seed in range(50) if (c := synthetic_optimum(space, seed)).gluon is not None)

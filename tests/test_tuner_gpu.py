@@ -199,7 +199,7 @@ def test_a_jobs_backend_takes_the_job_and_the_workloads_file(module: Any) -> Non
     from kgen.tuner.workloads import load_workloads
 
     workloads = load_workloads()
-    bucket = workloads.bucket[0]
+    bucket = workloads.bucket_named("b2-8")
     job = TuneJob("sm_90", LAYOUTS["gqa64"], "bfloat16", "bfloat16", 8, bucket, tuple(workloads.workloads(bucket)))
     be = GpuBackend.for_job(module, job, workloads, 60 << 20)
     assert (be.arch, be.layout, be.group_size, be.num_kv_heads) == ("sm_90", job.layout, 8, workloads.num_kv_heads)

@@ -34,7 +34,7 @@ WORKLOADS = load_workloads()
 
 
 def job_for(arch: str, layout: str, group: int, kv: str = "bfloat16") -> TuneJob:
-    bucket = WORKLOADS.bucket[0]
+    bucket = WORKLOADS.bucket_named("b2-8")
     return TuneJob(arch, LAYOUTS[layout], kv, "bfloat16", group, bucket, tuple(WORKLOADS.workloads(bucket)))
 
 

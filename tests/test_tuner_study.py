@@ -39,13 +39,13 @@ DONE = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 
 def job_for(bucket: Bucket | None = None, arch: str = "sm_90") -> TuneJob:
-    bucket = bucket or WORKLOADS.bucket[0]
+    bucket = bucket or WORKLOADS.bucket_named("b2-8")
     return TuneJob(arch, LAYOUTS["gqa64"], "bfloat16", "bfloat16", 8, bucket, tuple(WORKLOADS.workloads(bucket)))
 
 
 def fresh_bucket() -> Bucket:
     """A bucket with a unique name: a unique study in a shared database."""
-    return WORKLOADS.bucket[0].model_copy(update={"name": f"t{uuid.uuid4().hex[:12]}"})
+    return WORKLOADS.bucket_named("b2-8").model_copy(update={"name": f"t{uuid.uuid4().hex[:12]}"})
 
 
 def test_cache_dir_and_default_storage(tmp_path: Path) -> None:
@@ -59,16 +59,16 @@ def test_study_name_is_stable_and_names_the_key() -> None:
     space = build_space(job, SPACES)
     name = study_name(job, space)
     assert name == study_name(job_for(), build_space(job_for(), SPACES))
-    for part in ("sm_90", "gqa64", "bfloat16", "g8", "b1-8"):
+    for part in ("sm_90", "gqa64", "bfloat16", "g8", "b2-8"):
         assert part in name
-    other = job_for(WORKLOADS.bucket[1])
+    other = job_for(WORKLOADS.bucket_named("b9-32"))
     assert study_name(other, build_space(other, SPACES)) != name
 
 
 # ----------------------------------------------------------------- resume after SIGKILL
 
 
-def tune_cmd(storage: str, trials: int, delay: float, bucket: str = "b1-8") -> list[str]:
+def tune_cmd(storage: str, trials: int, delay: float, bucket: str = "b2-8") -> list[str]:
     return [
         sys.executable,
         "-m",

@@ -32,7 +32,7 @@ DEFAULT = BlockConfig(block_h=8, block_n=64, num_warps=8, num_stages=2)
 TUNED = BlockConfig(block_h=4, block_n=32, num_warps=4, num_stages=3)
 
 
-def result(bucket: str = "b1-8", group: int = 8, replaced: bool = True, arch: str = "sm_90") -> JobResult:
+def result(bucket: str = "b2-8", group: int = 8, replaced: bool = True, arch: str = "sm_90") -> JobResult:
     b = WORKLOADS.bucket_named(bucket)
     job = TuneJob(arch, LAYOUTS["gqa128"], "bfloat16", "bfloat16", group, b, tuple(WORKLOADS.workloads(b)))
     chosen = TUNED if replaced else DEFAULT
@@ -72,7 +72,7 @@ def test_write_read_round_trip_with_metadata_and_measurements(tmp_path: Path) ->
         tuned_us=100.0,
         default_us=120.0,
         noise_pct=1.5,
-        workloads=[w.model_dump() for w in WORKLOADS.workloads(WORKLOADS.bucket[0])],
+        workloads=[w.model_dump() for w in WORKLOADS.workloads(WORKLOADS.bucket_named("b2-8"))],
         gpu_name="NVIDIA H200",
     )
     assert back.lookup("gqa128", "bfloat16", 8, 5000).config == DEFAULT  # the open-ended last bucket
