@@ -59,6 +59,8 @@ def chosen_program(module, args) -> tuple[str, dict, dict]:
             config["gluon"] = {"block_n": block_n, "num_stages": stages, "lazy_rescale": args.lazy}
             if args.gluon_converters:
                 config["gluon"]["converters"] = args.gluon_converters
+            if args.gluon_landing:
+                config["gluon"]["landing_stages"] = args.gluon_landing
     launches = module.launch_params("sm_90", 132, args.group, args.batch, args.draft, args.page_size, config,
                                     has_mask=args.mask)
     if not launches:
@@ -158,6 +160,9 @@ def main() -> int:
                     help="the Gluon prefix stage with this gluon section (where the module has one, under Triton 3.6)")
     ap.add_argument("--gluon-converters", type=int, choices=(1, 2),
                     help="the gluon section's converters (FP8 GQA: 2 beside two consumers is a fourth warpgroup)")
+    ap.add_argument("--gluon-landing", type=int, choices=(2, 3, 4),
+                    help="the gluon section's landing_stages (FP8 GQA: one converter lands the rows in a ring of this "
+                         "many tiles)")
     ap.add_argument("--mask", action="store_true", help="the custom-mask (tree) program (HAS_MASK)")
     ap.add_argument("--as-launched", action="store_true",
                     help="the module's own choice (its table row or default) instead of the config flags: "

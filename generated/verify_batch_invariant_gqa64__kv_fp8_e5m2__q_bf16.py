@@ -644,6 +644,10 @@ def _verify_merge_stage(
 #             arrives on `ready` of its own tiles' stages only), and two tiles are in flight: where
 #             consumer 1 has no rows (GROUP x L_PAD <= 64) its warpgroup is the second converter;
 #             beside two consumers a fourth warpgroup is (16 warps, head dims to 128).
+#             With a landing ring (LANDING_STAGES, a section's landing_stages) the one converter
+#             cp.asyncs each tile's rows as stored into a ring of its own, LANDING_STAGES - 1
+#             tiles ahead, and converts a landed tile from shared memory into the stage: the
+#             tiles in flight sit in shared memory, not in its registers.
 #
 # FP8 KV: the stages, q and P are fp16; q is scaled by K's descale once (as the Triton kernel
 # does), and V's descale multiplies the prefix's P.V once.
@@ -657,6 +661,10 @@ def _verify_merge_stage(
 #             written by the converters' stores, read by both consumers' wgmma
 #   ready, empty [NUM_STAGES]   the ring's mbarriers (pipeline.py.j2 says how they count;
 #             `empty` completes when every consumer with rows released the stage)
+#   landing_k, landing_v [LANDING_STAGES, BLOCK_N, 64]   the landing ring (e5m2, where the
+#             section asks for one): written by the converter's cp.async, read back by the
+#             converter alone (each thread its own copies' bytes); q then takes one tile a
+#             consumer with rows
 # ---------------------------------------------------------------------------------------
 GLUON_NUM_WARPS = tl.constexpr(4)  # the default partition: consumer 0's warpgroup
 GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup of converting gathers
@@ -842,6 +850,10 @@ if _HAS_GLUON:
     # the MMA warps puts the conversion on their chain. So this producer loads a tile's rows into
     # registers, converts them to fp16 (cvt.rn.f16x2.e5m2x2: exact) and stores them into the
     # stage; `ready` then counts one arrival, after the warps' stores and a proxy fence.
+    # GQA's converters take the rows into registers straight from the pool
+    # (_gluon_converting_producer: one tile in flight a converter), or land them first with
+    # cp.async in a ring of their own, several tiles ahead (_gluon_landing_converter: a gluon
+    # section's landing_stages, where shared memory holds the ring beside the stages).
 
     @gluon.jit
     def _gluon_fp8_rows(src, row, col0, COLS: gl.constexpr, LOAD: gl.constexpr):
@@ -875,6 +887,23 @@ if _HAS_GLUON:
         cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, LOAD))
         rows = gl.load(K_Extend + row[:, None] + cols[None, :], mask=in_rows[:, None], other=0.0)
         dst.slice(col0, COLS, dim=1).store(rows.to(dst.dtype))
+
+    @gluon.jit
+    def _gluon_fill_draft_tile(K_Extend, V_Extend, k_stages, v_stages, ready, empty, t, q_start, q_len, ke_head,
+                               stride_ke_tok, ve_head, stride_ve_tok, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """The draft tile (tile t of the ring) as fp16: draft token j is row j; rows past the draft
+        are zeros."""
+        DRAFT_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, DRAFT_LOAD))
+        in_rows = offs_n < q_len
+        stage, parity = _gluon_ring_slot(t, NUM_STAGES)
+        mbarrier.wait(empty.index(stage), parity ^ 1)
+        for c in gl.static_range(NOPE_DIM // 64):
+            _gluon_store_draft_rows(k_stages.index(stage), K_Extend, (q_start + offs_n) * stride_ke_tok + ke_head,
+                                    c * 64, in_rows, 64, DRAFT_LOAD)
+            _gluon_store_draft_rows(v_stages.index(stage), V_Extend, (q_start + offs_n) * stride_ve_tok + ve_head,
+                                    c * 64, in_rows, 64, DRAFT_LOAD)
+        _gluon_stage_filled(ready, stage)
 
     @gluon.jit
     def _gluon_converting_producer(K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready,
@@ -920,18 +949,86 @@ if _HAS_GLUON:
         # them at or past num_tiles; every term non-negative, so `%` needs no sign care).
         draft_t = num_tiles + (TILE_STEP + FIRST_TILE - num_tiles % TILE_STEP) % TILE_STEP
         for t in range(draft_t, num_tiles + draft_tiles, TILE_STEP):
-            # The draft tile: draft token j is row j; rows past the draft are zeros.
-            DRAFT_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
-            offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, DRAFT_LOAD))
-            in_rows = offs_n < q_len
+            _gluon_fill_draft_tile(K_Extend, V_Extend, k_stages, v_stages, ready, empty, t, q_start, q_len, ke_head,
+                                   stride_ke_tok, ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES)
+
+    @gluon.jit
+    def _gluon_land_tile(k_slot, v_slot, K_Buffer, V_Buffer, k_row, v_row, in_split, LOAD: gl.constexpr):
+        """cp.async one tile's e5m2 K and V rows (element offsets k_row, v_row) into a landing
+        slot as stored, 16 bytes a copy, then one commit group. Rows outside the split read
+        nothing (a tile past the split's last issues an empty group)."""
+        cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, LOAD))
+        async_copy.async_copy_global_to_shared(k_slot, K_Buffer + k_row[:, None] + cols[None, :],
+                                               mask=in_split[:, None])
+        async_copy.async_copy_global_to_shared(v_slot, V_Buffer + v_row[:, None] + cols[None, :],
+                                               mask=in_split[:, None])
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _gluon_landing_rows(table_words, first_tok, split_end, page_shift, stride_k_page, stride_k_slot, head_off,
+                            stride_v_page, stride_v_slot, v_head_off, BLOCK_N: gl.constexpr, LOAD: gl.constexpr,
+                            INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
+        """(K row offsets, V row offsets, which rows are in the split) of the tile from first_tok,
+        in LOAD's row layout, from one read of the table. Rows past the split point at its last
+        token (any row of the pool would do: their copies are masked off)."""
+        tok = first_tok + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD))
+        in_split = tok < split_end
+        tok = gl.minimum(tok, split_end - 1)
+        entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
+        k_row = _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off, BLOCK_TABLE)
+        v_row = _gluon_row_offsets(entries, tok, page_shift, stride_v_page, stride_v_slot, v_head_off, BLOCK_TABLE)
+        return k_row, v_row, in_split
+
+    @gluon.jit
+    def _gluon_landing_converter(K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, landing_k,
+                                 landing_v, ready, empty, split_start, split_end, num_tiles, draft_tiles, page_shift,
+                                 stride_k_page, stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off,
+                                 q_start, q_len, ke_head, stride_ke_tok, ve_head, stride_ve_tok,
+                                 BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, LANDING_STAGES: gl.constexpr,
+                                 INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
+        """The converting producer partition of FP8 KV with a landing ring (4 warps): the split's K
+        and V tiles, then (draft_tiles == 1) the draft rows, into the fp16 stages as
+        _gluon_converting_producer fills them. Tile t lands as stored (e5m2) in landing slot
+        t % LANDING_STAGES by cp.async, issued LANDING_STAGES - 1 tiles before it is converted:
+        that many tiles are in flight in shared memory, not in registers, while this warpgroup
+        waits for a free stage and converts. A thread reads back exactly the bytes its own copies
+        wrote (LOAD for both over an unswizzled slot), so its own cp.async groups are all it
+        waits for. The table entries of the next tile to land are read a tile ahead."""
+        gl.static_assert(NOPE_DIM == V_HEAD_DIM and NOPE_DIM // 16 <= 32, "K and V rows of one width, at most 512")
+        gl.static_assert(LANDING_STAGES >= 2, "a landing ring holds the tile converted and one in flight")
+        LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (NOPE_DIM // 16), NOPE_DIM // 16],
+                                              [GLUON_PRODUCER_WARPS, 1], [1, 0])
+        for i in gl.static_range(LANDING_STAGES - 1):
+            k_row, v_row, in_split = _gluon_landing_rows(
+                table_words, split_start + i * BLOCK_N, split_end, page_shift, stride_k_page, stride_k_slot,
+                head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
+            _gluon_land_tile(landing_k.index(i), landing_v.index(i), K_Buffer, V_Buffer, k_row, v_row,
+                             in_split, LOAD)
+        k_row, v_row, in_split = _gluon_landing_rows(
+            table_words, split_start + (LANDING_STAGES - 1) * BLOCK_N, split_end, page_shift, stride_k_page,
+            stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, LOAD, INDEX_WORDS,
+            BLOCK_TABLE)
+        for t in range(num_tiles):
+            # Tile t + LANDING_STAGES - 1 into the slot tile t - 1 left (this thread read its bytes).
+            ahead = t + LANDING_STAGES - 1
+            slot_ahead = ahead % LANDING_STAGES
+            _gluon_land_tile(landing_k.index(slot_ahead), landing_v.index(slot_ahead), K_Buffer, V_Buffer, k_row,
+                             v_row, in_split, LOAD)
+            k_row, v_row, in_split = _gluon_landing_rows(
+                table_words, split_start + (ahead + 1) * BLOCK_N, split_end, page_shift, stride_k_page,
+                stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, LOAD, INDEX_WORDS,
+                BLOCK_TABLE)
+            async_copy.wait_group(LANDING_STAGES - 1)  # this thread's copies of tile t have landed
             stage, parity = _gluon_ring_slot(t, NUM_STAGES)
-            mbarrier.wait(empty.index(stage), parity ^ 1)
-            for c in gl.static_range(NOPE_DIM // 64):
-                _gluon_store_draft_rows(k_stages.index(stage), K_Extend, (q_start + offs_n) * stride_ke_tok + ke_head,
-                                        c * 64, in_rows, 64, DRAFT_LOAD)
-                _gluon_store_draft_rows(v_stages.index(stage), V_Extend, (q_start + offs_n) * stride_ve_tok + ve_head,
-                                        c * 64, in_rows, 64, DRAFT_LOAD)
+            mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
+            slot = t % LANDING_STAGES
+            k_stages.index(stage).store(landing_k.index(slot).load(LOAD).to(k_stages.dtype))
+            v_stages.index(stage).store(landing_v.index(slot).load(LOAD).to(v_stages.dtype))
             _gluon_stage_filled(ready, stage)
+        async_copy.wait_group(0)  # the empty groups issued past the split's last tile
+        for t in range(num_tiles, num_tiles + draft_tiles):
+            _gluon_fill_draft_tile(K_Extend, V_Extend, k_stages, v_stages, ready, empty, t, q_start, q_len, ke_head,
+                                   stride_ke_tok, ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES)
 
     # ---- the consumers ------------------------------------------------------------------
 
@@ -1158,6 +1255,7 @@ if _HAS_GLUON:
         BLOCK_TABLE: gl.constexpr,
         USE_PDL: gl.constexpr,
         CONVERTERS: gl.constexpr,
+        LANDING_STAGES: gl.constexpr,
     ):
         """The prefix stage on SGLang's token-slot pool or vLLM's block tables (BLOCK_TABLE): the
         same grid, split plan, partials and draft tile as _verify_prefix_stage, so
@@ -1191,7 +1289,10 @@ if _HAS_GLUON:
         if split < num_written and first_row < q_len:  # a row block past the draft has no rows
             slot = _gluon_first_slot(table_start, batch, tokens_per_split, slots_per_request) + split
             STAGE_DTYPE: gl.constexpr = gl.float16  # e5m2 tiles, q and P in fp16 (the producer converts)
-            q_smem = gl.allocate_shared_memory(STAGE_DTYPE, [2, 64, NOPE_DIM], TILE_SMEM)
+            # With a landing ring, q takes a tile for each consumer with rows only: the ring fits in
+            # what an idle consumer's tile would take (rules.gluon_shared_bytes).
+            Q_TILES: gl.constexpr = CONSUMERS if LANDING_STAGES > 0 else 2
+            q_smem = gl.allocate_shared_memory(STAGE_DTYPE, [Q_TILES, 64, NOPE_DIM], TILE_SMEM)
             k_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, NOPE_DIM], TILE_SMEM)
             v_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, V_HEAD_DIM], TILE_SMEM)
             ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -1206,9 +1307,47 @@ if _HAS_GLUON:
             table_words = Kv_Table.to(gl.pointer_type(gl.int32)) + table_start * INDEX_WORDS
             # The launch chooses the converters (rules.gluon_converters); two take the odd and the
             # even tiles, so two tiles' rows are in flight where one converter, holding a tile in
-            # registers until its stage frees, keeps one.
+            # registers until its stage frees, keeps one. With a landing ring (LANDING_STAGES > 0,
+            # the section's landing_stages) one converter keeps LANDING_STAGES - 1 tiles in flight
+            # in shared memory.
             gl.static_assert((CONVERTERS == 1) | (CONVERTERS == 2), "one converter or two (rules.gluon_converters)")
-            if CONVERTERS == 1:
+            gl.static_assert((LANDING_STAGES == 0) | (CONVERTERS == 1), "a landing ring has one converter")
+            if LANDING_STAGES > 0:
+                # The landing ring: e5m2 K and V rows as stored, unswizzled (only the converter's
+                # own threads read it, each the bytes it copied).
+                LANDING_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+                landing_k = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [LANDING_STAGES, BLOCK_N, NOPE_DIM],
+                                                      LANDING_SMEM)
+                landing_v = gl.allocate_shared_memory(V_Buffer.dtype.element_ty,
+                                                      [LANDING_STAGES, BLOCK_N, V_HEAD_DIM], LANDING_SMEM)
+                gl.warp_specialize([
+                    (_gluon_consumer, (
+                        Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
+                        empty, q_start, q_len, kv_head, head_block,
+                        first_row, slot,
+                        batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
+                        qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
+                        stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
+                        stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
+                        BLOCK_TABLE)),
+                    (_gluon_consumer, (
+                        Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
+                        empty, q_start, q_len, kv_head, head_block,
+                        first_row, slot,
+                        batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
+                        qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
+                        stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
+                        stride_pl_head, 1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
+                        BLOCK_TABLE)),
+                    (_gluon_landing_converter, (
+                        K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, landing_k, landing_v, ready,
+                        empty, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
+                        kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
+                        kv_head.to(gl.int64) * stride_v_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
+                        stride_ke_tok, kv_head.to(gl.int64) * stride_ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES,
+                        LANDING_STAGES, INDEX_WORDS, BLOCK_TABLE)),
+                ], [4, GLUON_PRODUCER_WARPS], [GLUON_CONSUMER_REGISTERS, GLUON_PRODUCER_REGISTERS])
+            elif CONVERTERS == 1:
                 # One converter fills every tile (consumer 1, where it has no rows, returns at once).
                 gl.warp_specialize([
                     (_gluon_consumer, (

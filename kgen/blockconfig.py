@@ -109,13 +109,18 @@ class GluonConfig(BaseModel):
     # else one). 2: also beside two consumers, as a fourth warpgroup (head dims to 128); 1: never
     # two (rules.gluon_converters).
     converters: Literal[1, 2] | None = None
+    # FP8 GQA: tiles in the converter's landing ring (None: none, the converters hold their tiles
+    # in registers). The rows land with cp.async that many tiles minus one ahead, and one
+    # converter turns them into the fp16 stages (rules.gluon_landing_refusal).
+    landing_stages: int | None = Field(default=None, ge=2, le=4)
 
     def short(self) -> str:
         from_rows = f" from_rows={self.from_rows}" if self.from_rows else ""
         converters = f" converters={self.converters}" if self.converters else ""
+        landing = f" landing={self.landing_stages}" if self.landing_stages else ""
         return (f"gluon(BLOCK_N={self.block_n} stages={self.num_stages}{' lazy_rescale' if self.lazy_rescale else ''} "
                 f"split(ppsm={self.split.programs_per_sm}, max={self.split.max_splits}, "
-                f"min_tok={self.split.min_tokens_per_split}){from_rows}{converters})")
+                f"min_tok={self.split.min_tokens_per_split}){from_rows}{converters}{landing})")
 
     def compact(self, splits: bool = True) -> str:
         """The section in ``BlockConfig.compact``'s notation: 'gluon(N64 s2 1/64/256)'."""
@@ -123,7 +128,8 @@ class GluonConfig(BaseModel):
         split = f" {self.split.compact()}" if splits else ""
         from_rows = f" from {self.from_rows} rows" if self.from_rows else ""
         converters = f" {self.converters} converters" if self.converters else ""
-        return f"gluon(N{self.block_n} s{self.num_stages}{lazy}{split}{from_rows}{converters})"
+        landing = f" landing {self.landing_stages}" if self.landing_stages else ""
+        return f"gluon(N{self.block_n} s{self.num_stages}{lazy}{split}{from_rows}{converters}{landing})"
 
 
 class BlockConfig(BaseModel):

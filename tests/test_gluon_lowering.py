@@ -261,6 +261,7 @@ def _warp_roles(job: dict) -> dict:
     reallocations = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
     return {"setmaxnreg": sorted({(kind, int(n)) for kind, n in reallocations}),
             "copy_arrivals": ptx.count("cp.async.mbarrier.arrive.noinc"),
+            "copy_groups": ptx.count("cp.async.commit_group"),
             "waits": ptx.count("mbarrier.try_wait.parity"),
             "wgmma": ptx.count("wgmma.mma_async")}
 
@@ -477,3 +478,65 @@ def test_select_lowering_says_each_fp8_programs_converters(tmp_path: Path) -> No
         plan = plan_through_lowering(context(tmp_path, rows), GQA, "float8_e4m3fn")
         fits = {d.what: d for d in plan.decisions_of("select_lowering")}["sm_90 row group 8 batch 1-8"]
         assert "32 x 4 (2 converters) at L 3-4" in fits.why and f"{at_16} at L 9-16" in fits.why, fits.why
+
+
+# ------------------------------------------------ FP8 GQA: one converter with a landing ring
+
+
+@pytest.mark.parametrize(("landing", "draft", "converters"), [(3, 4, 1), (3, 16, 1), (None, 4, 2)])
+def test_a_landing_ring_makes_one_converter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            landing: int | None, draft: int, converters: int) -> None:
+    """A section's landing_stages reaches the launch as LANDING_STAGES with one converter, even
+    where consumer 1 has no rows (L 4: 32 rows); without it LANDING_STAGES is 0 and the rule's
+    converters stand."""
+    gluon = {**FP8_GQA_ROW, **({"landing_stages": landing} if landing else {})}
+    mod = _import(build_gqa(tmp_path, 8, gluon, "float8_e4m3fn"), f"fp8_landing_{landing}_{draft}")
+    monkeypatch.setattr(mod.LAUNCHER, "gluon_enabled", True)
+    name, constexprs, options = mod.launch_params("sm_90", 132, 8, 4, draft, None)[0]
+    assert name == GLUON and constexprs["LANDING_STAGES"] == (landing or 0)
+    assert constexprs["CONVERTERS"] == converters and options["maxnreg"] == 168
+
+
+def test_the_landing_ring_counts_in_shared_memory() -> None:
+    """GQA 128 FP8, 64-token tiles, 2 stages: each landing tile adds 64 tokens of e4m3 K and V."""
+    shape = rules.kernel_shape(128, 128, 1, True)
+    without = rules.gluon_shared_bytes(shape, 64, 2)
+    assert rules.gluon_shared_bytes(shape, 64, 2, 3) - without == 3 * 64 * 2 * 128
+
+
+@pytest.mark.parametrize(("layout", "kv", "extra", "why"), [
+    (GQA, "bfloat16", {}, "only GQA's FP8 programs land"),
+    (MLA, "float8_e4m3fn", {}, "only GQA's FP8 programs land"),
+    (GQA, "float8_e4m3fn", {"converters": 2}, "one converter; two converters hold their tiles in registers"),
+])
+def test_a_landing_ring_no_program_could_have_is_refused(tmp_path: Path, layout: str, kv: str, extra: dict,
+                                                         why: str) -> None:
+    gluon = {**(FP8_GQA_ROW if layout != MLA else GLUON_ROW), "landing_stages": 3, **extra}
+    ctx = context(tmp_path, table("sm_90", entry(layout, 16, gluon=gluon, kv=kv)))
+    with pytest.raises(TableError, match=f"the row for {layout} .*3-tile landing ring.*{why}.*remove landing_stages"):
+        plan_through_lowering(ctx, layout, kv)
+
+
+def test_select_lowering_says_a_programs_landing_ring(tmp_path: Path) -> None:
+    rows = table("sm_90", entry(GQA, 8, gluon={**FP8_GQA_ROW, "landing_stages": 3}, kv="float8_e4m3fn"))
+    plan = plan_through_lowering(context(tmp_path, rows), GQA, "float8_e4m3fn")
+    fits = {d.what: d for d in plan.decisions_of("select_lowering")}["sm_90 row group 8 batch 1-8"]
+    assert "32 x 4 (1 converter, a 3-tile landing ring) at L 3-4" in fits.why, fits.why
+
+
+@pytest.mark.parametrize("l_pad", [4, 16])
+def test_the_landing_converter_compiles_with_its_ring(tmp_path: Path, l_pad: int) -> None:
+    """Offline for sm_90 (GQA 128, group 8): the converter lands its rows by cp.async in commit
+    groups (no arrival on `ready` from the copies: it arrives after converting), the consumers
+    run wgmma, no spills at 64-token tiles, and shared memory within rules.gluon_shared_bytes
+    (at L_PAD 4 q takes one tile: consumer 1 has no rows)."""
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip("the Gluon prefix stage compiles under Triton 3.6 only")
+    gluon = {**FP8_GQA_ROW, "landing_stages": 3}
+    module, variant = gqa_variant(build_gqa(tmp_path, 8, gluon, "float8_e4m3fn"), l_pad, GROUP=8)
+    assert variant.constexprs["LANDING_STAGES"] == 3 and variant.constexprs["CONVERTERS"] == 1
+    result, roles = _compiled_with_roles(variant)
+    assert result["error"] is None, result["error"]
+    assert result["spill_stores"] == 0, result
+    assert result["shared"] <= rules.gluon_shared_bytes(module.LAUNCHER.identity.kernel_shape, 64, 2, 3)
+    assert roles["copy_groups"] > 0 and roles["copy_arrivals"] == 0 and roles["wgmma"] > 0, roles

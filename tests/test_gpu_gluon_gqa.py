@@ -20,7 +20,8 @@ that carries a ``gluon`` section, so the launcher picks the Gluon kernel (assert
   tiles with 3 where they fit shared memory (head dims 128 and 64), all with bf16 KV (FP8:
   e4m3fn); fp16 and e5m2 KV with 64-token tiles (dtype_config_pairs);
 - FP8: two converters beside two consumers (converters 2, a fourth warpgroup; head dims 128 and
-  64) as well as the launcher's rule (two only where consumer 1 has no rows);
+  64) as well as the launcher's rule (two only where consumer 1 has no rows), and one converter
+  with a landing ring of 3 tiles (landing_stages; head dims 128 and 64);
 - NaN in every pool slot no request names, in o before the call and in the split scratch;
 - separate K and V pools whose strides differ (V a view of a wider buffer);
 - the batch-invariant module.
@@ -64,8 +65,10 @@ FP8_KV = [kv for kv in SERVED_KV if kv in FP8_DTYPES]
 # the lazy rescale, and (head dims 128 and 64, where they fit shared memory) 128-token tiles.
 CONFIGS = {**{name: GLUON_CONFIGS[name] for name in ("n64s2", "n32s4lazy")},
            "n128s3": {"block_n": 128, "num_stages": 3, "lazy_rescale": False}}
-# FP8: two converters at every program, beside two consumers a fourth warpgroup.
-FP8_CONFIGS = {"n64s2c2": {"block_n": 64, "num_stages": 2, "lazy_rescale": False, "converters": 2}}
+# FP8: two converters at every program, beside two consumers a fourth warpgroup; one converter
+# with a landing ring of 3 tiles (head dims 128 and 64, where it fits shared memory).
+FP8_CONFIGS = {"n64s2c2": {"block_n": 64, "num_stages": 2, "lazy_rescale": False, "converters": 2},
+               "n64s2l3": {"block_n": 64, "num_stages": 2, "lazy_rescale": False, "landing_stages": 3}}
 ALL_CONFIGS = {**CONFIGS, **FP8_CONFIGS}
 BATCH = 4
 
@@ -76,12 +79,15 @@ def _groups(layout: str) -> list[int]:
 
 
 def _fits(layout: str, kv_dtype: str, gluon: dict) -> bool:
-    """The section fits shared memory and a converters section's converters are the module's."""
+    """The section fits shared memory and its converters and landing ring are the module's."""
     identity = kgen.load(layout, kv_dtype).LAUNCHER.identity
     shape = identity.kernel_shape
     if gluon.get("converters") and rules.gluon_converters_refusal(shape, gluon["converters"]):
         return False
-    need = rules.gluon_shared_bytes(shape, gluon["block_n"], gluon["num_stages"])
+    landing = gluon.get("landing_stages", 0)
+    if landing and rules.gluon_landing_refusal(shape, landing, gluon.get("converters")):
+        return False
+    need = rules.gluon_shared_bytes(shape, gluon["block_n"], gluon["num_stages"], landing)
     return need <= identity.targets["sm_90"]["shared_bytes"]
 
 

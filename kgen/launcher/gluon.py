@@ -61,7 +61,8 @@ class GluonPrefixStage:
         if gluon is None or not enabled or arch != identity.gluon_arch:
             return None
         rows = self.draft_rows(identity, max_len, gluon["block_n"], group, gluon.get("from_rows", 0))
-        shared = rules.gluon_shared_bytes(identity.kernel_shape, gluon["block_n"], gluon["num_stages"])
+        landing = gluon.get("landing_stages") or 0
+        shared = rules.gluon_shared_bytes(identity.kernel_shape, gluon["block_n"], gluon["num_stages"], landing)
         if rows is None or shared > identity.targets[arch]["shared_bytes"]:
             return None
         block_h, l_pad = rows
@@ -70,9 +71,10 @@ class GluonPrefixStage:
                       "HAS_MASK": has_mask, "BLOCK_TABLE": page_size is not None, "USE_PDL": pdl}
         shape = identity.kernel_shape
         consumers = rules.gluon_consumers(group, l_pad)
-        converters = rules.gluon_converters(shape, consumers, gluon.get("converters"))
-        if converters:  # an FP8 GQA program: its converter warpgroups are the launch's choice
+        converters = rules.gluon_converters(shape, consumers, gluon.get("converters"), landing)
+        if converters:  # an FP8 GQA program: its converter warpgroups and landing ring are the launch's choice
             constexprs["CONVERTERS"] = converters
+            constexprs["LANDING_STAGES"] = landing
         warps = rules.gluon_warps(consumers, converters)
         options = {"num_warps": kernels.gluon_num_warps, "num_stages": 1,
                    "maxnreg": rules.gluon_launch_registers(warps)}

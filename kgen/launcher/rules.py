@@ -275,18 +275,21 @@ def gluon_program_rows(shape: KernelShape) -> int:
     return GLUON_GQA_ROWS if shape["v_separate"] else GLUON_ROWS
 
 
-def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int) -> int:
+def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int, landing_stages: int = 0) -> int:
     """Shared memory of the Gluon prefix stage: q (16-bit) of a program's rows, NUM_STAGES
     gathered K tiles (and V tiles where V is its own buffer), absorbed MLA's fp32 rows (each
     stage's rescale row and the rows' final max and sum-exp; its P lives in its stage's PE slot),
+    an FP8 GQA converter's landing ring (``landing_stages`` tiles of the pool's rows as stored),
     plus the margin (measured with Triton 3.6 for sm_90: the mbarrier arrays and Triton's own
-    scratch add 336-352 bytes to these buffers)."""
+    scratch add 336-352 bytes to these buffers). q counts both consumers' rows, the most a
+    program of the shape takes."""
     rows = gluon_program_rows(shape)
     rows_fp32 = 0 if shape["v_separate"] else (num_stages + 2) * rows * 4
     # A stage holds 16-bit rows whatever the pool's bytes (an FP8 producer converts to fp16).
     stage_row_bytes = shape["kv_row_bytes"] // shape["kv_bytes"] * 2
     tiles = rows * shape["q_row_bytes"] + num_stages * block_n * stage_row_bytes
-    return tiles + rows_fp32 + SHARED_MARGIN_BYTES
+    landing = landing_stages * block_n * shape["kv_row_bytes"]
+    return tiles + rows_fp32 + landing + SHARED_MARGIN_BYTES
 
 
 def gluon_rows(shape: KernelShape, max_len: int, block_n: int) -> tuple[int, int] | None:
@@ -307,7 +310,9 @@ REGISTER_FILE = 65536  # 32-bit registers of an SM (sm_90)
 # tile in flight (docs/perf-notes.md, "GQA with FP8 KV: the converting producer"). Two converters
 # take the odd and the even tiles: in consumer 1's warpgroup where it has no rows (12 warps), or as
 # a fourth warpgroup beside two consumers (16 warps, 128 registers a thread at launch, which a
-# consumer's 64-row wgmma accumulator must fit: head dims to this).
+# consumer's 64-row wgmma accumulator must fit: head dims to this). Or one converter lands the
+# rows with cp.async in a ring of its own (a section's landing_stages, 2 to 4 tiles), several
+# tiles in flight in shared memory rather than registers.
 GLUON_FOUR_WARPGROUP_MAX_ACC = 128
 
 
@@ -328,12 +333,25 @@ def gluon_converters_refusal(shape: KernelShape, converters: int) -> str | None:
     return None
 
 
-def gluon_converters(shape: KernelShape, consumers: int, converters: int | None = None) -> int:
-    """Converter warpgroups of an FP8 GQA Gluon program (``consumers`` with rows): the section's
-    ``converters`` where the module takes it, else 2 where consumer 1's warpgroup has no rows
-    (it converts), 1 beside two consumers. 0 for a program that does not convert (cp.async)."""
+def gluon_landing_refusal(shape: KernelShape, landing_stages: int, converters: int | None) -> str | None:
+    """Why a gluon section's ``landing_stages`` cannot be this module's, or None."""
+    if not shape["v_separate"] or shape["kv_bytes"] != 1:
+        return "only GQA's FP8 programs land the pool's rows in a ring of their own"
+    if converters == 2:
+        return "a landing ring is filled and read by one converter; two converters hold their tiles in registers"
+    return None
+
+
+def gluon_converters(shape: KernelShape, consumers: int, converters: int | None = None,
+                     landing_stages: int = 0) -> int:
+    """Converter warpgroups of an FP8 GQA Gluon program (``consumers`` with rows): 1 where it
+    lands its rows in a ring (``landing_stages``), else the section's ``converters`` where the
+    module takes it, else 2 where consumer 1's warpgroup has no rows (it converts), 1 beside two
+    consumers. 0 for a program that does not convert (cp.async)."""
     if not shape["v_separate"] or shape["kv_bytes"] != 1:
         return 0
+    if landing_stages:
+        return 1
     if converters is not None and gluon_converters_refusal(shape, converters) is None:
         return converters
     return 2 if consumers == 1 else 1

@@ -123,7 +123,7 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
     A row's from_rows counts its group's rows; the default's (group None) is said, not applied."""
     gluon, arch = config.gluon, lowering.gluon_arch
     triton = config.model_copy(update={"gluon": None}).short()
-    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, gluon.block_n, gluon.num_stages)
+    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, gluon.block_n, gluon.num_stages, gluon.landing_stages or 0)
     limit = plan.fit.targets[arch]["shared_bytes"]
     if need > limit:
         return Decision(NAME, label, "Triton at every L",
@@ -159,19 +159,27 @@ def _program_of(plan: Plan, gluon: GluonConfig, group: int | None, draft: int) -
     shape = plan.fit.kernel_shape
     block_h, l_pad = rules.gluon_rows(shape, draft, gluon.block_n)
     converters = rules.gluon_converters(shape, rules.gluon_consumers(group or block_h, l_pad),
-                                        gluon.converters)
-    return f"{block_h} x {l_pad}" + (f" ({converters} converter{'s' if converters > 1 else ''})" if converters else "")
+                                        gluon.converters, gluon.landing_stages or 0)
+    landing = f", a {gluon.landing_stages}-tile landing ring" if converters and gluon.landing_stages else ""
+    return f"{block_h} x {l_pad}" + (f" ({converters} converter{'s' if converters > 1 else ''}{landing})"
+                                     if converters else "")
 
 
 def _refuse_program_fields(plan: Plan, gluon: GluonConfig | None, where: str) -> None:
-    """A TableError where a gluon section's converters are not this module's
-    (rules.gluon_converters_refusal): no launch could honour them."""
+    """A TableError where a gluon section's converters or landing ring are not this module's
+    (rules.gluon_converters_refusal, rules.gluon_landing_refusal): no launch could honour them."""
     if gluon is None:
         return
-    why = None if gluon.converters is None else rules.gluon_converters_refusal(plan.fit.kernel_shape, gluon.converters)
+    shape = plan.fit.kernel_shape
+    why = None if gluon.converters is None else rules.gluon_converters_refusal(shape, gluon.converters)
     if why:
         raise TableError(f"{where} asks its gluon section for {gluon.converters} converters, which this module's "
                          f"programs cannot have ({why}); remove converters")
+    why = (None if gluon.landing_stages is None
+           else rules.gluon_landing_refusal(shape, gluon.landing_stages, gluon.converters))
+    if why:
+        raise TableError(f"{where} asks its gluon section for a {gluon.landing_stages}-tile landing ring, which this "
+                         f"module's programs cannot have ({why}); remove landing_stages")
 
 
 def gluon_config_decisions(plan: Plan, lowering: Lowering) -> list[Decision]:
