@@ -1401,9 +1401,9 @@ if _HAS_GLUON:
                         stride_pl_head, 1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
                         BLOCK_TABLE)),
                     (_gluon_landing_converter, (
-                        K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, landing_k, landing_v, ready,
-                        empty, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
-                        kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
+                        K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, landing_k, landing_v,
+                        ready, empty, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
+                        stride_k_slot, kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
                         kv_head.to(gl.int64) * stride_v_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
                         stride_ke_tok, kv_head.to(gl.int64) * stride_ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES,
                         LANDING_STAGES, INDEX_WORDS, BLOCK_TABLE)),

@@ -540,3 +540,26 @@ def test_the_landing_converter_compiles_with_its_ring(tmp_path: Path, l_pad: int
     assert result["spill_stores"] == 0, result
     assert result["shared"] <= rules.gluon_shared_bytes(module.LAUNCHER.identity.kernel_shape, 64, 2, 3)
     assert roles["copy_groups"] > 0 and roles["copy_arrivals"] == 0 and roles["wgmma"] > 0, roles
+
+
+def test_a_landing_ring_that_does_not_fit_beside_two_consumers_is_left_out(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """GQA 256, group 4, 64-token tiles, 2 stages, a 2-tile ring: at L 16 (64 rows) q takes one
+    tile and the ring fits; at L 32 (128 rows) two consumers' q leave it no room, and the
+    program converts through registers (rules.gluon_landing_stages). select_lowering says both."""
+    layout = "qwen3_5_gqa256"
+    gluon = {**FP8_GQA_ROW, "landing_stages": 2}
+    rows = table("sm_90", entry(layout, 4, gluon=gluon, kv="float8_e4m3fn"))
+    ctx = context(tmp_path, rows)
+    mod = _import(Path(build_one(layout, "float8_e4m3fn", "bfloat16", ctx=ctx).output_path), "landing_gqa256")
+    monkeypatch.setattr(mod.LAUNCHER, "gluon_enabled", True)
+    landing = {}
+    for draft in (16, 32):
+        name, constexprs, _ = mod.launch_params("sm_90", 132, 4, 4, draft, None)[0]
+        assert name == GLUON
+        landing[draft] = (constexprs["LANDING_STAGES"], constexprs["CONVERTERS"])
+    assert landing == {16: (2, 1), 32: (0, 1)}
+    plan = plan_through_lowering(ctx, layout, "float8_e4m3fn")
+    fits = {d.what: d for d in plan.decisions_of("select_lowering")}["sm_90 row group 4 batch 1-8"]
+    assert "8 x 16 (1 converter, a 2-tile landing ring) at L 9-16" in fits.why, fits.why
+    assert "4 x 32 (1 converter) at L 17-32" in fits.why, fits.why

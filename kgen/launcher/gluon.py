@@ -61,16 +61,19 @@ class GluonPrefixStage:
         if gluon is None or not enabled or arch != identity.gluon_arch:
             return None
         rows = self.draft_rows(identity, max_len, gluon["block_n"], group, gluon.get("from_rows", 0))
-        landing = gluon.get("landing_stages") or 0
-        shared = rules.gluon_shared_bytes(identity.kernel_shape, gluon["block_n"], gluon["num_stages"], landing)
-        if rows is None or shared > identity.targets[arch]["shared_bytes"]:
+        if rows is None:
             return None
         block_h, l_pad = rows
+        shape = identity.kernel_shape
+        consumers = rules.gluon_consumers(group, l_pad)
+        limit = identity.targets[arch]["shared_bytes"]
+        landing = rules.gluon_landing_stages(shape, gluon["block_n"], gluon["num_stages"],
+                                             gluon.get("landing_stages"), consumers, limit)
+        if rules.gluon_shared_bytes(shape, gluon["block_n"], gluon["num_stages"], landing, consumers) > limit:
+            return None
         constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": gluon["block_n"],
                       "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale")),
                       "HAS_MASK": has_mask, "BLOCK_TABLE": page_size is not None, "USE_PDL": pdl}
-        shape = identity.kernel_shape
-        consumers = rules.gluon_consumers(group, l_pad)
         converters = rules.gluon_converters(shape, consumers, gluon.get("converters"), landing)
         if converters:  # an FP8 GQA program: its converter warpgroups and landing ring are the launch's choice
             constexprs["CONVERTERS"] = converters

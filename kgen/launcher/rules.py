@@ -275,19 +275,22 @@ def gluon_program_rows(shape: KernelShape) -> int:
     return GLUON_GQA_ROWS if shape["v_separate"] else GLUON_ROWS
 
 
-def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int, landing_stages: int = 0) -> int:
+def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int, landing_stages: int = 0,
+                       consumers: int = 2) -> int:
     """Shared memory of the Gluon prefix stage: q (16-bit) of a program's rows, NUM_STAGES
     gathered K tiles (and V tiles where V is its own buffer), absorbed MLA's fp32 rows (each
     stage's rescale row and the rows' final max and sum-exp; its P lives in its stage's PE slot),
     an FP8 GQA converter's landing ring (``landing_stages`` tiles of the pool's rows as stored),
     plus the margin (measured with Triton 3.6 for sm_90: the mbarrier arrays and Triton's own
-    scratch add 336-352 bytes to these buffers). q counts both consumers' rows, the most a
-    program of the shape takes."""
+    scratch add 336-352 bytes to these buffers). Beside a landing ring q takes a 64-row tile for
+    each of ``consumers`` (the consumers with rows, rules.gluon_consumers), else the program's
+    rows."""
     rows = gluon_program_rows(shape)
     rows_fp32 = 0 if shape["v_separate"] else (num_stages + 2) * rows * 4
+    q_rows = GLUON_ROWS * consumers if landing_stages else rows
     # A stage holds 16-bit rows whatever the pool's bytes (an FP8 producer converts to fp16).
     stage_row_bytes = shape["kv_row_bytes"] // shape["kv_bytes"] * 2
-    tiles = rows * shape["q_row_bytes"] + num_stages * block_n * stage_row_bytes
+    tiles = q_rows * shape["q_row_bytes"] + num_stages * block_n * stage_row_bytes
     landing = landing_stages * block_n * shape["kv_row_bytes"]
     return tiles + rows_fp32 + landing + SHARED_MARGIN_BYTES
 
@@ -340,6 +343,16 @@ def gluon_landing_refusal(shape: KernelShape, landing_stages: int, converters: i
     if converters == 2:
         return "a landing ring is filled and read by one converter; two converters hold their tiles in registers"
     return None
+
+
+def gluon_landing_stages(shape: KernelShape, block_n: int, num_stages: int, asked: int | None, consumers: int,
+                         shared_limit: int) -> int:
+    """Tiles of an FP8 GQA program's landing ring: the section's ``asked`` where the ring fits
+    shared memory beside q's tiles for its ``consumers`` with rows, else 0 (the converters take
+    their rows through registers: at head dim 256, two consumers' q leaves no room for it)."""
+    if not asked or gluon_shared_bytes(shape, block_n, num_stages, asked, consumers) > shared_limit:
+        return 0
+    return asked
 
 
 def gluon_converters(shape: KernelShape, consumers: int, converters: int | None = None,

@@ -123,7 +123,9 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
     A row's from_rows counts its group's rows; the default's (group None) is said, not applied."""
     gluon, arch = config.gluon, lowering.gluon_arch
     triton = config.model_copy(update={"gluon": None}).short()
-    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, gluon.block_n, gluon.num_stages, gluon.landing_stages or 0)
+    # A landing ring that does not fit a program is left out of it (rules.gluon_landing_stages):
+    # the section fits where its stages and q do.
+    need = rules.gluon_shared_bytes(plan.fit.kernel_shape, gluon.block_n, gluon.num_stages)
     limit = plan.fit.targets[arch]["shared_bytes"]
     if need > limit:
         return Decision(NAME, label, "Triton at every L",
@@ -140,7 +142,7 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
     because = list(dict.fromkeys(why_triton[n] for n in triton_at))
     by_rows: dict[str, list[int]] = {}
     for n in gluon_at:
-        by_rows.setdefault(_program_of(plan, gluon, group, invariant_draft or n), []).append(n)
+        by_rows.setdefault(_program_of(plan, gluon, group, invariant_draft or n, limit), []).append(n)
     programs = ", ".join(f"{program} at L {ranges(ns)}" for program, ns in by_rows.items())
     return Decision(
         NAME, label, f"Gluon at L {ranges(gluon_at)}" if gluon_at else "Triton at every L",
@@ -152,16 +154,18 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
         f"it fits: {need} of {limit} B")
 
 
-def _program_of(plan: Plan, gluon: GluonConfig, group: int | None, draft: int) -> str:
+def _program_of(plan: Plan, gluon: GluonConfig, group: int | None, draft: int, shared_limit: int) -> str:
     """'BLOCK_H x L_PAD' of the program a draft launches (rules.gluon_rows), with its converter
-    warpgroups where it converts FP8 in them (rules.gluon_converters; the default's group None
-    counts no group's rows)."""
+    warpgroups where it converts FP8 in them (rules.gluon_converters) and its landing ring where
+    one fits (rules.gluon_landing_stages; the default's group None counts no group's rows)."""
     shape = plan.fit.kernel_shape
     block_h, l_pad = rules.gluon_rows(shape, draft, gluon.block_n)
-    converters = rules.gluon_converters(shape, rules.gluon_consumers(group or block_h, l_pad),
-                                        gluon.converters, gluon.landing_stages or 0)
-    landing = f", a {gluon.landing_stages}-tile landing ring" if converters and gluon.landing_stages else ""
-    return f"{block_h} x {l_pad}" + (f" ({converters} converter{'s' if converters > 1 else ''}{landing})"
+    consumers = rules.gluon_consumers(group or block_h, l_pad)
+    landing = rules.gluon_landing_stages(shape, gluon.block_n, gluon.num_stages, gluon.landing_stages, consumers,
+                                         shared_limit)
+    converters = rules.gluon_converters(shape, consumers, gluon.converters, landing)
+    landing_note = f", a {landing}-tile landing ring" if converters and landing else ""
+    return f"{block_h} x {l_pad}" + (f" ({converters} converter{'s' if converters > 1 else ''}{landing_note})"
                                      if converters else "")
 
 
