@@ -998,6 +998,9 @@ if _HAS_GLUON:
         gl.static_assert(LANDING_STAGES >= 2, "a landing ring holds the tile converted and one in flight")
         LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (NOPE_DIM // 16), NOPE_DIM // 16],
                                               [GLUON_PRODUCER_WARPS, 1], [1, 0])
+        PASS_ROWS: gl.constexpr = 32 // (NOPE_DIM // 16) * GLUON_PRODUCER_WARPS  # LOAD's rows in one pass
+        CHUNK_ROWS: gl.constexpr = min(BLOCK_N, max(PASS_ROWS, 4096 // NOPE_DIM))
+        gl.static_assert(CHUNK_ROWS % PASS_ROWS == 0 and BLOCK_N % CHUNK_ROWS == 0, "chunks of whole passes")
         for i in gl.static_range(LANDING_STAGES - 1):
             k_row, v_row, in_split = _gluon_landing_rows(
                 table_words, split_start + i * BLOCK_N, split_end, page_shift, stride_k_page, stride_k_slot,
@@ -1022,8 +1025,14 @@ if _HAS_GLUON:
             stage, parity = _gluon_ring_slot(t, NUM_STAGES)
             mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
             slot = t % LANDING_STAGES
-            k_stages.index(stage).store(landing_k.index(slot).load(LOAD).to(k_stages.dtype))
-            v_stages.index(stage).store(landing_v.index(slot).load(LOAD).to(v_stages.dtype))
+            # 4 KB of each of K and V at a time (32 bytes a thread), so the converter holds a
+            # chunk's rows and their fp16, not the tile's. A chunk's rows are whole passes of
+            # LOAD's rows: each thread still reads only the bytes it copied.
+            for c in gl.static_range(BLOCK_N // CHUNK_ROWS):
+                k_stages.index(stage).slice(c * CHUNK_ROWS, CHUNK_ROWS, dim=0).store(
+                    landing_k.index(slot).slice(c * CHUNK_ROWS, CHUNK_ROWS, dim=0).load(LOAD).to(k_stages.dtype))
+                v_stages.index(stage).slice(c * CHUNK_ROWS, CHUNK_ROWS, dim=0).store(
+                    landing_v.index(slot).slice(c * CHUNK_ROWS, CHUNK_ROWS, dim=0).load(LOAD).to(v_stages.dtype))
             _gluon_stage_filled(ready, stage)
         async_copy.wait_group(0)  # the empty groups issued past the split's last tile
         for t in range(num_tiles, num_tiles + draft_tiles):
