@@ -83,7 +83,8 @@ def test_sm90_gqa_searches_its_gluon_stage(layout: str, kv: str) -> None:
     """GQA with 16-bit or FP8 KV has its own Gluon prefix stage (kgen/templates/gluon_gqa/): its
     studies search the lowering axis too, pruned by its rules (128-row programs)."""
     space = space_for("sm_90", layout, LAYOUTS[layout].attention.group_sizes[0], kv)
-    assert set(space.gluon_axes) == GLUON_AXES and space.conditional
+    landing = {"gluon.landing_stages"} if kv == "float8_e4m3fn" else set()  # FP8 GQA's landing ring
+    assert set(space.gluon_axes) == GLUON_AXES | landing and space.conditional
     assert "gluon_gqa/ws_prefix_stage.py.j2" in space.gluon_note
 
 
@@ -355,3 +356,19 @@ def test_a_gluon_section_below_its_from_rows_is_not_timed_as_gluon() -> None:
     config = space.shape.default.model_copy(update={"gluon": gluon})
     assert "32 rows a KV head, under the section's from_rows 64" in space.why_not(config)
     assert space.why_not(config.model_copy(update={"gluon": gluon.model_copy(update={"from_rows": 32})})) is None
+
+
+def test_a_landing_trial_carries_its_ring_and_one_that_fits_no_program_is_pruned() -> None:
+    """FP8 GQA 256: a trial's landing_stages reaches its gluon section (0: none); at group 16
+    and L 16 (two consumers, head dim 256) a ring fits no program, so such a trial is pruned,
+    while at L 4 (one consumer) it runs."""
+    params = {"lowering": "gluon", "gluon.block_n": 64, "gluon.num_stages": 2, "gluon.lazy_rescale": 0,
+              "gluon.programs_per_sm": 1, "gluon.max_splits": 64, "gluon.min_tokens_per_split": 128}
+    for draft, pruned in ((4, False), (16, True)):
+        space = space_for("sm_90", "qwen3_5_gqa256", 16, "float8_e4m3fn", drafts=(draft,))
+        ring = space.config({**params, "gluon.landing_stages": 2})
+        assert ring.gluon.landing_stages == 2
+        assert space.config({**params, "gluon.landing_stages": 0}).gluon.landing_stages is None
+        why = space.why_not(ring)
+        assert (why is not None and "landing ring fits no program" in why) is pruned, why
+        assert space.params_of(ring)[0]["gluon.landing_stages"] == 2

@@ -177,8 +177,11 @@ class GluonSpace(BaseModel):
     programs_per_sm: tuple[int, ...] = Field(min_length=1)
     max_splits: tuple[int, ...] = Field(min_length=1)
     min_tokens_per_split: tuple[int, ...] = Field(min_length=1)
+    # FP8 GQA's landing ring (GluonConfig.landing_stages; 0: none). An axis only in the studies
+    # whose programs may have one (rules.gluon_landing_refusal).
+    landing_stages: tuple[int, ...] = (0,)
 
-    @field_validator("block_n", "num_stages", "lazy_rescale", *SPLIT_AXES)
+    @field_validator("block_n", "num_stages", "lazy_rescale", "landing_stages", *SPLIT_AXES)
     @classmethod
     def _sorted(cls, values: tuple) -> tuple:
         return _sorted_unique(values)
@@ -191,11 +194,19 @@ class GluonSpace(BaseModel):
         for name in SPLIT_AXES:
             for value in getattr(self, name):
                 SplitPolicy(**{name: value})
+        for landing in self.landing_stages:
+            if landing:
+                GluonConfig(block_n=self.block_n[0], num_stages=self.num_stages[0], landing_stages=landing)
         return self
 
-    def axes(self) -> dict[str, tuple[int, ...]]:
-        """The Optuna parameters of the Gluon branch and their choices."""
-        return {GLUON_PARAM + n: tuple(getattr(self, n)) for n in (*GLUON_KERNEL_AXES, *SPLIT_AXES)}
+    def axes(self, kernel_shape: dict) -> dict[str, tuple[int, ...]]:
+        """The Optuna parameters of the Gluon branch and their choices for a module of this
+        kernel shape: landing_stages where its programs may land their rows and the file
+        offers more than one choice."""
+        names = (*GLUON_KERNEL_AXES, *SPLIT_AXES)
+        if len(self.landing_stages) > 1 and rules.gluon_landing_refusal(kernel_shape, 2, None) is None:
+            names += ("landing_stages",)
+        return {GLUON_PARAM + n: tuple(getattr(self, n)) for n in names}
 
 
 class SpacesFile(BaseModel):
@@ -435,7 +446,23 @@ def gluon_why_not(gluon: GluonConfig, shape: ProblemShape, profile: ArchProfile)
                 f"at L={draft} the launcher runs the Triton kernel: the draft does not fit one {gluon.block_n}-token "
                 f"tile or a program's {rules.gluon_program_rows(shape.kernel)} rows (rules.gluon_rows)"
             )
-    return None
+    return _landing_why_not(gluon, shape, limit)
+
+
+def _landing_why_not(gluon: GluonConfig, shape: ProblemShape, limit: int) -> str | None:
+    """Why a section's landing ring would change no launch of this study, or None: where it
+    fits none of the study's programs the launcher leaves it out of them all
+    (rules.gluon_landing_stages), and the trial would time the section without it."""
+    if not gluon.landing_stages:
+        return None
+    for draft in shape.drafts:
+        _, l_pad = rules.gluon_rows(shape.kernel, draft, gluon.block_n)
+        consumers = rules.gluon_consumers(shape.group_size, l_pad)
+        if rules.gluon_landing_stages(shape.kernel, gluon.block_n, gluon.num_stages, gluon.landing_stages,
+                                      consumers, limit):
+            return None
+    return (f"its {gluon.landing_stages}-tile landing ring fits no program of the study (rules.gluon_landing_stages): "
+            f"the trial would time the section without it")
 
 
 def gluon_searched(profile: ArchProfile, shape: ProblemShape, triton_version: str | None) -> tuple[bool, str]:
@@ -503,7 +530,7 @@ class SearchSpace:
             )
         version = installed_triton_version() if triton_version is None else triton_version
         searched, note = gluon_searched(profile, shape, version)
-        gluon_axes = profile.gluon.axes() if searched and profile.gluon is not None else {}
+        gluon_axes = profile.gluon.axes(shape.kernel) if searched and profile.gluon is not None else {}
         return cls(profile=profile, shape=shape, axes=axes, gluon_axes=gluon_axes, gluon_note=note)
 
     @property
@@ -541,6 +568,7 @@ class SearchSpace:
             num_stages=own["num_stages"],
             lazy_rescale=bool(own["lazy_rescale"]),
             split=SplitPolicy(**{n: own[n] for n in SPLIT_AXES}),
+            landing_stages=own.get("landing_stages") or None,
         )
         return self.default.model_copy(update={"gluon": gluon})
 
@@ -627,7 +655,7 @@ class SearchSpace:
             params: dict[str, int | str] = {LOWERING_AXIS: "gluon"}
             for name, choices in self.gluon_axes.items():
                 own = name.removeprefix(GLUON_PARAM)
-                params[name] = _nearest(name, choices, int(values[own]), notes)
+                params[name] = _nearest(name, choices, int(values[own] or 0), notes)  # no landing ring: 0
             return params, notes
         if cfg.gluon is not None:
             notes.append(f"gluon section left out: {self.gluon_note or 'the module has no Gluon prefix stage'}")
