@@ -79,7 +79,6 @@ SUPPORTED_PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 # them as compile-time constants (Triton refuses plain int globals there), host code reads
 # their .value.
 NOPE_DIM = tl.constexpr(64)
-L2_AHEAD = tl.constexpr(2)  # experiment: tiles ahead prefetched into L2
 V_HEAD_DIM = tl.constexpr(64)
 # Padded tile widths: tl.arange extents must be powers of two and tl.dot needs K >= 16.
 BLOCK_D = tl.constexpr(64)
@@ -169,34 +168,6 @@ def _page_slot(tok, page_shift, BLOCK_TABLE: tl.constexpr):
     else:
         slot = 0
     return slot
-
-
-@triton.jit
-def _l2_prefetch_k(ptrs, live):
-    """cp.async.bulk.prefetch.L2 of half a K row at each of ptrs where live and 16-byte aligned."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1+0]; @p prefetch.global.L2 [$1+31]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _l2_prefetch_v(ptrs, live):
-    """cp.async.bulk.prefetch.L2 of half a V row at each of ptrs where live and 16-byte aligned."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1+0]; @p prefetch.global.L2 [$1+31]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _l2_prefetch_tile(K_Buffer, V_Buffer, page, tok, live, page_shift, stride_k_page, stride_k_slot, stride_k_head,
-                      stride_v_page, stride_v_slot, stride_v_head, kv_head, BLOCK_TABLE: tl.constexpr):
-    """Prefetch a tile's K (and V) rows into L2, each row as two halves."""
-    slot = _page_slot(tok, page_shift, BLOCK_TABLE)
-    half = tl.arange(0, 2)
-    k_row = K_Buffer + page.to(tl.int64) * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
-    _l2_prefetch_k(k_row[:, None] + (half * (32))[None, :], live[:, None] & (half < 2)[None, :])
-    v_row = V_Buffer + page.to(tl.int64) * stride_v_page + slot * stride_v_slot + kv_head * stride_v_head
-    _l2_prefetch_v(v_row[:, None] + (half * (32))[None, :], live[:, None] & (half < 2)[None, :])
 
 
 @triton.jit
@@ -568,17 +539,6 @@ def _verify_prefix_stage(
         offs_first = tl.minimum(split_start + tl.arange(0, BLOCK_N), split_end - 1)
         page_next = tl.load(table_words + INDEX_WORDS * _table_entry(offs_first, page_shift, BLOCK_TABLE),
                             mask=offs_first >= 0, other=0)
-        for i in tl.static_range(1, L2_AHEAD):
-            i_tok = split_start + i * BLOCK_N + tl.arange(0, BLOCK_N)
-            i_page = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(i_tok, split_end - 1), page_shift,
-                                                                      BLOCK_TABLE), mask=i_tok < split_end, other=0)
-            _l2_prefetch_tile(K_Buffer, V_Buffer, i_page, i_tok, i_tok < split_end, page_shift, stride_k_page,
-                              stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head, kv_head,
-                              BLOCK_TABLE)
-        pf_first = split_start + L2_AHEAD * BLOCK_N + tl.arange(0, BLOCK_N)
-        pf_page_next = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(pf_first, split_end - 1),
-                                                                        page_shift, BLOCK_TABLE),
-                               mask=pf_first < split_end, other=0)
         for start_n in range(split_start, split_end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_ok = offs_n < split_end
@@ -587,12 +547,6 @@ def _verify_prefix_stage(
             page = page_next.to(tl.int64)
             page_next = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(offs_n + BLOCK_N, split_end - 1),
                                                                          page_shift, BLOCK_TABLE))
-            pf_tok = offs_n + L2_AHEAD * BLOCK_N
-            _l2_prefetch_tile(K_Buffer, V_Buffer, pf_page_next, pf_tok, pf_tok < split_end, page_shift, stride_k_page,
-                              stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head, kv_head,
-                              BLOCK_TABLE)
-            pf_page_next = tl.load(table_words + INDEX_WORDS * _table_entry(
-                tl.minimum(pf_tok + BLOCK_N, split_end - 1), page_shift, BLOCK_TABLE))
             slot = _page_slot(tok, page_shift, BLOCK_TABLE)
             # int64 addresses: a pool can hold more than 2**31 elements.
             k_row_ptr = K_Buffer + page * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
@@ -801,7 +755,6 @@ GLUON_PRODUCER_REGISTERS = tl.constexpr(104)
 # consumer takes what the converters leave, 4 warpgroups x 128 threads x (2 x 152 + 2 x 104) =
 # the whole register file.
 GLUON_FOUR_WARPGROUP_CONSUMER_REGISTERS = tl.constexpr(152)
-GLUON_L2_AHEAD = tl.constexpr(2)  # a converter's tiles ahead of its loads that it prefetches into L2
 
 if _HAS_GLUON:
 
@@ -968,16 +921,6 @@ if _HAS_GLUON:
     # section's landing_stages, where shared memory holds the ring beside the stages).
 
     @gluon.jit
-    def _gluon_l2_prefetch_rows(ptrs, live):
-        """Ask L2 for the 64 bytes at each of `ptrs` (a K or a V row of e4m3) where
-        `live`: cp.async.bulk.prefetch.L2 takes no register, no shared memory and nothing waits
-        for it, so the rows of tiles further ahead than the producer's registers hold are on their
-        way. The bulk prefetch needs a 16-byte aligned address: an unaligned one is skipped."""
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1+0]; @p prefetch.global.L2 [$1+63]; mov.u32 $0, 0; }",
-            "=r,l,r", [ptrs, live.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
     def _gluon_fp8_rows(src, row, col0, COLS: gl.constexpr, LOAD: gl.constexpr):
         """One column chunk [BLOCK_N, COLS] of a tile's e4m3 rows (element offsets `row`), 16
         bytes a load."""
@@ -1028,15 +971,6 @@ if _HAS_GLUON:
         _gluon_stage_filled(ready, stage)
 
     @gluon.jit
-    def _gluon_l2_prefetch_kv_tile(K_Buffer, V_Buffer, k_row, v_row, in_split, PF_ROWS: gl.constexpr):
-        """Prefetch into L2 a tile's K and V rows (element offsets k_row, v_row in PF_ROWS's row
-        layout; a thread a row, K's in column 0 and V's in column 1); rows past the split are
-        skipped."""
-        kv = gl.arange(0, 2, layout=gl.SliceLayout(0, PF_ROWS))[None, :]
-        _gluon_l2_prefetch_rows(gl.where(kv == 0, K_Buffer + k_row[:, None], V_Buffer + v_row[:, None]),
-                                in_split[:, None] & (kv < 2))
-
-    @gluon.jit
     def _gluon_converting_producer(K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready,
                                    empty, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
                                    stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off, q_start, q_len,
@@ -1057,33 +991,15 @@ if _HAS_GLUON:
         gl.static_assert(NOPE_DIM == V_HEAD_DIM and NOPE_DIM // 16 <= 32, "K and V rows of one width, at most 512")
         LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (NOPE_DIM // 16), NOPE_DIM // 16],
                                               [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        # The L2 prefetch: a thread a row, K's in column 0 and V's in column 1.
-        PF_ROWS: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        PF_STEP: gl.constexpr = GLUON_L2_AHEAD * TILE_STEP  # this converter's tiles ahead, in the split's tiles
         last = split_end - 1
         first_tok = split_start + FIRST_TILE * BLOCK_N
         k_row = _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_k_page, stride_k_slot, head_off,
                                  BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
         v_row = _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_v_page, stride_v_slot, v_head_off,
                                  BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
-        for i in gl.static_range(1, GLUON_L2_AHEAD):
-            pf_k, pf_v, pf_live = _gluon_landing_rows(
-                table_words, first_tok + i * TILE_STEP * BLOCK_N, split_end, page_shift, stride_k_page,
-                stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, PF_ROWS, INDEX_WORDS,
-                BLOCK_TABLE)
-            _gluon_l2_prefetch_kv_tile(K_Buffer, V_Buffer, pf_k, pf_v, pf_live, PF_ROWS)
-        pf_k, pf_v, pf_live = _gluon_landing_rows(
-            table_words, first_tok + PF_STEP * BLOCK_N, split_end, page_shift, stride_k_page, stride_k_slot,
-            head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, PF_ROWS, INDEX_WORDS, BLOCK_TABLE)
         for t in range(FIRST_TILE, num_tiles, TILE_STEP):
             k = _gluon_fp8_rows(K_Buffer, k_row, 0, NOPE_DIM, LOAD)
             v = _gluon_fp8_rows(V_Buffer, v_row, 0, V_HEAD_DIM, LOAD)
-            # Tile t + PF_STEP into L2 (its rows read a turn ago), then the rows of this converter's next.
-            _gluon_l2_prefetch_kv_tile(K_Buffer, V_Buffer, pf_k, pf_v, pf_live, PF_ROWS)
-            pf_k, pf_v, pf_live = _gluon_landing_rows(
-                table_words, split_start + (t + PF_STEP + TILE_STEP) * BLOCK_N, split_end, page_shift,
-                stride_k_page, stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, PF_ROWS,
-                INDEX_WORDS, BLOCK_TABLE)
             next_tok = split_start + (t + TILE_STEP) * BLOCK_N
             k_row = _gluon_tile_rows(table_words, next_tok, last, page_shift, stride_k_page, stride_k_slot, head_off,
                                      BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)

@@ -80,7 +80,6 @@ SUPPORTED_PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 # them as compile-time constants (Triton refuses plain int globals there), host code reads
 # their .value.
 NOPE_DIM = tl.constexpr(512)
-L2_AHEAD = tl.constexpr(2)  # experiment: tiles ahead prefetched into L2
 PE_DIM = tl.constexpr(64)
 V_HEAD_DIM = tl.constexpr(512)
 # Padded tile widths: tl.arange extents must be powers of two and tl.dot needs K >= 16.
@@ -168,32 +167,6 @@ def _page_slot(tok, page_shift, BLOCK_TABLE: tl.constexpr):
     else:
         slot = 0
     return slot
-
-
-@triton.jit
-def _l2_prefetch_k(ptrs, live):
-    """cp.async.bulk.prefetch.L2 of half a K row at each of ptrs where live and 16-byte aligned."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1+0]; @p prefetch.global.L2 [$1+127]; @p prefetch.global.L2 [$1+254]; @p prefetch.global.L2 [$1+287]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _l2_prefetch_v(ptrs, live):
-    """cp.async.bulk.prefetch.L2 of half a V row at each of ptrs where live and 16-byte aligned."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1+0]; @p prefetch.global.L2 [$1+127]; @p prefetch.global.L2 [$1+254]; @p prefetch.global.L2 [$1+255]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _l2_prefetch_tile(K_Buffer, page, tok, live, page_shift, stride_k_page, stride_k_slot, stride_k_head,
-                      kv_head, BLOCK_TABLE: tl.constexpr):
-    """Prefetch a tile's K (and V) rows into L2, each row as two halves."""
-    slot = _page_slot(tok, page_shift, BLOCK_TABLE)
-    half = tl.arange(0, 2)
-    k_row = K_Buffer + page.to(tl.int64) * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
-    _l2_prefetch_k(k_row[:, None] + (half * (288))[None, :], live[:, None] & (half < 2)[None, :])
 
 
 @triton.jit
@@ -566,17 +539,6 @@ def _verify_prefix_stage(
         offs_first = tl.minimum(split_start + tl.arange(0, BLOCK_N), split_end - 1)
         page_next = tl.load(table_words + INDEX_WORDS * _table_entry(offs_first, page_shift, BLOCK_TABLE),
                             mask=offs_first >= 0, other=0)
-        for i in tl.static_range(1, L2_AHEAD):
-            i_tok = split_start + i * BLOCK_N + tl.arange(0, BLOCK_N)
-            i_page = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(i_tok, split_end - 1), page_shift,
-                                                                      BLOCK_TABLE), mask=i_tok < split_end, other=0)
-            _l2_prefetch_tile(K_Buffer, i_page, i_tok, i_tok < split_end, page_shift, stride_k_page,
-                              stride_k_slot, stride_k_head, kv_head,
-                              BLOCK_TABLE)
-        pf_first = split_start + L2_AHEAD * BLOCK_N + tl.arange(0, BLOCK_N)
-        pf_page_next = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(pf_first, split_end - 1),
-                                                                        page_shift, BLOCK_TABLE),
-                               mask=pf_first < split_end, other=0)
         for start_n in range(split_start, split_end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_ok = offs_n < split_end
@@ -585,12 +547,6 @@ def _verify_prefix_stage(
             page = page_next.to(tl.int64)
             page_next = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(offs_n + BLOCK_N, split_end - 1),
                                                                          page_shift, BLOCK_TABLE))
-            pf_tok = offs_n + L2_AHEAD * BLOCK_N
-            _l2_prefetch_tile(K_Buffer, pf_page_next, pf_tok, pf_tok < split_end, page_shift, stride_k_page,
-                              stride_k_slot, stride_k_head, kv_head,
-                              BLOCK_TABLE)
-            pf_page_next = tl.load(table_words + INDEX_WORDS * _table_entry(
-                tl.minimum(pf_tok + BLOCK_N, split_end - 1), page_shift, BLOCK_TABLE))
             slot = _page_slot(tok, page_shift, BLOCK_TABLE)
             # int64 addresses: a pool can hold more than 2**31 elements.
             k_row_ptr = K_Buffer + page * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
@@ -753,7 +709,6 @@ GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup 
 # chunk; the second PV needs at least 160 (152 spills 1 KB), so the producer gets what is left.
 GLUON_SECOND_PV_REGISTERS = tl.constexpr(168)
 GLUON_PRODUCER_REGISTERS = tl.constexpr(104)
-GLUON_L2_AHEAD = tl.constexpr(2)  # tiles ahead of the loads the producer prefetches into L2
 
 if _HAS_GLUON:
 
@@ -912,16 +867,6 @@ if _HAS_GLUON:
     # stage; `ready` then counts one arrival, after the warps' stores and a proxy fence.
 
     @gluon.jit
-    def _gluon_l2_prefetch_rows(ptrs, live):
-        """Ask L2 for the 288 bytes at each of `ptrs` (half an MLA row of e5m2) where
-        `live`: cp.async.bulk.prefetch.L2 takes no register, no shared memory and nothing waits
-        for it, so the rows of tiles further ahead than the producer's registers hold are on their
-        way. The bulk prefetch needs a 16-byte aligned address: an unaligned one is skipped."""
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1+0]; @p prefetch.global.L2 [$1+127]; @p prefetch.global.L2 [$1+254]; @p prefetch.global.L2 [$1+287]; mov.u32 $0, 0; }",
-            "=r,l,r", [ptrs, live.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
     def _gluon_fp8_rows(src, row, col0, COLS: gl.constexpr, LOAD: gl.constexpr):
         """One column chunk [BLOCK_N, COLS] of a tile's e5m2 rows (element offsets `row`), 16
         bytes a load."""
@@ -955,16 +900,6 @@ if _HAS_GLUON:
         dst.slice(col0, COLS, dim=1).store(rows.to(dst.dtype))
 
     @gluon.jit
-    def _gluon_l2_prefetch_tile(K_Buffer, row, first_tok, split_end, BLOCK_N: gl.constexpr, PF_ROWS: gl.constexpr):
-        """Prefetch into L2 the K rows (element offsets `row`, in PF_ROWS's row layout) of the tile
-        from first_tok, each row as two halves, one a thread; rows past the split are skipped."""
-        gl.static_assert(NOPE_DIM + PE_DIM == 2 * 288, "a row is two 288-byte halves")
-        tok = first_tok + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, PF_ROWS))
-        half = gl.arange(0, 2, layout=gl.SliceLayout(0, PF_ROWS))
-        _gluon_l2_prefetch_rows(K_Buffer + row[:, None] + (half * 288)[None, :],
-                                (tok < split_end)[:, None] & (half < 2)[None, :])
-
-    @gluon.jit
     def _gluon_converting_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty,
                                    split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
                                    stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok,
@@ -983,18 +918,9 @@ if _HAS_GLUON:
         NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
         PE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
         gl.static_assert(NOPE_DIM == 4 * 128 and PE_DIM == 64, "the chunks are written for MLA 512+64")
-        # The L2 prefetch: a thread a half row, so one pass covers a 64-token tile.
-        PF_ROWS: gl.constexpr = gl.BlockedLayout([1, 1], [16, 2], [GLUON_PRODUCER_WARPS, 1], [1, 0])
         last = split_end - 1
         row = _gluon_tile_rows(table_words, split_start, last, page_shift, stride_k_page, stride_k_slot, head_off,
                                BLOCK_N, NOPE_LOAD, INDEX_WORDS, BLOCK_TABLE)
-        for i in gl.static_range(1, GLUON_L2_AHEAD):
-            first_tok = split_start + i * BLOCK_N
-            _gluon_l2_prefetch_tile(K_Buffer, _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_k_page,
-                                                               stride_k_slot, head_off, BLOCK_N, PF_ROWS, INDEX_WORDS,
-                                                               BLOCK_TABLE), first_tok, split_end, BLOCK_N, PF_ROWS)
-        pf_row = _gluon_tile_rows(table_words, split_start + GLUON_L2_AHEAD * BLOCK_N, last, page_shift,
-                                  stride_k_page, stride_k_slot, head_off, BLOCK_N, PF_ROWS, INDEX_WORDS, BLOCK_TABLE)
         for t in range(num_tiles):
             n0 = _gluon_fp8_rows(K_Buffer, row, 0 * CHUNK, CHUNK, NOPE_LOAD)
             n1 = _gluon_fp8_rows(K_Buffer, row, 1 * CHUNK, CHUNK, NOPE_LOAD)
@@ -1002,12 +928,6 @@ if _HAS_GLUON:
             n3 = _gluon_fp8_rows(K_Buffer, row, 3 * CHUNK, CHUNK, NOPE_LOAD)
             pe = _gluon_fp8_rows(K_Buffer, gl.convert_layout(row, gl.SliceLayout(1, PE_LOAD)), NOPE_DIM, PE_DIM,
                                  PE_LOAD)
-            # Tile t + GLUON_L2_AHEAD into L2 (its rows read a tile ago), then the rows of the one after.
-            _gluon_l2_prefetch_tile(K_Buffer, pf_row, split_start + (t + GLUON_L2_AHEAD) * BLOCK_N, split_end,
-                                    BLOCK_N, PF_ROWS)
-            pf_row = _gluon_tile_rows(table_words, split_start + (t + GLUON_L2_AHEAD + 1) * BLOCK_N, last,
-                                      page_shift, stride_k_page, stride_k_slot, head_off, BLOCK_N, PF_ROWS,
-                                      INDEX_WORDS, BLOCK_TABLE)
             row = _gluon_tile_rows(table_words, split_start + (t + 1) * BLOCK_N, last, page_shift, stride_k_page,
                                    stride_k_slot, head_off, BLOCK_N, NOPE_LOAD, INDEX_WORDS, BLOCK_TABLE)
             stage, parity = _gluon_ring_slot(t, NUM_STAGES)

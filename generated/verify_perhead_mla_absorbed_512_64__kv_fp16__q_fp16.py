@@ -62,7 +62,6 @@ SUPPORTED_PAGE_SIZES = (1, 8, 16, 32, 64, 128, 256)
 # them as compile-time constants (Triton refuses plain int globals there), host code reads
 # their .value.
 NOPE_DIM = tl.constexpr(512)
-L2_AHEAD = tl.constexpr(2)  # experiment: tiles ahead prefetched into L2
 PE_DIM = tl.constexpr(64)
 V_HEAD_DIM = tl.constexpr(512)
 # Padded tile widths: tl.arange extents must be powers of two and tl.dot needs K >= 16.
@@ -137,32 +136,6 @@ def _page_slot(tok, page_shift, BLOCK_TABLE: tl.constexpr):
     else:
         slot = 0
     return slot
-
-
-@triton.jit
-def _l2_prefetch_k(ptrs, live):
-    """cp.async.bulk.prefetch.L2 of half a K row at each of ptrs where live and 16-byte aligned."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1+0]; @p prefetch.global.L2 [$1+127]; @p prefetch.global.L2 [$1+254]; @p prefetch.global.L2 [$1+381]; @p prefetch.global.L2 [$1+508]; @p prefetch.global.L2 [$1+575]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _l2_prefetch_v(ptrs, live):
-    """cp.async.bulk.prefetch.L2 of half a V row at each of ptrs where live and 16-byte aligned."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1+0]; @p prefetch.global.L2 [$1+127]; @p prefetch.global.L2 [$1+254]; @p prefetch.global.L2 [$1+381]; @p prefetch.global.L2 [$1+508]; @p prefetch.global.L2 [$1+511]; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _l2_prefetch_tile(K_Buffer, page, tok, live, page_shift, stride_k_page, stride_k_slot, stride_k_head,
-                      kv_head, BLOCK_TABLE: tl.constexpr):
-    """Prefetch a tile's K (and V) rows into L2, each row as two halves."""
-    slot = _page_slot(tok, page_shift, BLOCK_TABLE)
-    half = tl.arange(0, 2)
-    k_row = K_Buffer + page.to(tl.int64) * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
-    _l2_prefetch_k(k_row[:, None] + (half * (288))[None, :], live[:, None] & (half < 2)[None, :])
 
 
 @triton.jit
@@ -529,17 +502,6 @@ def _verify_prefix_stage(
         offs_first = tl.minimum(split_start + tl.arange(0, BLOCK_N), split_end - 1)
         page_next = tl.load(table_words + INDEX_WORDS * _table_entry(offs_first, page_shift, BLOCK_TABLE),
                             mask=offs_first >= 0, other=0)
-        for i in tl.static_range(1, L2_AHEAD):
-            i_tok = split_start + i * BLOCK_N + tl.arange(0, BLOCK_N)
-            i_page = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(i_tok, split_end - 1), page_shift,
-                                                                      BLOCK_TABLE), mask=i_tok < split_end, other=0)
-            _l2_prefetch_tile(K_Buffer, i_page, i_tok, i_tok < split_end, page_shift, stride_k_page,
-                              stride_k_slot, stride_k_head, kv_head,
-                              BLOCK_TABLE)
-        pf_first = split_start + L2_AHEAD * BLOCK_N + tl.arange(0, BLOCK_N)
-        pf_page_next = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(pf_first, split_end - 1),
-                                                                        page_shift, BLOCK_TABLE),
-                               mask=pf_first < split_end, other=0)
         # Whole tiles first, without the -inf score select, then the split's last, partial
         # tile, if any, with it.
         full_end = split_start + (split_end - split_start) // BLOCK_N * BLOCK_N
@@ -549,12 +511,6 @@ def _verify_prefix_stage(
             page = page_next.to(tl.int64)
             page_next = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(offs_n + BLOCK_N, split_end - 1),
                                                                          page_shift, BLOCK_TABLE))
-            pf_tok = offs_n + L2_AHEAD * BLOCK_N
-            _l2_prefetch_tile(K_Buffer, pf_page_next, pf_tok, pf_tok < split_end, page_shift, stride_k_page,
-                              stride_k_slot, stride_k_head, kv_head,
-                              BLOCK_TABLE)
-            pf_page_next = tl.load(table_words + INDEX_WORDS * _table_entry(
-                tl.minimum(pf_tok + BLOCK_N, split_end - 1), page_shift, BLOCK_TABLE))
             slot = _page_slot(tok, page_shift, BLOCK_TABLE)
             # int64 addresses: a pool can hold more than 2**31 elements.
             k_row_ptr = K_Buffer + page * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
@@ -590,12 +546,6 @@ def _verify_prefix_stage(
             page = page_next.to(tl.int64)
             page_next = tl.load(table_words + INDEX_WORDS * _table_entry(tl.minimum(offs_n + BLOCK_N, split_end - 1),
                                                                          page_shift, BLOCK_TABLE))
-            pf_tok = offs_n + L2_AHEAD * BLOCK_N
-            _l2_prefetch_tile(K_Buffer, pf_page_next, pf_tok, pf_tok < split_end, page_shift, stride_k_page,
-                              stride_k_slot, stride_k_head, kv_head,
-                              BLOCK_TABLE)
-            pf_page_next = tl.load(table_words + INDEX_WORDS * _table_entry(
-                tl.minimum(pf_tok + BLOCK_N, split_end - 1), page_shift, BLOCK_TABLE))
             slot = _page_slot(tok, page_shift, BLOCK_TABLE)
             # int64 addresses: a pool can hold more than 2**31 elements.
             k_row_ptr = K_Buffer + page * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
