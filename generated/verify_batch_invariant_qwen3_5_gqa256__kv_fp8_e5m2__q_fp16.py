@@ -945,20 +945,18 @@ if _HAS_GLUON:
         gl.static_assert(NOPE_DIM == V_HEAD_DIM and NOPE_DIM // 16 <= 32, "K and V rows of one width, at most 512")
         LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (NOPE_DIM // 16), NOPE_DIM // 16],
                                               [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        last = split_end - 1
-        first_tok = split_start + FIRST_TILE * BLOCK_N
-        k_row = _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_k_page, stride_k_slot, head_off,
-                                 BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
-        v_row = _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_v_page, stride_v_slot, v_head_off,
-                                 BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
+        # Rows past the split are loaded unmasked (their tokens clamped to its last): finite data
+        # the consumers score -inf, so the tile's in-split rows are not needed here.
+        k_row, v_row, _ = _gluon_landing_rows(
+            table_words, split_start + FIRST_TILE * BLOCK_N, split_end, page_shift, stride_k_page, stride_k_slot,
+            head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
         for t in range(FIRST_TILE, num_tiles, TILE_STEP):
             k = _gluon_fp8_rows(K_Buffer, k_row, 0, NOPE_DIM, LOAD)
             v = _gluon_fp8_rows(V_Buffer, v_row, 0, V_HEAD_DIM, LOAD)
-            next_tok = split_start + (t + TILE_STEP) * BLOCK_N
-            k_row = _gluon_tile_rows(table_words, next_tok, last, page_shift, stride_k_page, stride_k_slot, head_off,
-                                     BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
-            v_row = _gluon_tile_rows(table_words, next_tok, last, page_shift, stride_v_page, stride_v_slot,
-                                     v_head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
+            k_row, v_row, _ = _gluon_landing_rows(
+                table_words, split_start + (t + TILE_STEP) * BLOCK_N, split_end, page_shift, stride_k_page,
+                stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, LOAD, INDEX_WORDS,
+                BLOCK_TABLE)
             stage, parity = _gluon_ring_slot(t, NUM_STAGES)
             mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
             k_stages.index(stage).store(k.to(k_stages.dtype))
