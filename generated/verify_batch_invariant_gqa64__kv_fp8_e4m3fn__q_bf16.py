@@ -906,6 +906,22 @@ if _HAS_GLUON:
         _gluon_stage_filled(ready, stage)
 
     @gluon.jit
+    def _gluon_kv_tile_rows(table_words, first_tok, split_end, page_shift, stride_k_page, stride_k_slot, head_off,
+                            stride_v_page, stride_v_slot, v_head_off, BLOCK_N: gl.constexpr, LOAD: gl.constexpr,
+                            INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
+        """(K row offsets, V row offsets, which rows are in the split) of the tile from first_tok,
+        in LOAD's row layout, from one read of the table (both converters). Rows past the split point
+        at its last token: finite data the register converter loads and the consumers score -inf;
+        the landing converter masks their copies off."""
+        tok = first_tok + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD))
+        in_split = tok < split_end
+        tok = gl.minimum(tok, split_end - 1)
+        entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
+        k_row = _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off, BLOCK_TABLE)
+        v_row = _gluon_row_offsets(entries, tok, page_shift, stride_v_page, stride_v_slot, v_head_off, BLOCK_TABLE)
+        return k_row, v_row, in_split
+
+    @gluon.jit
     def _gluon_converting_producer(K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready,
                                    empty, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
                                    stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off, q_start, q_len,
@@ -926,15 +942,13 @@ if _HAS_GLUON:
         gl.static_assert(NOPE_DIM == V_HEAD_DIM and NOPE_DIM // 16 <= 32, "K and V rows of one width, at most 512")
         LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (NOPE_DIM // 16), NOPE_DIM // 16],
                                               [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        # Rows past the split are loaded unmasked (their tokens clamped to its last): finite data
-        # the consumers score -inf, so the tile's in-split rows are not needed here.
-        k_row, v_row, _ = _gluon_landing_rows(
+        k_row, v_row, _ = _gluon_kv_tile_rows(
             table_words, split_start + FIRST_TILE * BLOCK_N, split_end, page_shift, stride_k_page, stride_k_slot,
             head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
         for t in range(FIRST_TILE, num_tiles, TILE_STEP):
             k = _gluon_fp8_rows(K_Buffer, k_row, 0, NOPE_DIM, LOAD)
             v = _gluon_fp8_rows(V_Buffer, v_row, 0, V_HEAD_DIM, LOAD)
-            k_row, v_row, _ = _gluon_landing_rows(
+            k_row, v_row, _ = _gluon_kv_tile_rows(
                 table_words, split_start + (t + TILE_STEP) * BLOCK_N, split_end, page_shift, stride_k_page,
                 stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, LOAD, INDEX_WORDS,
                 BLOCK_TABLE)
@@ -963,21 +977,6 @@ if _HAS_GLUON:
         async_copy.commit_group()
 
     @gluon.jit
-    def _gluon_landing_rows(table_words, first_tok, split_end, page_shift, stride_k_page, stride_k_slot, head_off,
-                            stride_v_page, stride_v_slot, v_head_off, BLOCK_N: gl.constexpr, LOAD: gl.constexpr,
-                            INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr):
-        """(K row offsets, V row offsets, which rows are in the split) of the tile from first_tok,
-        in LOAD's row layout, from one read of the table. Rows past the split point at its last
-        token (any row of the pool would do: their copies are masked off)."""
-        tok = first_tok + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LOAD))
-        in_split = tok < split_end
-        tok = gl.minimum(tok, split_end - 1)
-        entries = _gluon_table_entries(table_words, tok, page_shift, INDEX_WORDS, BLOCK_TABLE)
-        k_row = _gluon_row_offsets(entries, tok, page_shift, stride_k_page, stride_k_slot, head_off, BLOCK_TABLE)
-        v_row = _gluon_row_offsets(entries, tok, page_shift, stride_v_page, stride_v_slot, v_head_off, BLOCK_TABLE)
-        return k_row, v_row, in_split
-
-    @gluon.jit
     def _gluon_landing_converter(K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, landing_k,
                                  landing_v, ready, empty, split_start, split_end, num_tiles, draft_tiles, page_shift,
                                  stride_k_page, stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off,
@@ -1000,12 +999,12 @@ if _HAS_GLUON:
         CHUNK_ROWS: gl.constexpr = min(BLOCK_N, max(PASS_ROWS, 4096 // NOPE_DIM))
         gl.static_assert(CHUNK_ROWS % PASS_ROWS == 0 and BLOCK_N % CHUNK_ROWS == 0, "chunks of whole passes")
         for i in gl.static_range(LANDING_STAGES - 1):
-            k_row, v_row, in_split = _gluon_landing_rows(
+            k_row, v_row, in_split = _gluon_kv_tile_rows(
                 table_words, split_start + i * BLOCK_N, split_end, page_shift, stride_k_page, stride_k_slot,
                 head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
             _gluon_land_tile(landing_k.index(i), landing_v.index(i), K_Buffer, V_Buffer, k_row, v_row,
                              in_split, LOAD)
-        k_row, v_row, in_split = _gluon_landing_rows(
+        k_row, v_row, in_split = _gluon_kv_tile_rows(
             table_words, split_start + (LANDING_STAGES - 1) * BLOCK_N, split_end, page_shift, stride_k_page,
             stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, LOAD, INDEX_WORDS,
             BLOCK_TABLE)
@@ -1015,7 +1014,7 @@ if _HAS_GLUON:
             slot_ahead = ahead % LANDING_STAGES
             _gluon_land_tile(landing_k.index(slot_ahead), landing_v.index(slot_ahead), K_Buffer, V_Buffer, k_row,
                              v_row, in_split, LOAD)
-            k_row, v_row, in_split = _gluon_landing_rows(
+            k_row, v_row, in_split = _gluon_kv_tile_rows(
                 table_words, split_start + (ahead + 1) * BLOCK_N, split_end, page_shift, stride_k_page,
                 stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off, BLOCK_N, LOAD, INDEX_WORDS,
                 BLOCK_TABLE)
