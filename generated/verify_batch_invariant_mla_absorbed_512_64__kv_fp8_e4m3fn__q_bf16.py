@@ -609,12 +609,13 @@ def _verify_merge_stage(
 #             factor into alpha_smem, then acc[:, :256] += P.V[:, :256].
 #   second PV (worker, 4 warps): per tile, once P is in place, acc[:, 256:] = alpha x acc +
 #             P.V[:, 256:], so its half of P.V runs while the scorer computes the next tile's S.
-#   producer  (worker, 4 warps): gathers each prefix tile's e4m3 K rows through the request's
-#             kv_indices (token slots) or block-table row (pages) into registers (16-byte loads,
-#             the whole tile in flight before it waits for the stage), converts them to fp16
-#             (one exact cvt a pair) and stores them into the stage ring, then the draft rows
-#             (16-bit, converted to fp16). It issues every global load of the loop; the other
-#             two issue none, and no MMA warp converts.
+#   producer  (worker, 4 warps): once a stage is free, gathers each prefix tile's e4m3 K rows
+#             through the request's kv_indices (token slots) or block-table row (pages) with
+#             cp.async into the upper half of the stage's fp16 slots, converts them in place
+#             to fp16 (one exact cvt a pair, in an order that never overwrites a byte not yet
+#             read: _gluon_in_place_converter), then the draft rows (16-bit, converted to fp16).
+#             It issues every global load of the loop; the other two issue none, and no MMA
+#             warp converts.
 # FP8 KV: the stages, q and P are fp16 (e4m3 converts to fp16 exactly; q is scaled by K's
 # descale once, as the Triton kernel does); V's descale multiplies the prefix's P.V once.
 # V is the K tile's latent columns (a view of the same stage, no V copy). Each accumulator half
@@ -640,10 +641,11 @@ GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup 
 # setmaxnreg moves the physical registers and ptxas compiles each partition within its share;
 # every single instruction must still fit the launch's maxnreg (rules.gluon_launch_registers: 168
 # at 12 warps; docs/perf-notes.md, "What Triton 3.6's Gluon does on sm_90").
-# The converting producer holds a tile's e4m3 rows (72 registers a thread) and one converted
-# chunk; the second PV needs at least 160 (152 spills 1 KB), so the producer gets what is left.
-GLUON_SECOND_PV_REGISTERS = tl.constexpr(168)
-GLUON_PRODUCER_REGISTERS = tl.constexpr(104)
+# The in-place converter holds two 64-column chunks of e4m3 rows and their fp16, never a tile: 56
+# registers, with the second PV at 192, leave the scorer its 256: neither MMA warpgroup spills, and
+# the converter reloads a few scalars a tile (benchmarks/offline_compile.py --kv fp8 --as-launched).
+GLUON_SECOND_PV_REGISTERS = tl.constexpr(192)
+GLUON_PRODUCER_REGISTERS = tl.constexpr(56)
 
 if _HAS_GLUON:
 
@@ -806,9 +808,11 @@ if _HAS_GLUON:
 
     # ---- the converting producer (FP8 KV) ------------------------------------------------
     # e4m3 rows cannot go to the stage as they are: wgmma reads 16-bit tiles, and converting on
-    # the MMA warps puts the conversion on their chain. So this producer loads a tile's rows into
-    # registers, converts them to fp16 (cvt.rn.f16x2.e4m3x2: exact) and stores them into the
-    # stage; `ready` then counts one arrival, after the warps' stores and a proxy fence.
+    # the MMA warps puts the conversion on their chain. So the producer warpgroup converts them to
+    # fp16 (cvt.rn.f16x2.e4m3x2: exact). Absorbed MLA's stages leave no room for a landing ring
+    # beside them, and a tile held in registers takes the MMA warpgroups' share: the converter
+    # lands each tile in its free stage and converts it there (_gluon_in_place_converter);
+    # `ready` then counts one arrival, after the warps' stores and a proxy fence.
 
     @gluon.jit
     def _gluon_fp8_rows(src, row, col0, COLS: gl.constexpr, LOAD: gl.constexpr):
@@ -844,44 +848,96 @@ if _HAS_GLUON:
         dst.slice(col0, COLS, dim=1).store(rows.to(dst.dtype))
 
     @gluon.jit
-    def _gluon_converting_producer(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty,
-                                   split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
-                                   stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok,
-                                   BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr,
-                                   BLOCK_TABLE: gl.constexpr):
+    def _gluon_land_chunk(dst, src, row, col0, LOAD: gl.constexpr):
+        """cp.async one 64-column chunk [BLOCK_N, 64] of a tile's e4m3 rows (element offsets `row`)
+        into `dst` as stored, 16 bytes a copy (LOAD: 4 lanes a row's 64 bytes)."""
+        cols = col0 + gl.arange(0, 64, layout=gl.SliceLayout(0, LOAD))
+        async_copy.async_copy_global_to_shared(dst, src + row[:, None] + cols[None, :])
+
+    @gluon.jit
+    def _gluon_land_chunks(dst, src, row, col0, LOAD3: gl.constexpr):
+        """cp.async the 64-column chunks [chunks, BLOCK_N, 64] of a tile's e4m3 rows from column
+        col0 into `dst` as stored, in one copy."""
+        CH: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LOAD3))
+        COL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, LOAD3))
+        chunk = gl.arange(0, dst.shape[0], layout=CH)
+        cols = col0 + gl.arange(0, 64, layout=COL)
+        ptrs = src + row[None, :, None] + (chunk[:, None, None] * 64 + cols[None, None, :])
+        async_copy.async_copy_global_to_shared(dst, ptrs)
+
+    @gluon.jit
+    def _gluon_in_place_converter(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty,
+                                  split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
+                                  stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok,
+                                  BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr,
+                                  BLOCK_TABLE: gl.constexpr):
         """The producer partition of FP8 KV (GLUON_PRODUCER_WARPS warps, GLUON_PRODUCER_REGISTERS
         registers a thread): the split's tiles, then (draft_tiles == 1) the draft rows, as
-        _gluon_producer fills them, but converted to fp16 on the way. A tile's loads are all
-        issued before the wait for its stage, so its memory latency overlaps the consumers'
-        use of that stage; the next tile's table entries load before this tile's stores."""
-        # e4m3 latent columns in 4 chunks of 128, 16 bytes (16 elements) a thread a load: 8 lanes a
-        # row's chunk (one 128-byte line), 4 rows a thread. The PE columns, 8 bytes a thread, give a
-        # thread the same rows (the same lanes and warps along them), so one set of row offsets
-        # serves both (the layout conversion between them moves nothing).
-        CHUNK: gl.constexpr = NOPE_DIM // 4
-        NOPE_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        PE_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        gl.static_assert(NOPE_DIM == 4 * 128 and PE_DIM == 64, "the chunks are written for MLA 512+64")
+        _gluon_producer fills them, but converted to fp16 in the stage itself. Once a stage is
+        free, the tile's e4m3 rows land by cp.async in the upper half of its fp16 slots, and
+        the warpgroup converts them front to back into the whole slot. No tile is held in
+        registers, so this warpgroup needs few of them and the MMA warpgroups keep BF16's
+        share; the landing's latency is paid while the consumers work on the other stage.
+
+        The order of the conversion is what makes it safe. A stage's latent slot is eight fp16
+        column blocks of BLOCK_N x 128 bytes (the 128-byte-swizzled layout keeps a block's rows
+        together); the e4m3 tile lands as eight column chunks of BLOCK_N x 64 bytes over blocks
+        4-7, so chunk k sits in the first or second half of block 4 + k // 2. Blocks 0-3 hold
+        no source. Block 4 + i covers chunks 2i and 2i + 1, so it is written only after every
+        thread has read those (the warpgroup's barriers below); the PE slot likewise lands in
+        its upper half and is written after its whole source is read. The copies and the
+        reads of a chunk share one layout, so a thread reads back exactly the bytes it copied
+        and its own cp.async groups are all it waits for. Rows past the split read its last
+        token again (finite data the consumers score -inf)."""
+        gl.static_assert(NOPE_DIM == 8 * 64 and PE_DIM == 64, "the conversion order is written for MLA 512+64")
+        # A chunk's copies and reads: 4 lanes cover a row's 64 bytes, 16 bytes each; a warp covers
+        # 8 rows. LOAD3 is LOAD over several chunks at once (each thread the same rows and bytes of
+        # every chunk), so that four chunks land from one copy: Triton orders every two writes to
+        # one buffer with a barrier of the warpgroup, and one copy has none inside it.
+        LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [GLUON_PRODUCER_WARPS, 1], [1, 0])
+        LOAD3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [1, GLUON_PRODUCER_WARPS, 1], [2, 1, 0])
+        # The e4m3 bytes as landed: chunks of [BLOCK_N, 64], row-major and unswizzled (the same
+        # bytes seen as a ring of chunks, LANDED, and as one 3-d block, LANDED3).
+        LANDED: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        LANDED3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+        FP8: gl.constexpr = K_Buffer.dtype.element_ty
         last = split_end - 1
         row = _gluon_tile_rows(table_words, split_start, last, page_shift, stride_k_page, stride_k_slot, head_off,
-                               BLOCK_N, NOPE_LOAD, INDEX_WORDS, BLOCK_TABLE)
+                               BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
         for t in range(num_tiles):
-            n0 = _gluon_fp8_rows(K_Buffer, row, 0 * CHUNK, CHUNK, NOPE_LOAD)
-            n1 = _gluon_fp8_rows(K_Buffer, row, 1 * CHUNK, CHUNK, NOPE_LOAD)
-            n2 = _gluon_fp8_rows(K_Buffer, row, 2 * CHUNK, CHUNK, NOPE_LOAD)
-            n3 = _gluon_fp8_rows(K_Buffer, row, 3 * CHUNK, CHUNK, NOPE_LOAD)
-            pe = _gluon_fp8_rows(K_Buffer, gl.convert_layout(row, gl.SliceLayout(1, PE_LOAD)), NOPE_DIM, PE_DIM,
-                                 PE_LOAD)
-            row = _gluon_tile_rows(table_words, split_start + (t + 1) * BLOCK_N, last, page_shift, stride_k_page,
-                                   stride_k_slot, head_off, BLOCK_N, NOPE_LOAD, INDEX_WORDS, BLOCK_TABLE)
+            row3 = gl.convert_layout(row, gl.SliceLayout(0, gl.SliceLayout(2, LOAD3)))  # the same registers
             stage, parity = _gluon_ring_slot(t, NUM_STAGES)
-            mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
             nope = k_nope_stages.index(stage)
-            nope.slice(0 * CHUNK, CHUNK, dim=1).store(n0.to(nope.dtype))
-            nope.slice(1 * CHUNK, CHUNK, dim=1).store(n1.to(nope.dtype))
-            nope.slice(2 * CHUNK, CHUNK, dim=1).store(n2.to(nope.dtype))
-            nope.slice(3 * CHUNK, CHUNK, dim=1).store(n3.to(nope.dtype))
-            k_pe_stages.index(stage).store(pe.to(nope.dtype))
+            pe = k_pe_stages.index(stage)
+            # Sixteen chunks' room in the latent slot: the tile's chunk k is chunk 8 + k.
+            landed = nope._reinterpret(FP8, [16, BLOCK_N, 64], LANDED)
+            landed3 = nope._reinterpret(FP8, [16, BLOCK_N, 64], LANDED3)
+            landed_pe = pe._reinterpret(FP8, [2, BLOCK_N, 64], LANDED).index(1)
+            mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
+            # Two groups: chunks 0-3 convert while 4-7 and the PE are still landing.
+            _gluon_land_chunks(landed3.slice(8, 4), K_Buffer, row3, 0, LOAD3)
+            async_copy.commit_group()
+            _gluon_land_chunks(landed3.slice(12, 4), K_Buffer, row3, 4 * 64, LOAD3)
+            _gluon_land_chunk(landed_pe, K_Buffer, row, NOPE_DIM, LOAD)
+            async_copy.commit_group()
+            row = _gluon_tile_rows(table_words, split_start + (t + 1) * BLOCK_N, last, page_shift, stride_k_page,
+                                   stride_k_slot, head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
+            async_copy.wait_group(1)  # this thread's copies of chunks 0-3
+            for k in gl.static_range(4):  # blocks 0-3: below every source
+                nope.slice(k * 64, 64, dim=1).store(landed.index(8 + k).load(LOAD).to(nope.dtype))
+            async_copy.wait_group(0)  # the rest of this thread's copies
+            c4 = landed.index(12).load(LOAD)
+            c5 = landed.index(13).load(LOAD)
+            pe_rows = landed_pe.load(LOAD)
+            gl.thread_barrier()  # every thread has read chunks 0-5 and the PE
+            nope.slice(4 * 64, 64, dim=1).store(c4.to(nope.dtype))  # over chunks 0 and 1
+            nope.slice(5 * 64, 64, dim=1).store(c5.to(nope.dtype))  # over chunks 2 and 3
+            c6 = landed.index(14).load(LOAD)
+            c7 = landed.index(15).load(LOAD)
+            gl.thread_barrier()  # every thread has read chunks 6 and 7
+            nope.slice(6 * 64, 64, dim=1).store(c6.to(nope.dtype))  # over chunks 4 and 5
+            nope.slice(7 * 64, 64, dim=1).store(c7.to(nope.dtype))  # over chunks 6 and 7
+            pe.store(pe_rows.to(nope.dtype))  # over the PE as landed
             _gluon_stage_filled(ready, stage)
         for t in range(num_tiles, num_tiles + draft_tiles):
             # The draft tile: draft token j is row j; rows past the draft are zeros.
@@ -1268,7 +1324,7 @@ if _HAS_GLUON:
                     first_row, slot,
                     num_written, num_tiles, draft_tiles, v_scale, stride_o_tok, stride_o_head, stride_po_tok,
                     stride_po_head, stride_po_split, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE)),
-                (_gluon_converting_producer, (
+                (_gluon_in_place_converter, (
                     K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty, split_start,
                     split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
                     kv_head.to(gl.int64) * stride_k_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
