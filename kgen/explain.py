@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import textwrap
 from pathlib import Path
 
@@ -85,6 +86,28 @@ def _table(label: str, rows: list[tuple[str, str, str]]) -> list[str]:
     return lines
 
 
+_ROW_OF_GROUP = re.compile(r"(?P<arch>\S+) row group (?P<group>\d+) batch (?P<batches>\S+)")
+
+
+def _merged_groups(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """One line for table rows that differ in their group alone: 'sm_90 row group 4 batch 1+'
+    and 'sm_90 row group 8 batch 1+' with the same value and brief become 'sm_90 groups 4, 8
+    batch 1+'."""
+    merged: list[tuple[str, str, str]] = []
+    run: tuple[str, str, str, str] | None = None  # the last line's (arch, batches, value, brief)
+    groups: list[str] = []
+    for what, value, brief in rows:
+        match = _ROW_OF_GROUP.fullmatch(what)
+        key = (match["arch"], match["batches"], value, brief) if match else None
+        if key is not None and key == run:
+            groups.append(match["group"])
+            merged[-1] = (f"{match['arch']} groups {', '.join(groups)} batch {match['batches']}", value, brief)
+            continue
+        run, groups = key, [match["group"]] if match else []
+        merged.append((what, value, brief))
+    return merged
+
+
 def _shown_by_decisions(name: str, value: object, decisions: list[Decision]) -> bool:
     """A section field a decision already prints: named by its ``what`` or equal to its value."""
     key, shown = name.lower().replace("_", " "), _show(value)
@@ -99,6 +122,7 @@ def _format_pass(name: str, before: Plan | None, plan: Plan, verbose: bool) -> l
     if not verbose:
         splits = not plan.batch_invariant  # the batch-invariant mode's fixed splits replace the policies
         rows = [(d.what, _shown(d.value, splits), _relative(d.brief)) for d in decisions if not d.detail]
+        rows = _merged_groups(rows)
         return _table(name, rows or [("(nothing)", "-", "this pass decided nothing here")])
     lines = [f"── {name} " + "─" * max(0, WIDTH - 4 - len(name))]
     for d in decisions:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from kgen.blockconfig import BlockConfig, GluonConfig, SplitPolicy, batch_span, compact_notation
-from kgen.explain import PASS_WIDTH, WIDTH, _relative, _row, _shown, explain
+from kgen.explain import PASS_WIDTH, WIDTH, _merged_groups, _relative, _row, _shown, explain
 from kgen.passes.context import load_context
 from kgen.passes.pipeline import PASSES, run_pipeline
 from kgen.plan import BRIEF_WIDTH, Decision, Plan, new_plan
@@ -117,9 +117,14 @@ def test_each_decision_is_one_line_ending_with_its_whole_brief(layout, kv, varia
         assert len(brief) <= BRIEF_WIDTH and whole_clause(brief), d
         assert d.brief == d.why or len(d.brief) < len(d.why), d  # a brief is the short form
         value = _shown(d.value, splits=not invariant)
+        what = re.escape(d.what)
+        if row := re.fullmatch(r"(\S+) row group (\d+) batch (\S+)", d.what):
+            # Rows that differ in their group alone share a line ('sm_90 groups 4, 8 batch 1+').
+            arch, group, batches = (re.escape(part) for part in row.groups())
+            what = rf"(?:{what}|{arch} groups (?:\d+, )*{group}(?:, \d+)* batch {batches})"
         # Its line: the value after the what, or alone on the next line where it is too wide for it.
-        at = next(i for i, line in enumerate(lines) if re.search(rf"\s{re.escape(d.what)} += {re.escape(value)}", line)
-                  or re.search(rf"\s{re.escape(d.what)} +=$", line) and lines[i + 1].strip() == value)
+        at = next(i for i, line in enumerate(lines) if re.search(rf"\s{what} += {re.escape(value)}", line)
+                  or re.search(rf"\s{what} +=$", line) and lines[i + 1].strip() == value)
         if lines[at].endswith("="):
             at += 1
         assert lines[at].endswith(f" — {brief}") or lines[at + 1].strip() == f"— {brief}", (d, lines[at])
@@ -194,3 +199,16 @@ def test_the_fit_summary_counts_its_cells():
     (wide,) = [d for d in decided if d.what == "sm_90"]
     assert wide.value == "warps to 8" and wide.brief == "for registers"
 
+
+
+def test_rows_that_differ_in_their_group_alone_share_a_line():
+    rows = [("sm_90 row group 4 batch 1+", "Triton at every L", "it fits"),
+            ("sm_90 row group 8 batch 1+", "Triton at every L", "it fits"),
+            ("sm_90 row group 16 batch 1+", "Gluon at L 8-64", "it fits"),
+            ("sm_90 row group 32 batch 1+", "Gluon at L 8-64", "it fits"),
+            ("sm_90 row group 64 batch 9-32", "Gluon at L 8-64", "it fits"),
+            ("lowering", "triton", "the portable path")]
+    assert _merged_groups(rows) == [("sm_90 groups 4, 8 batch 1+", "Triton at every L", "it fits"),
+                                    ("sm_90 groups 16, 32 batch 1+", "Gluon at L 8-64", "it fits"),
+                                    ("sm_90 row group 64 batch 9-32", "Gluon at L 8-64", "it fits"),
+                                    ("lowering", "triton", "the portable path")]
