@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from kgen.blockconfig import BlockConfig, GluonConfig, SplitPolicy, batch_span, compact_notation
-from kgen.explain import PASS_WIDTH, WIDTH, _merged_groups, _relative, _row, _shown, explain
+from kgen.explain import _ROW_OF_GROUP, PASS_WIDTH, WIDTH, _merged_groups, _relative, _row, _shown, explain
 from kgen.passes.context import load_context
 from kgen.passes.pipeline import PASSES, run_pipeline
 from kgen.plan import BRIEF_WIDTH, Decision, Plan, new_plan
@@ -118,9 +118,9 @@ def test_each_decision_is_one_line_ending_with_its_whole_brief(layout, kv, varia
         assert d.brief == d.why or len(d.brief) < len(d.why), d  # a brief is the short form
         value = _shown(d.value, splits=not invariant)
         what = re.escape(d.what)
-        if row := re.fullmatch(r"(\S+) row group (\d+) batch (\S+)", d.what):
+        if row := _ROW_OF_GROUP.fullmatch(d.what):
             # Rows that differ in their group alone share a line ('sm_90 groups 4, 8 batch 1+').
-            arch, group, batches = (re.escape(part) for part in row.groups())
+            arch, group, batches = (re.escape(row[part]) for part in ("arch", "group", "batches"))
             what = rf"(?:{what}|{arch} groups (?:\d+, )*{group}(?:, \d+)* batch {batches})"
         # Its line: the value after the what, or alone on the next line where it is too wide for it.
         at = next(i for i, line in enumerate(lines) if re.search(rf"\s{what} += {re.escape(value)}", line)
