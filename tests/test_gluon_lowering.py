@@ -9,6 +9,8 @@ import dataclasses
 import importlib.util
 import json
 import multiprocessing
+import subprocess
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import ModuleType
@@ -264,6 +266,46 @@ def _warp_roles(job: dict) -> dict:
             "copy_groups": ptx.count("cp.async.commit_group"),
             "waits": ptx.count("mbarrier.try_wait.parity"),
             "wgmma": ptx.count("wgmma.mma_async")}
+
+
+# The offsets of a 128-byte-swizzled fp16 shared layout (NVMMASharedLayout(128, 16, rank)) of a
+# shape, as the linear layout's bases, printed as JSON by a child interpreter: Triton's bindings
+# report leaked objects at exit, which stay out of the test run's output.
+_SWIZZLED_BASES = """
+import json, sys
+from triton._C.libtriton import gluon_ir, ir
+from triton.experimental.gluon import language as gl
+ctx = ir.context()
+ir.load_dialects(ctx)
+builder = gluon_ir.GluonOpBuilder(ctx)
+rank, shape = int(sys.argv[1]), [int(x) for x in sys.argv[2:]]
+layout = gl.NVMMASharedLayout(128, 16, rank=rank)._to_ir(builder)
+print(json.dumps([list(b) for b in builder.to_linear_layout(layout, shape).offset_bases]))
+"""
+
+
+def _swizzled_bases(shape: list[int]) -> list[list[int]]:
+    out = subprocess.run([sys.executable, "-c", _SWIZZLED_BASES, str(len(shape)), *map(str, shape)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9),
+                    reason="Triton 3.6's to_linear_layout aborts on shared layouts")
+@pytest.mark.parametrize("block_n", [32, 64, 128])
+def test_the_mla_latent_slot_is_eight_swizzled_column_blocks(block_n: int) -> None:
+    """The FP8 converter of absorbed MLA (gluon/pipeline.py.j2, _gluon_in_place_converter)
+    writes a stage's latent slot [BLOCK_N, 512] (fp16, 128-byte swizzle) through a rank-3 view
+    [8, BLOCK_N, 64] of the same swizzle, and lands chunk k of the e4m3 rows in column block
+    4 + k // 2: both need every element (r, 64 j + c) of the slot at the offset of (j, r, c),
+    so that column block j is the slot's j-th run of BLOCK_N x 128 bytes."""
+    slot = _swizzled_bases([block_n, 512])
+    blocks = _swizzled_bases([8, block_n, 64])
+    # Offsets are linear in the coordinates' bits: equal bases, equal layouts.
+    assert [[col >> 6, row, col & 63] for row, col in slot] == blocks
+    # Bit i of an offset is basis i: the bases past a block's elements (BLOCK_N x 64) step the block.
+    per_block = (block_n * 64).bit_length() - 1
+    assert [basis[0] for basis in blocks[per_block:]] == [1, 2, 4]
 
 
 def test_the_gluon_stage_is_warp_specialized(built: Path) -> None:
