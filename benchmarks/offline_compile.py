@@ -8,7 +8,10 @@ Costs no device time: Triton's wheel ships ptxas and nvdisasm. Usage:
 (the second: what a call launches, the Gluon stage under Triton 3.6).
 
 Besides the totals it counts the spill loads and stores (LDL/STL) inside the program's
-longest loop, the prefix loop: spills there are paid every tile, spills outside it once.
+longest loop, the prefix loop: spills there are paid every tile, spills outside it once. A
+warp-specialized program's longest loop spans its partitions, so it also lists the innermost
+loops of 100 instructions or more, each partition's loop over the tiles, with what each
+issues a tile: MMAs, conversions (F2FP), cp.async copies, barriers of its warps (BAR) and spills.
 """
 
 from __future__ import annotations
@@ -110,6 +113,9 @@ def compile_prefix(args) -> None:
     if loop:
         print(f"  longest loop ({len(loop)} instructions): LDL {sum(' LDL' in i for i in loop)}, "
               f"STL {sum(' STL' in i for i in loop)}")
+    for inner in innermost_loops(sass):
+        counts = ", ".join(f"{op} {_count(op, inner)}" for op in _PER_TILE)
+        print(f"  loop at {_ADDRESS.search(inner[0]).group(1)} ({len(inner)} instructions): {counts}")
     if args.dump:
         Path(args.dump).write_text(sass)
     if args.dump_ttgir:
@@ -121,9 +127,38 @@ _LABEL = re.compile(r"^\s*\.L_x_(\d+):")
 _BACK_BRANCH = re.compile(r"\bBRA\b.*`\(\.L_x_(\d+)\)")
 
 
+_PER_TILE = ("HGMMA", "F2FP", "LDGSTS", "BAR", "LDL", "STL")
+
+
+def _count(op: str, instructions: list[str]) -> int:
+    """Instructions of opcode ``op`` (any modifiers: BAR.SYNC is a BAR, LDGSTS not an LDG)."""
+    pattern = re.compile(rf"\s{op}(\.|\s)")
+    return sum(bool(pattern.search(line)) for line in instructions)
+
+
 def longest_loop(sass: str) -> list[str]:
     """The instructions between the label and the backward branch of the widest loop in the
     SASS (nvdisasm marks branch targets .L_x_N), or [] when there is no loop."""
+    instructions, spans = _loops(sass)
+    if not spans:
+        return []
+    start, end = max(spans, key=lambda span: span[1] - span[0])
+    return instructions[start:end + 1]
+
+
+def innermost_loops(sass: str, min_instructions: int = 100) -> list[list[str]]:
+    """The loops of at least ``min_instructions`` that hold no other such loop, in address
+    order: in a warp-specialized program, each partition's loop over the tiles (the retry
+    loops of its mbarrier waits are shorter)."""
+    instructions, spans = _loops(sass)
+    big = sorted({span for span in spans if span[1] - span[0] + 1 >= min_instructions})
+    inner = [(a, b) for a, b in big if not any((c, d) != (a, b) and a <= c and d <= b for c, d in big)]
+    return [instructions[a:b + 1] for a, b in inner]
+
+
+def _loops(sass: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """The SASS's instruction lines and each loop's (first, last) instruction index: from a
+    .L_x_N label to a branch back to it."""
     instructions, labels, pending = [], {}, []
     for line in sass.splitlines():
         label = _LABEL.match(line)
@@ -136,12 +171,9 @@ def longest_loop(sass: str) -> list[str]:
                 labels[name] = len(instructions)
             pending = []
             instructions.append(line)
-    loops = [(labels[m.group(1)], end) for end, line in enumerate(instructions)
+    spans = [(labels[m.group(1)], end) for end, line in enumerate(instructions)
              if (m := _BACK_BRANCH.search(line)) and labels.get(m.group(1), end + 1) <= end]
-    if not loops:
-        return []
-    start, end = max(loops, key=lambda span: span[1] - span[0])
-    return instructions[start:end + 1]
+    return instructions, spans
 
 
 def main() -> int:

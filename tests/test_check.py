@@ -414,6 +414,31 @@ def test_offline_compile_finds_the_longest_loop(monkeypatch):
     assert tool.longest_loop("        /*0000*/                   EXIT ;") == []
 
 
+def test_offline_compile_lists_each_partitions_loop(monkeypatch):
+    """A warp-specialized program's partitions each loop over the tiles inside one wide loop:
+    offline_compile.py lists the innermost loops past a size, with what each issues a pass."""
+    tool = _offline_compile_tool(monkeypatch)
+    sass = "\n".join([
+        ".L_x_0:",
+        "        /*0000*/                   BAR.SYNC.DEFER_BLOCKING 0x3, 0x80 ;",
+        ".L_x_1:",
+        "        /*0010*/                   F2FP.F16.E4M3.UNPACK_B R2, R3 ;",
+        "        /*0020*/                   LDGSTS.E.BYPASS.128 [R0], desc[UR4][R4.64] ;",
+        "        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x3, 0x80 ;",
+        "        /*0040*/                   @P0 BRA `(.L_x_1) ;",
+        ".L_x_2:",
+        "        /*0050*/                   HGMMA.64x64x16.F32 R8, gdesc[UR4], R8 ;",
+        "        /*0060*/                   LDL R4, [R1] ;",
+        "        /*0070*/                   @P1 BRA `(.L_x_2) ;",
+        "        /*0080*/                   @P2 BRA `(.L_x_0) ;",
+        "        /*0090*/                   EXIT ;",
+    ])
+    converter, consumer = tool.innermost_loops(sass, min_instructions=3)
+    assert [tool._count(op, converter) for op in tool._PER_TILE] == [0, 1, 1, 1, 0, 0]
+    assert [tool._count(op, consumer) for op in tool._PER_TILE] == [1, 0, 0, 0, 1, 0]
+    assert len(tool.longest_loop(sass)) == 9
+
+
 def test_a_compile_does_not_change_the_next_one_in_its_worker():
     """Every compile runs in a fork of its worker (compile_isolated): under Triton 3.6 an AMD
     compile changes what the next one of the other AMD target gives in the same process (this
