@@ -295,10 +295,11 @@ def _swizzled_bases(shape: list[int]) -> list[list[int]]:
 @pytest.mark.parametrize("block_n", [32, 64, 128])
 def test_the_mla_latent_slot_is_eight_swizzled_column_blocks(block_n: int) -> None:
     """The FP8 converter of absorbed MLA (gluon/pipeline.py.j2, _gluon_in_place_converter)
-    writes a stage's latent slot [BLOCK_N, 512] (fp16, 128-byte swizzle) through a rank-3 view
-    [8, BLOCK_N, 64] of the same swizzle, and lands chunk k of the e4m3 rows in column block
-    4 + k // 2: both need every element (r, 64 j + c) of the slot at the offset of (j, r, c),
-    so that column block j is the slot's j-th run of BLOCK_N x 128 bytes."""
+    lands chunk k of a tile's e4m3 rows in column block 4 + k // 2 of a stage's latent slot
+    [BLOCK_N, 512] (fp16, 128-byte swizzle) and converts it front to back, block by block: that
+    needs column block j to be the slot's j-th run of BLOCK_N x 128 bytes, every element
+    (r, 64 j + c) at the offset the rank-3 layout [8, BLOCK_N, 64] of the same swizzle gives
+    (j, r, c)."""
     slot = _swizzled_bases([block_n, 512])
     blocks = _swizzled_bases([8, block_n, 64])
     # Offsets are linear in the coordinates' bits: equal bases, equal layouts.
