@@ -641,11 +641,11 @@ GLUON_PRODUCER_WARPS = tl.constexpr(4)  # the producer partition: one warpgroup 
 # setmaxnreg moves the physical registers and ptxas compiles each partition within its share;
 # every single instruction must still fit the launch's maxnreg (rules.gluon_launch_registers: 168
 # at 12 warps; docs/perf-notes.md, "What Triton 3.6's Gluon does on sm_90").
-# The in-place converter holds two 64-column chunks of e5m2 rows and their fp16, never a tile: 64
-# registers, with the second PV at 184, leave the scorer its 256, and no partition spills on token
-# slots (benchmarks/offline_compile.py --kv fp8 --as-launched; pages add a few spilled scalars).
-GLUON_SECOND_PV_REGISTERS = tl.constexpr(184)
-GLUON_PRODUCER_REGISTERS = tl.constexpr(64)
+# The in-place converter holds two 64-column chunks of e5m2 rows and their fp16, never a tile: 56
+# registers, with the second PV at 192, leave the scorer its 256: neither MMA warpgroup spills, and
+# the converter reloads a few scalars a tile (benchmarks/offline_compile.py --kv fp8 --as-launched).
+GLUON_SECOND_PV_REGISTERS = tl.constexpr(192)
+GLUON_PRODUCER_REGISTERS = tl.constexpr(56)
 
 if _HAS_GLUON:
 
@@ -866,28 +866,6 @@ if _HAS_GLUON:
         async_copy.async_copy_global_to_shared(dst, ptrs)
 
     @gluon.jit
-    def _gluon_land_in_place(k_nope_stages, k_pe_stages, empty, t, K_Buffer, row, BLOCK_N: gl.constexpr,
-                             NUM_STAGES: gl.constexpr, LOAD: gl.constexpr, LOAD3: gl.constexpr):
-        """Once the consumers release tile t's stage, cp.async the tile's e5m2 rows (element
-        offsets `row`, in LOAD's row layout) into the upper half of its fp16 slots as two commit
-        groups: latent chunks 0-3, then chunks 4-7 and the PE. Chunk k of the latent slot's
-        sixteen 64-byte chunks of room is the tile's chunk k - 8; the PE lands in the PE slot's
-        upper half."""
-        LANDED3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-        LANDED: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-        FP8: gl.constexpr = K_Buffer.dtype.element_ty
-        stage, parity = _gluon_ring_slot(t, NUM_STAGES)
-        landed3 = k_nope_stages.index(stage)._reinterpret(FP8, [16, BLOCK_N, 64], LANDED3)
-        landed_pe = k_pe_stages.index(stage)._reinterpret(FP8, [2, BLOCK_N, 64], LANDED).index(1)
-        row3 = gl.convert_layout(row, gl.SliceLayout(0, gl.SliceLayout(2, LOAD3)))  # the same registers
-        mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
-        _gluon_land_chunks(landed3.slice(8, 4), K_Buffer, row3, 0, LOAD3)
-        async_copy.commit_group()
-        _gluon_land_chunks(landed3.slice(12, 4), K_Buffer, row3, 4 * 64, LOAD3)
-        _gluon_land_chunk(landed_pe, K_Buffer, row, NOPE_DIM, LOAD)
-        async_copy.commit_group()
-
-    @gluon.jit
     def _gluon_in_place_converter(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty,
                                   split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
                                   stride_k_slot, head_off, q_start, q_len, ke_head, stride_ke_tok,
@@ -896,12 +874,10 @@ if _HAS_GLUON:
         """The producer partition of FP8 KV (GLUON_PRODUCER_WARPS warps, GLUON_PRODUCER_REGISTERS
         registers a thread): the split's tiles, then (draft_tiles == 1) the draft rows, as
         _gluon_producer fills them, but converted to fp16 in the stage itself. Once a stage is
-        free, the tile's e5m2 rows land by cp.async in the upper half of its fp16 slots
-        (_gluon_land_in_place), and the warpgroup converts them front to back into the whole
-        slot. Tile t + 1's copies are issued before tile t converts, so one tile's bytes are in
-        flight while the warpgroup converts and the consumers work on the other stage. No tile
-        is held in registers, so this warpgroup needs few of them and the MMA warpgroups keep
-        BF16's share.
+        free, the tile's e5m2 rows land by cp.async in the upper half of its fp16 slots, and
+        the warpgroup converts them front to back into the whole slot. No tile is held in
+        registers, so this warpgroup needs few of them and the MMA warpgroups keep BF16's
+        share; the landing's latency is paid while the consumers work on the other stage.
 
         The order of the conversion is what makes it safe. A stage's latent slot is eight fp16
         column blocks of BLOCK_N x 128 bytes (the 128-byte-swizzled layout keeps a block's rows
@@ -920,52 +896,47 @@ if _HAS_GLUON:
         # one buffer with a barrier of the warpgroup, and one copy has none inside it.
         LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [GLUON_PRODUCER_WARPS, 1], [1, 0])
         LOAD3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [1, GLUON_PRODUCER_WARPS, 1], [2, 1, 0])
-        # The e5m2 bytes as landed: chunks of [BLOCK_N, 64], row-major and unswizzled (the
-        # landing sees the same bytes as one 3-d block, LANDED3).
+        # The e5m2 bytes as landed: chunks of [BLOCK_N, 64], row-major and unswizzled (the same
+        # bytes seen as a ring of chunks, LANDED, and as one 3-d block, LANDED3).
         LANDED: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         LANDED3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-        # A stage's latent slot [BLOCK_N, 512] with 128-byte swizzling is eight column blocks
-        # [BLOCK_N, 64] one after another, each swizzled alone: the rank-3 layout's bytes.
-        BLOCKS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
         FP8: gl.constexpr = K_Buffer.dtype.element_ty
-        gl.static_assert(NUM_STAGES >= 2, "tile t + 1 lands in another stage while tile t converts")
         last = split_end - 1
         row = _gluon_tile_rows(table_words, split_start, last, page_shift, stride_k_page, stride_k_slot, head_off,
                                BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
-        if num_tiles > 0:
-            _gluon_land_in_place(k_nope_stages, k_pe_stages, empty, 0, K_Buffer, row, BLOCK_N, NUM_STAGES, LOAD, LOAD3)
-        row = _gluon_tile_rows(table_words, split_start + BLOCK_N, last, page_shift, stride_k_page, stride_k_slot,
-                               head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
         for t in range(num_tiles):
-            # Tile t + 1 lands once its stage is free, so its copies are in flight while tile t
-            # converts; past the last tile two empty groups keep every tile's count of groups.
-            if t + 1 < num_tiles:
-                _gluon_land_in_place(k_nope_stages, k_pe_stages, empty, t + 1, K_Buffer, row, BLOCK_N, NUM_STAGES,
-                                     LOAD, LOAD3)
-            else:
-                async_copy.commit_group()
-                async_copy.commit_group()
-            row = _gluon_tile_rows(table_words, split_start + (t + 2) * BLOCK_N, last, page_shift, stride_k_page,
-                                   stride_k_slot, head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
-            stage = t % NUM_STAGES
+            row3 = gl.convert_layout(row, gl.SliceLayout(0, gl.SliceLayout(2, LOAD3)))  # the same registers
+            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
             nope = k_nope_stages.index(stage)
             pe = k_pe_stages.index(stage)
-            # The same bytes as blocks [8, BLOCK_N, 64] (fp16) and as landed chunks [16, BLOCK_N, 64]
-            # (e5m2): one load and one store a step, so Triton orders them with one barrier.
-            blocks = nope._reinterpret(nope.dtype, [8, BLOCK_N, 64], BLOCKS)
-            landed = nope._reinterpret(FP8, [16, BLOCK_N, 64], LANDED3)
+            # Sixteen chunks' room in the latent slot: the tile's chunk k is chunk 8 + k.
+            landed = nope._reinterpret(FP8, [16, BLOCK_N, 64], LANDED)
+            landed3 = nope._reinterpret(FP8, [16, BLOCK_N, 64], LANDED3)
             landed_pe = pe._reinterpret(FP8, [2, BLOCK_N, 64], LANDED).index(1)
-            async_copy.wait_group(3)  # this thread's copies of tile t's chunks 0-3 (tile t + 1's two groups fly)
-            blocks.slice(0, 2).store(landed.slice(8, 2).load(LOAD3).to(nope.dtype))  # below every source
-            blocks.slice(2, 2).store(landed.slice(10, 2).load(LOAD3).to(nope.dtype))
-            async_copy.wait_group(2)  # the rest of this thread's copies of tile t
-            c45 = landed.slice(12, 2).load(LOAD3)
+            mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
+            # Two groups: chunks 0-3 convert while 4-7 and the PE are still landing.
+            _gluon_land_chunks(landed3.slice(8, 4), K_Buffer, row3, 0, LOAD3)
+            async_copy.commit_group()
+            _gluon_land_chunks(landed3.slice(12, 4), K_Buffer, row3, 4 * 64, LOAD3)
+            _gluon_land_chunk(landed_pe, K_Buffer, row, NOPE_DIM, LOAD)
+            async_copy.commit_group()
+            row = _gluon_tile_rows(table_words, split_start + (t + 1) * BLOCK_N, last, page_shift, stride_k_page,
+                                   stride_k_slot, head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
+            async_copy.wait_group(1)  # this thread's copies of chunks 0-3
+            for k in gl.static_range(4):  # blocks 0-3: below every source
+                nope.slice(k * 64, 64, dim=1).store(landed.index(8 + k).load(LOAD).to(nope.dtype))
+            async_copy.wait_group(0)  # the rest of this thread's copies
+            c4 = landed.index(12).load(LOAD)
+            c5 = landed.index(13).load(LOAD)
             pe_rows = landed_pe.load(LOAD)
             gl.thread_barrier()  # every thread has read chunks 0-5 and the PE
-            blocks.slice(4, 2).store(c45.to(nope.dtype))  # over chunks 0-3
-            c67 = landed.slice(14, 2).load(LOAD3)
+            nope.slice(4 * 64, 64, dim=1).store(c4.to(nope.dtype))  # over chunks 0 and 1
+            nope.slice(5 * 64, 64, dim=1).store(c5.to(nope.dtype))  # over chunks 2 and 3
+            c6 = landed.index(14).load(LOAD)
+            c7 = landed.index(15).load(LOAD)
             gl.thread_barrier()  # every thread has read chunks 6 and 7
-            blocks.slice(6, 2).store(c67.to(nope.dtype))  # over chunks 4-7
+            nope.slice(6 * 64, 64, dim=1).store(c6.to(nope.dtype))  # over chunks 4 and 5
+            nope.slice(7 * 64, 64, dim=1).store(c7.to(nope.dtype))  # over chunks 6 and 7
             pe.store(pe_rows.to(nope.dtype))  # over the PE as landed
             _gluon_stage_filled(ready, stage)
         for t in range(num_tiles, num_tiles + draft_tiles):
