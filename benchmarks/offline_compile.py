@@ -111,8 +111,7 @@ def compile_prefix(args) -> None:
     print("  SASS:", ", ".join(f"{k} {v}" for k, v in ops.items()))
     loop = longest_loop(sass)
     if loop:
-        print(f"  longest loop ({len(loop)} instructions): LDL {sum(' LDL' in i for i in loop)}, "
-              f"STL {sum(' STL' in i for i in loop)}")
+        print(f"  longest loop ({len(loop)} instructions): LDL {_count('LDL', loop)}, STL {_count('STL', loop)}")
     for inner in innermost_loops(sass):
         counts = ", ".join(f"{op} {_count(op, inner)}" for op in _PER_TILE)
         print(f"  loop at {_ADDRESS.search(inner[0]).group(1)} ({len(inner)} instructions): {counts}")

@@ -200,7 +200,6 @@ def test_the_fit_summary_counts_its_cells():
     assert wide.value == "warps to 8" and wide.brief == "for registers"
 
 
-
 def test_rows_that_differ_in_their_group_alone_share_a_line():
     rows = [("sm_90 row group 4 batch 1+", "Triton at every L", "it fits"),
             ("sm_90 row group 8 batch 1+", "Triton at every L", "it fits"),
