@@ -677,9 +677,8 @@ def _verify_merge_stage(
 #   producer  (worker, 4 warps): once a stage is free, gathers each prefix tile's e4m3 K rows
 #             through the request's kv_indices (token slots) or block-table row (pages) with
 #             cp.async into the upper half of the stage's fp16 slots, converts them in place
-#             to fp16 (exactly, on the integer ALU and with cvt, in an order that never
-#             overwrites a byte not yet read: _gluon_in_place_converter), then the draft rows
-#             (16-bit, converted to fp16).
+#             to fp16 (one exact cvt a pair, in an order that never overwrites a byte not yet
+#             read: _gluon_in_place_converter), then the draft rows (16-bit, converted to fp16).
 #             It issues every global load of the loop; the other two issue none, and no MMA
 #             warp converts.
 # FP8 KV: the stages, q and P are fp16 (e4m3 converts to fp16 exactly; q is scaled by K's
@@ -866,13 +865,10 @@ if _HAS_GLUON:
     # ---- the converting producer (FP8 KV) ------------------------------------------------
     # e4m3 rows cannot go to the stage as they are: wgmma reads 16-bit tiles, and converting on
     # the MMA warps puts the conversion on their chain. So the producer warpgroup converts them to
-    # fp16, exactly. Absorbed MLA's stages leave no room for a landing ring beside them, and a
-    # tile held in registers takes the MMA warpgroups' share: the converter lands each tile in its
-    # free stage and converts it there (_gluon_in_place_converter); `ready` then counts one
-    # arrival, after the warps' stores and a proxy fence. cvt.rn.f16x2.e4m3x2 (SASS F2FP)
-    # alone would bound the converter, so the conversion is split over two pipes: chunks 0-3 of
-    # the latent columns convert on the integer ALU and the FP16 multiply
-    # (_gluon_fp8_to_fp16_alu), chunks 4-7 and the PE with F2FP.
+    # fp16 (cvt.rn.f16x2.e4m3x2: exact). Absorbed MLA's stages leave no room for a landing ring
+    # beside them, and a tile held in registers takes the MMA warpgroups' share: the converter
+    # lands each tile in its free stage and converts it there (_gluon_in_place_converter);
+    # `ready` then counts one arrival, after the warps' stores and a proxy fence.
 
     @gluon.jit
     def _gluon_fp8_rows(src, row, col0, COLS: gl.constexpr, LOAD: gl.constexpr):
@@ -906,52 +902,6 @@ if _HAS_GLUON:
         cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, LOAD))
         rows = gl.load(K_Extend + row[:, None] + cols[None, :], mask=in_rows[:, None], other=0.0)
         dst.slice(col0, COLS, dim=1).store(rows.to(dst.dtype))
-
-    @gluon.jit
-    def _gluon_fp8_to_fp16_alu(x):
-        """e4m3 x to fp16, exactly, the bits x.to(gl.float16) gives (a NaN to a NaN), but
-        without cvt.rn.f16x2.e4m3x2: that cvt is SASS F2FP, a pipe of 16 lanes a clock an SM,
-        and at 144 F2FP a thread a tile (288 elements) its throughput is what bounds the in-place
-        converter. pack=4: four bytes in one 32-bit word w, element 0 in byte 0 (as landed), out
-        to two f16x2 words, elements 0-1 and 2-3, the lower element in the lower half, as the
-        cvt puts them. prmt.b32 d, a, b, sel: nibble i of sel picks d's byte i from bytes
-        {b, a} (a's are 0-3, b's 4-7); with its bit 3 set, that byte's sign bit replicated.
-        The temporaries are the asm's own (its braces).
-
-        On the integer ALU (LOP3, SHF, IADD3, PRMT) and the FP16 multiply (HMUL2). e4m3fn
-        (sign, 4-bit exponent of bias 7, three bits of mantissa) b: the fp16 bits
-        ((b & 0x80) << 8) | ((b & 0x7F) << 7) are its value times 2^-8 (fp16's exponent bias is
-        15), normals and subnormals alike, and x 256.0 (fp16 0x5C00) makes it exact. A word's
-        fp16 high bytes are (w & 0x80808080) | ((w >> 1) & 0x3F3F3F3F), its low bytes
-        (w << 7) & 0x80808080; two PRMTs interleave them. NaN (0x7F, 0xFF) would come out
-        +-480: (w & 0x7F7F7F7F) + 0x01010101 (no carry crosses a byte) has a byte's bit 7 set
-        iff that byte is NaN, PRMT's sign mode (0xBA98) spreads it over the byte, and or-ed into
-        the high byte it makes an fp16 NaN (exponent all ones, mantissa not zero) that x 256
-        keeps. 12 instructions a word (ptxas: 4 LOP3, 3 PRMT, 2 HMUL2, a shift, a shift or IMAD,
-        an add) where the cvt takes 2 F2FP, so the ALU does not beat F2FP, it runs beside it:
-        the converter converts chunks 0-3 here and chunks 4-7 and the PE with the cvt
-        (tests/test_gluon_lowering.py runs the asm over every byte)."""
-        return gl.inline_asm_elementwise(
-            """{
-            .reg .b32 w, hi, lo, t, m, k;
-            mov.b32 w, $2;
-            and.b32 t, w, 0x7F7F7F7F;
-            add.u32 t, t, 0x01010101;
-            prmt.b32 m, t, 0, 0xBA98;
-            shr.b32 t, w, 1;
-            and.b32 t, t, 0x3F3F3F3F;
-            or.b32 t, t, m;
-            and.b32 hi, w, 0x80808080;
-            or.b32 hi, hi, t;
-            shl.b32 lo, w, 7;
-            and.b32 lo, lo, 0x80808080;
-            mov.b32 k, 0x5C005C00;
-            prmt.b32 t, lo, hi, 0x5140;
-            mul.rn.f16x2 $0, t, k;
-            prmt.b32 t, lo, hi, 0x7362;
-            mul.rn.f16x2 $1, t, k;
-            }""",
-            "=r,=r,r", [x.to(gl.uint8, bitcast=True)], dtype=gl.float16, is_pure=True, pack=4)
 
     @gluon.jit
     def _gluon_land_chunk(dst, src, row, col0, LOAD: gl.constexpr):
@@ -994,11 +944,7 @@ if _HAS_GLUON:
         its upper half and is written after its whole source is read. The copies and the
         reads of a chunk share one layout, so a thread reads back exactly the bytes it copied
         and its own cp.async groups are all it waits for. Rows past the split read its last
-        token again (finite data the consumers score -inf).
-
-        F2FP (cvt.rn.f16x2.e4m3x2) alone would bound the loop (_gluon_fp8_to_fp16_alu): chunks
-        0-3, converted while 4-7 and the PE still land, take the integer ALU and the FP16
-        multiply instead, and chunks 4-7 and the PE F2FP, so both pipes share each tile."""
+        token again (finite data the consumers score -inf)."""
         gl.static_assert(NOPE_DIM == 8 * 64 and PE_DIM == 64, "the conversion order is written for MLA 512+64")
         # A chunk's copies and reads: 4 lanes cover a row's 64 bytes, 16 bytes each; a warp covers
         # 8 rows. LOAD3 is LOAD over several chunks at once (each thread the same rows and bytes of
@@ -1033,8 +979,8 @@ if _HAS_GLUON:
             row = _gluon_tile_rows(table_words, split_start + (t + 1) * BLOCK_N, last, page_shift, stride_k_page,
                                    stride_k_slot, head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
             async_copy.wait_group(1)  # this thread's copies of chunks 0-3
-            for k in gl.static_range(4):  # blocks 0-3: below every source (the ALU converts them)
-                nope.slice(k * 64, 64, dim=1).store(_gluon_fp8_to_fp16_alu(landed.index(8 + k).load(LOAD)))
+            for k in gl.static_range(4):  # blocks 0-3: below every source
+                nope.slice(k * 64, 64, dim=1).store(landed.index(8 + k).load(LOAD).to(nope.dtype))
             async_copy.wait_group(0)  # the rest of this thread's copies
             c4 = landed.index(12).load(LOAD)
             c5 = landed.index(13).load(LOAD)

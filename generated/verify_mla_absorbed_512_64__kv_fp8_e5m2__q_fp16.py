@@ -677,9 +677,8 @@ def _verify_merge_stage(
 #   producer  (worker, 4 warps): once a stage is free, gathers each prefix tile's e5m2 K rows
 #             through the request's kv_indices (token slots) or block-table row (pages) with
 #             cp.async into the upper half of the stage's fp16 slots, converts them in place
-#             to fp16 (exactly, by byte permutes, in an order that never
-#             overwrites a byte not yet read: _gluon_in_place_converter), then the draft rows
-#             (16-bit, converted to fp16).
+#             to fp16 (one exact cvt a pair, in an order that never overwrites a byte not yet
+#             read: _gluon_in_place_converter), then the draft rows (16-bit, converted to fp16).
 #             It issues every global load of the loop; the other two issue none, and no MMA
 #             warp converts.
 # FP8 KV: the stages, q and P are fp16 (e5m2 converts to fp16 exactly; q is scaled by K's
@@ -866,13 +865,10 @@ if _HAS_GLUON:
     # ---- the converting producer (FP8 KV) ------------------------------------------------
     # e5m2 rows cannot go to the stage as they are: wgmma reads 16-bit tiles, and converting on
     # the MMA warps puts the conversion on their chain. So the producer warpgroup converts them to
-    # fp16, exactly. Absorbed MLA's stages leave no room for a landing ring beside them, and a
-    # tile held in registers takes the MMA warpgroups' share: the converter lands each tile in its
-    # free stage and converts it there (_gluon_in_place_converter); `ready` then counts one
-    # arrival, after the warps' stores and a proxy fence. cvt.rn.f16x2.e5m2x2 (SASS F2FP)
-    # alone would bound the converter; e5m2 being fp16's high byte, every chunk and the PE
-    # convert by byte permutes on the integer ALU instead, none with F2FP
-    # (_gluon_fp8_to_fp16_alu).
+    # fp16 (cvt.rn.f16x2.e5m2x2: exact). Absorbed MLA's stages leave no room for a landing ring
+    # beside them, and a tile held in registers takes the MMA warpgroups' share: the converter
+    # lands each tile in its free stage and converts it there (_gluon_in_place_converter);
+    # `ready` then counts one arrival, after the warps' stores and a proxy fence.
 
     @gluon.jit
     def _gluon_fp8_rows(src, row, col0, COLS: gl.constexpr, LOAD: gl.constexpr):
@@ -906,31 +902,6 @@ if _HAS_GLUON:
         cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, LOAD))
         rows = gl.load(K_Extend + row[:, None] + cols[None, :], mask=in_rows[:, None], other=0.0)
         dst.slice(col0, COLS, dim=1).store(rows.to(dst.dtype))
-
-    @gluon.jit
-    def _gluon_fp8_to_fp16_alu(x):
-        """e5m2 x to fp16, exactly, the bits x.to(gl.float16) gives (a NaN to a NaN), but
-        without cvt.rn.f16x2.e5m2x2: that cvt is SASS F2FP, a pipe of 16 lanes a clock an SM,
-        and at 144 F2FP a thread a tile (288 elements) its throughput is what bounds the in-place
-        converter. pack=4: four bytes in one 32-bit word w, element 0 in byte 0 (as landed), out
-        to two f16x2 words, elements 0-1 and 2-3, the lower element in the lower half, as the
-        cvt puts them. prmt.b32 d, a, b, sel: nibble i of sel picks d's byte i from bytes
-        {b, a} (a's are 0-3, b's 4-7); with its bit 3 set, that byte's sign bit replicated.
-        The temporaries are the asm's own (its braces).
-
-        e5m2 is fp16's high byte (sign, 5-bit exponent of bias 15, two bits of mantissa; zeros,
-        subnormals, inf and NaN alike): fp16 = byte << 8, one PRMT (integer ALU) a pair, each
-        low byte the zero byte 4 (the 0 operand): as many instructions as the cvt, on a wider
-        pipe, so every chunk and the PE convert this way (tests/test_gluon_lowering.py runs the
-        asm over every byte)."""
-        return gl.inline_asm_elementwise(
-            """{
-            .reg .b32 w;
-            mov.b32 w, $2;
-            prmt.b32 $0, w, 0, 0x1404;
-            prmt.b32 $1, w, 0, 0x3424;
-            }""",
-            "=r,=r,r", [x.to(gl.uint8, bitcast=True)], dtype=gl.float16, is_pure=True, pack=4)
 
     @gluon.jit
     def _gluon_land_chunk(dst, src, row, col0, LOAD: gl.constexpr):
@@ -973,10 +944,7 @@ if _HAS_GLUON:
         its upper half and is written after its whole source is read. The copies and the
         reads of a chunk share one layout, so a thread reads back exactly the bytes it copied
         and its own cp.async groups are all it waits for. Rows past the split read its last
-        token again (finite data the consumers score -inf).
-
-        Every chunk and the PE convert by byte permutes on the integer ALU
-        (_gluon_fp8_to_fp16_alu: e5m2 is fp16's high byte), none with F2FP."""
+        token again (finite data the consumers score -inf)."""
         gl.static_assert(NOPE_DIM == 8 * 64 and PE_DIM == 64, "the conversion order is written for MLA 512+64")
         # A chunk's copies and reads: 4 lanes cover a row's 64 bytes, 16 bytes each; a warp covers
         # 8 rows. LOAD3 is LOAD over several chunks at once (each thread the same rows and bytes of
@@ -1011,21 +979,21 @@ if _HAS_GLUON:
             row = _gluon_tile_rows(table_words, split_start + (t + 1) * BLOCK_N, last, page_shift, stride_k_page,
                                    stride_k_slot, head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
             async_copy.wait_group(1)  # this thread's copies of chunks 0-3
-            for k in gl.static_range(4):  # blocks 0-3: below every source (the ALU converts them)
-                nope.slice(k * 64, 64, dim=1).store(_gluon_fp8_to_fp16_alu(landed.index(8 + k).load(LOAD)))
+            for k in gl.static_range(4):  # blocks 0-3: below every source
+                nope.slice(k * 64, 64, dim=1).store(landed.index(8 + k).load(LOAD).to(nope.dtype))
             async_copy.wait_group(0)  # the rest of this thread's copies
             c4 = landed.index(12).load(LOAD)
             c5 = landed.index(13).load(LOAD)
             pe_rows = landed_pe.load(LOAD)
             gl.thread_barrier()  # every thread has read chunks 0-5 and the PE
-            nope.slice(4 * 64, 64, dim=1).store(_gluon_fp8_to_fp16_alu(c4))  # over chunks 0 and 1
-            nope.slice(5 * 64, 64, dim=1).store(_gluon_fp8_to_fp16_alu(c5))  # over chunks 2 and 3
+            nope.slice(4 * 64, 64, dim=1).store(c4.to(nope.dtype))  # over chunks 0 and 1
+            nope.slice(5 * 64, 64, dim=1).store(c5.to(nope.dtype))  # over chunks 2 and 3
             c6 = landed.index(14).load(LOAD)
             c7 = landed.index(15).load(LOAD)
             gl.thread_barrier()  # every thread has read chunks 6 and 7
-            nope.slice(6 * 64, 64, dim=1).store(_gluon_fp8_to_fp16_alu(c6))  # over chunks 4 and 5
-            nope.slice(7 * 64, 64, dim=1).store(_gluon_fp8_to_fp16_alu(c7))  # over chunks 6 and 7
-            pe.store(_gluon_fp8_to_fp16_alu(pe_rows))  # over the PE as landed
+            nope.slice(6 * 64, 64, dim=1).store(c6.to(nope.dtype))  # over chunks 4 and 5
+            nope.slice(7 * 64, 64, dim=1).store(c7.to(nope.dtype))  # over chunks 6 and 7
+            pe.store(pe_rows.to(nope.dtype))  # over the PE as landed
             _gluon_stage_filled(ready, stage)
         for t in range(num_tiles, num_tiles + draft_tiles):
             # The draft tile: draft token j is row j; rows past the draft are zeros.

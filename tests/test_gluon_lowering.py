@@ -5,7 +5,6 @@ sm_90. Modules are built into a temporary folder from a table with Gluon rows.""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import importlib.util
 import json
@@ -16,9 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
-import numpy as np
 import pytest
-import torch
 import triton
 
 from kgen import check
@@ -335,112 +332,6 @@ def test_the_gluon_stage_is_warp_specialized(built: Path) -> None:
     # The producer's prefix tiles and its draft tile each signal `ready`; the scorer waits on
     # `ready`, the second PV on `p_ready` and the rows' stats, the producer on `empty`.
     assert roles["copy_arrivals"] == 2 and roles["waits"] >= 5 and roles["wgmma"] > 0, roles
-
-
-# ------------------------------------------- MLA FP8: the converter's fp8 -> fp16 on the ALU
-
-ALU_CONVERT = "_gluon_fp8_to_fp16_alu"
-
-
-@pytest.fixture(scope="module", params=["float8_e4m3fn", "float8_e5m2"])
-def fp8_mla_source(request, tmp_path_factory) -> tuple[str, ast.Module]:
-    """The kv dtype and the parsed source of the MLA FP8 module built from the templates."""
-    plan = build_one(MLA, request.param, "bfloat16", out_dir=tmp_path_factory.mktemp(request.param))
-    return request.param, ast.parse(Path(plan.output_path).read_text())
-
-
-def _function(tree: ast.Module, name: str) -> ast.FunctionDef:
-    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
-
-
-def _calls(node: ast.AST) -> list[ast.Call]:
-    return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
-
-
-def _prmt(a: int, b: int, sel: int) -> int:
-    """prmt.b32's default mode: nibble i of sel picks byte i of the result from bytes {b, a}
-    (a's bytes 0-3, b's 4-7); a nibble's bit 3 gives the picked byte's sign, replicated."""
-    pool, out = a | b << 32, 0
-    for i in range(4):
-        nibble = sel >> 4 * i & 0xF
-        byte = pool >> 8 * (nibble & 7) & 0xFF
-        if nibble & 8:
-            byte = 0xFF if byte & 0x80 else 0
-        out |= byte << 8 * i
-    return out
-
-
-def _mul_f16x2(a: int, b: int) -> int:
-    """mul.rn.f16x2: each half's product rounded once (fp16 x fp16 is exact in fp32)."""
-    x, y = (np.array([v], dtype=np.uint32).view(np.float16).astype(np.float32) for v in (a, b))
-    with np.errstate(invalid="ignore", over="ignore"):
-        return int((x * y).astype(np.float16).view(np.uint32)[0])
-
-
-# The PTX instructions the converter's asm may use, on 32-bit words. One it does not list fails the
-# test: add its model here.
-_PTX = {
-    "mov.b32": lambda a: a,
-    "and.b32": lambda a, b: a & b,
-    "or.b32": lambda a, b: a | b,
-    "shr.b32": lambda a, b: a >> b,
-    "shl.b32": lambda a, b: a << b,
-    "add.u32": lambda a, b: a + b,
-    "prmt.b32": _prmt,
-    "mul.rn.f16x2": _mul_f16x2,
-}
-
-
-def _run_ptx(asm: str, operands: dict[str, int]) -> dict[str, int]:
-    """Run a braced inline-asm block over its operands ($N); returns every register it wrote."""
-    body = asm.strip()
-    assert body.startswith("{") and body.endswith("}"), "the asm's temporaries are its own: { .reg ...; }"
-    regs = dict(operands)
-    for statement in filter(None, (s.strip() for s in body[1:-1].split(";"))):
-        if statement.startswith(".reg"):
-            continue
-        op, args = statement.split(None, 1)
-        dst, *srcs = (a.strip() for a in args.split(","))
-        assert op in _PTX, f"no model of {op} (tests/test_gluon_lowering.py, _PTX)"
-        values = [regs[s] if s in regs else int(s, 0) for s in srcs]  # a register read unwritten: ValueError
-        regs[dst] = _PTX[op](*values) & 0xFFFFFFFF
-    return regs
-
-
-def test_the_mla_fp8_converter_converts_every_byte_on_the_alu_as_torch_does(fp8_mla_source) -> None:
-    """_gluon_fp8_to_fp16_alu (gluon/pipeline.py.j2) as the template renders it: its inline
-    PTX, run by a model of each instruction over all 256 bytes (4 a word, byte 0 element 0),
-    gives the fp16 bits torch's own conversion gives (zeros' signs, subnormals, e5m2's inf
-    included), and a NaN for each NaN (e4m3fn 0x7F and 0xFF, e5m2's). The words come out as
-    pack=4 of f16 sets them: $0 elements 0-1, $1 elements 2-3, the lower in the low half."""
-    kv, tree = fp8_mla_source
-    (call,) = [c for c in _calls(_function(tree, ALU_CONVERT)) if ast.unparse(c.func) == "gl.inline_asm_elementwise"]
-    asm, constraints = (ast.literal_eval(a) for a in call.args[:2])
-    keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
-    assert constraints == "=r,=r,r" and keywords["pack"] == "4" and keywords["dtype"] == "gl.float16", keywords
-    assert ast.unparse(call.args[2]) in ("[x.to(gl.uint8, bitcast=True)]", "[x.to(gl.int8, bitcast=True)]")
-    got = []
-    for j in range(64):
-        out = _run_ptx(asm, {"$2": int.from_bytes(bytes(range(4 * j, 4 * j + 4)), "little")})
-        got += [out["$0"] & 0xFFFF, out["$0"] >> 16, out["$1"] & 0xFFFF, out["$1"] >> 16]
-    got = torch.tensor(got, dtype=torch.int32).to(torch.int16).view(torch.float16)
-    want = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(getattr(torch, kv)).to(torch.float16)
-    assert torch.equal(got.isnan(), want.isnan()) and int(want.isnan().sum()) == (2 if kv == "float8_e4m3fn" else 6)
-    finite = ~want.isnan()
-    assert torch.equal(got[finite].view(torch.int16), want[finite].view(torch.int16))
-
-
-def test_the_mla_fp8_converter_splits_the_tile_between_the_alu_and_f2fp(fp8_mla_source) -> None:
-    """e4m3: chunks 0-3 (the static loop) convert on the ALU, chunks 4-7 and the PE with .to()
-    (F2FP), so both pipes share a tile; e5m2: all of them on the ALU (a PRMT a pair)."""
-    kv, tree = fp8_mla_source
-    calls = [ast.unparse(c) for c in _calls(_function(tree, "_gluon_in_place_converter"))]
-    alu = [c for c in calls if c.startswith(f"{ALU_CONVERT}(")]
-    cvt = [c for c in calls if c.endswith(".to(nope.dtype)")]
-    if kv == "float8_e4m3fn":
-        assert alu == [f"{ALU_CONVERT}(landed.index(8 + k).load(LOAD))"] and len(cvt) == 5, calls
-    else:
-        assert len(alu) == 6 and cvt == [], calls
 
 
 # ----------------------------------------------------------------- GQA's Gluon stage
