@@ -22,6 +22,8 @@ kernel (asserted through ``launch_params``) whatever the shipped table holds:
   e4m3fn); fp16 and e5m2 KV with the first config (dtype_config_pairs);
 - NaN in every pool slot no request names, in o before the call and in the split scratch
   (a read of an unwritten partial shows up);
+- FP8 pools holding every finite byte of the dtype in every column, and a NaN byte in a named
+  slot, which must turn its request's outputs NaN;
 - CUDA-graph capture and replay with new data and a kv_indices longer than the batch uses,
   and a pool of more than 2**31 elements;
 - the paged entry (``verify_paged_fwd``): pages of 1 to 256 tokens in a shuffled cache whose
@@ -315,3 +317,57 @@ def test_gluon_paged_entry(layout, group, config_name, kind):
                 err = relative_error(problem.o, reference)
                 where = f"{kind} L {draft}, page {page_size}, {index_dtype}, prefixes {prefixes}, drafts {drafts}"
                 assert err <= tolerance(problem), f"{where}: relative error {err:.2e}"
+
+
+# The FP8 converter is exact on every byte: every finite byte of the dtype in every column
+# chunk (the converter writes the latent's blocks 0-3, 4-7 and the PE at different points of its
+# tile), at a scale that keeps the largest byte's value near 1; and one NaN byte in each chunk's
+# range makes every output of its request NaN and leaves the other requests exact (a conversion
+# that maps NaN to a finite value, as a bit trick can, would return a wrong answer instead).
+FP8_FINITE_SCALE = {"float8_e4m3fn": 2.0**-8, "float8_e5m2": 2.0**-15}
+FP8_NAN_BYTE = 0x7F  # NaN in e4m3fn and in e5m2
+NAN_COLUMNS = (5, 200, 300, 511, 530)  # latent chunks 0, 3, 4, 7 and the PE
+
+
+def _every_finite_byte_case(kv_dtype: str):
+    """A three-request case whose named slots hold every finite byte of kv_dtype in every column."""
+    scale = FP8_FINITE_SCALE[kv_dtype]
+    problem = make_case(SPECS[LAYOUT], [300, 200, 129], [4, 2, 3], 16, q_dtype="bfloat16", kv_dtype=kv_dtype,
+                        device="cuda", seed=zlib.crc32(f"every-byte/{kv_dtype}".encode()), k_scale=scale,
+                        v_scale=scale)
+    codes = torch.arange(256, device="cuda", dtype=torch.uint8)
+    finite = codes[torch.isfinite(codes.view(getattr(torch, kv_dtype)).float())]
+    named = problem.kv_indices.long()
+    width = problem.k_buffer.shape[-1]
+    position = torch.arange(named.numel(), device="cuda")[:, None] * 7 + torch.arange(width, device="cuda")[None]
+    problem.k_buffer.view(torch.uint8)[named, 0] = finite[position % finite.numel()]
+    return problem, finite
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", FP8_KV)
+def test_gluon_fp8_every_byte_and_nan(kv_dtype):
+    """Every finite byte through the converting producer within tolerance; a NaN byte in chunk 0,
+    3, 4 or 7 of the latent or in the PE turns its request's outputs NaN and no other's."""
+    module = kgen.load(LAYOUT, kv_dtype, "bfloat16")
+    config = gluon_config(module, GLUON_CONFIGS["n64s2"])
+    problem, finite = _every_finite_byte_case(kv_dtype)
+    assert finite.numel() >= 240  # the case holds the dtype's finite range, not a slice of it
+    _assert_gluon(module, config, 16, 3, problem.max_len_extend)
+    _check_each_index_dtype(module, problem, config, f"{kv_dtype}, every finite byte", (torch.int64,))
+    rows = problem.qo_indptr.tolist()
+    others = torch.cat([torch.arange(rows[0], rows[1]), torch.arange(rows[2], rows[3])]).cuda()
+    slot = int(problem.kv_indices[problem.kv_indptr[1] + 57])  # request 1's token 57
+    for column in NAN_COLUMNS:
+        pool = problem.k_buffer.view(torch.uint8)
+        kept = int(pool[slot, 0, column])
+        pool[slot, 0, column] = FP8_NAN_BYTE
+        problem.o.fill_(0.0)
+        module.launch(*problem.launch_args(), config=config)
+        pool[slot, 0, column] = kept
+        hit = problem.o[rows[1]:rows[2]]
+        assert torch.isnan(hit).all(), f"{kv_dtype}, NaN at column {column}: {int((~torch.isnan(hit)).sum())} " \
+                                       f"outputs of its request are not NaN"
+        reference = problem.reference(torch.float64)
+        err = relative_error(problem.o[others], reference[others])
+        assert err <= tolerance(problem), f"{kv_dtype}, NaN at column {column}: the other requests' error {err:.2e}"
