@@ -225,6 +225,28 @@ def test_execute_hands_its_result_to_finish(tmp_path: Path) -> None:
     assert [c.key for c in run.cases] == [c.key for c in cases] and run.cases[0] == first.cases[0]
 
 
+@pytest.mark.parametrize(("flag", "tty", "bar"), [((), True, True), (("--no-progress",), True, False),
+                                                 ((), False, False)])
+def test_a_log_gets_a_line_a_case_not_a_bar(tmp_path: Path, monkeypatch, capsys, flag, tty, bar) -> None:
+    """The bar only on a terminal: where stderr is a file (a log, a device call) or --no-progress
+    is given, each case prints its figures on a line of its own."""
+    from test_bench_peers import ReferenceModule, fake_timer
+
+    from kgen.bench.peers import DeviceProvider
+    from kgen.bench.report import BenchMeta
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+    args = _parse("--layout", "gqa128:8", "--kv-dtype", "bf16", "--batch", "2", "--prefix", "64", "--draft", "2",
+                  "--flex-sweep", "none", "--flex-eager", "--kernels", "grouped", *flag)  # fmt: skip
+    assert cli.show_progress_bar(args) is bar
+    provider = DeviceProvider(device="cpu", l2_bytes=1 << 16, compile_flex=False, select_timer=fake_timer,
+                              loader=lambda *a: ReferenceModule())  # fmt: skip
+    run = cli.execute(args, cli.select_cases(args), provider, fake_timer, BenchMeta(gpu_name="cpu",
+                      copy_ceiling_gbps=100.0), tmp_path)  # fmt: skip
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(run.cases[0].key)]
+    assert len(lines) == (0 if bar else 1) and (bar or " us" in lines[0]), lines
+
+
 def test_source_digest_names_the_code_that_ran(tmp_path: Path) -> None:
     assert cli.source_digest(tmp_path) is None  # nothing to name
     (tmp_path / "kgen" / "templates").mkdir(parents=True)

@@ -194,7 +194,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                      help="keep the cases this earlier run measured (same GPU) and measure only the rest "
                      "(its skipped ones, or cases it did not have); writes the merged run")
     out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument("--no-progress", action="store_true",
+                     help="no progress bar: one line a case with its figures instead (the default when stderr "
+                     "is not a terminal, as in a log or a device call)")
 
     run = parser.add_argument_group("measurement")
     run.add_argument(
@@ -680,6 +682,12 @@ def warm_up(args: argparse.Namespace, cases: Sequence[Case], meta: BenchMeta, st
     print(report.note(), flush=True)
 
 
+def show_progress_bar(args: argparse.Namespace) -> bool:
+    """A bar on a terminal; where stderr goes to a file (a log, a device call's captured output)
+    a bar's redraws say nothing once it ends, so each case prints its line instead."""
+    return not args.no_progress and sys.stderr.isatty()
+
+
 def execute(
     args: argparse.Namespace,
     cases: Sequence[Case],
@@ -700,6 +708,7 @@ def execute(
     started = time.monotonic() if started is None else started
     deadline = started + args.time_limit if args.time_limit > 0 else None
     kernels = select_kernels(args)
+    bar = show_progress_bar(args)
     copy_gbps = meta.copy_ceiling_gbps
     checkpoint = out_dir / "bench.json"
     last_write = [time.monotonic()]
@@ -709,17 +718,17 @@ def execute(
         if time.monotonic() - last_write[0] > CHECKPOINT_S:
             write_json(finish(BenchRun(meta=meta, cases=results)), checkpoint)
             last_write[0] = time.monotonic()
-        if args.no_progress:
+        if not bar:
             print(case_line(results[-1]), flush=True)
 
     results = run_matrix(cases, provider, timer, copy_gbps, kernels, deadline=deadline,
-                         progress=not args.no_progress, on_case=on_case)  # fmt: skip
+                         progress=bar, on_case=on_case)  # fmt: skip
     sweeps: list[SweepEntry] = []
     targets = sweep_targets(results, flex_sweep_mode(args)) if "flex" in kernels else []
     if targets:
         labels = [flex_label(o) for o in FLEX_SWEEP_GRID]
         sweeps = run_sweep(targets, provider, "flex", labels, timer, copy_gbps, deadline=deadline,
-                           progress=not args.no_progress)  # fmt: skip
+                           progress=bar)  # fmt: skip
         results = apply_sweep(results, sweeps, copy_gbps)
     meta.duration_s = time.monotonic() - started
     if deadline is not None and time.monotonic() > deadline:
