@@ -358,8 +358,9 @@ def test_gluon_fp8_every_byte_and_nan(kv_dtype):
     rows = problem.qo_indptr.tolist()
     others = torch.cat([torch.arange(rows[0], rows[1]), torch.arange(rows[2], rows[3])]).cuda()
     slot = int(problem.kv_indices[problem.kv_indptr[1] + 57])  # request 1's token 57
+    pool = problem.k_buffer.view(torch.uint8)
+    reference, bound = problem.reference(torch.float64), tolerance(problem)  # of the pool without NaN
     for column in NAN_COLUMNS:
-        pool = problem.k_buffer.view(torch.uint8)
         kept = int(pool[slot, 0, column])
         pool[slot, 0, column] = FP8_NAN_BYTE
         problem.o.fill_(0.0)
@@ -368,6 +369,5 @@ def test_gluon_fp8_every_byte_and_nan(kv_dtype):
         hit = problem.o[rows[1]:rows[2]]
         assert torch.isnan(hit).all(), f"{kv_dtype}, NaN at column {column}: {int((~torch.isnan(hit)).sum())} " \
                                        f"outputs of its request are not NaN"
-        reference = problem.reference(torch.float64)
         err = relative_error(problem.o[others], reference[others])
-        assert err <= tolerance(problem), f"{kv_dtype}, NaN at column {column}: the other requests' error {err:.2e}"
+        assert err <= bound, f"{kv_dtype}, NaN at column {column}: the other requests' error {err:.2e}"
