@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).parents[1]
 DEVICE = ROOT / "benchmarks" / "device"
-SCRIPTS = ("gpu_tests.sh", "tune.sh", "bench_of_record.sh", "bench_flashinfer.sh")
+SCRIPTS = ("gpu_tests.sh", "tune.sh", "bench_of_record.sh", "bench_flashinfer.sh", "ab_rows.sh")
 
 
 def _run(args: list[str], tmp_path: Path, cwd: Path = ROOT, **env: str) -> subprocess.CompletedProcess[str]:
@@ -143,3 +144,40 @@ def test_env_copies_flashinfers_prebuilt_kernels_next_to_the_installed_package(t
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert (site / "flashinfer" / "data" / "aot" / "quantization" / "quantization.so").read_bytes() == b"so"
+
+
+def _variant(tmp_path: Path, name: str, *edits: str) -> Path:
+    out = tmp_path / name
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop("KGEN_TABLES_DIR", None)
+    env.pop("KGEN_TABLE", None)
+    tool = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "table_variant.py"), "--out", str(out),
+                           "--row", *edits], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert tool.returncode == 0, tool.stderr
+    return out
+
+
+def test_ab_rows_refuses_a_folder_without_a_table_or_no_bench_arguments(tmp_path: Path) -> None:
+    proc = _run([str(DEVICE / "ab_rows.sh"), str(tmp_path), "--", "--layout", "gqa64:8"], tmp_path)
+    assert proc.returncode == 2 and "holds no table" in proc.stderr
+    variant = _variant(tmp_path, "v", "gqa64:bf16:8:33-96", "split.max_splits=1")
+    proc = _run([str(DEVICE / "ab_rows.sh"), str(variant)], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("usage:")
+    assert not (tmp_path / "out").exists()
+
+
+def test_ab_rows_times_each_variant_against_the_shipped_rows_on_the_cases_asked(tmp_path: Path) -> None:
+    """A dry run prints each variant's heading (the edits its table records) and the kgen bench
+    command with its table, against the shipped rows, on the cases the arguments select."""
+    first = _variant(tmp_path, "s1", "gqa64:bf16:8:33-96", "split.max_splits=1")
+    second = _variant(tmp_path, "w4", "gqa64:bf16:8:33-96", "num_warps=4")
+    proc = _run([str(DEVICE / "ab_rows.sh"), str(first), str(second), "--", "--layout", "gqa64:8", "--kv-dtype", "bf16",
+                 "--batch", "64", "--prefix", "4K,16K", "--draft", "4"], tmp_path, AB_DRY_RUN="1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for variant, edit in ((first, "split.max_splits=1"), (second, "num_warps=4")):
+        heading = f"== ab_rows.sh: {variant.name}: variant of the shipped sm_90 table: gqa64:bf16:8:33-96 {edit}"
+        assert heading in proc.stdout
+        assert f"KGEN_TABLES_DIR={variant} python3 -m kgen.cli bench --kernels grouped" in proc.stdout
+    assert proc.stdout.count("--baseline-tables kgen/tables") == 2
+    cases = {line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ")}
+    assert cases == {"gqa64/g8/bf16/bs64/p4096/L4", "gqa64/g8/bf16/bs64/p16384/L4"}
