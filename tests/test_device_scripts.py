@@ -163,6 +163,9 @@ def test_ab_rows_refuses_a_folder_without_a_table_or_no_bench_arguments(tmp_path
     variant = _variant(tmp_path, "v", "gqa64:bf16:8:33-96", "split.max_splits=1")
     proc = _run([str(DEVICE / "ab_rows.sh"), str(variant)], tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith("usage:")
+    twin = _variant(tmp_path / "other", "v", "gqa64:bf16:8:33-96", "num_warps=4")
+    proc = _run([str(DEVICE / "ab_rows.sh"), str(variant), str(twin), "--", "--layout", "gqa64:8"], tmp_path)
+    assert proc.returncode == 2 and "share the name v" in proc.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -29,11 +29,18 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
 done
 [ $# -gt 0 ] && shift
 [ "${#dirs[@]}" -gt 0 ] && [ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
+declare -A seen=()
 for dir in "${dirs[@]}"; do
     compgen -G "$dir/*.json" >/dev/null || {
         echo "ab_rows.sh: $dir holds no table (ARCH.json); write one with benchmarks/table_variant.py --out $dir" >&2
         exit 2
     }
+    name="$(basename "$dir")"
+    [ -z "${seen[$name]:-}" ] || {
+        echo "ab_rows.sh: $dir and ${seen[$name]} share the name $name, which heads its section of ab.md; rename one" >&2
+        exit 2
+    }
+    seen[$name]="$dir"
 done
 
 source "$(dirname "$0")/env.sh"
