@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kgen.blockconfig import TableError, TableFile, batch_span, read_table, resolve_tables, write_table
-from kgen.errors import UsageError
+from kgen.errors import UsageError, describe_validation
 from kgen.spec import KV_DTYPES, canonical_dtype
 
 
@@ -66,13 +66,15 @@ def set_path(config: dict[str, Any], path: list[str], value: Any) -> None:
         node[path[-1]] = value
 
 
-def find_entry(raw: dict[str, Any], layout: str, kv: str, group: int, batches: str) -> dict[str, Any]:
-    """The raw entry the row names; an unknown row is an error listing the rows there are."""
-    same = [e for e in raw["entries"] if (e["layout"], e["kv_dtype"], e["group_size"]) == (layout, kv, group)]
-    for entry in same:
-        if batch_span(entry.get("batch_min", 1), entry.get("batch_max", 1 << 30)) == batches:
-            return entry
-    have = ", ".join(batch_span(e.get("batch_min", 1), e.get("batch_max", 1 << 30)) for e in same) or "none"
+def find_entry(table: TableFile, raw: dict[str, Any], layout: str, kv: str, group: int,
+               batches: str) -> dict[str, Any]:
+    """The raw entry the row names (matched on the validated ``table``, whose entries have their
+    defaults); an unknown row is an error listing the rows there are."""
+    same = [(i, e) for i, e in enumerate(table.entries) if (e.layout, e.kv_dtype, e.group_size) == (layout, kv, group)]
+    for i, entry in same:
+        if batch_span(entry.batch_min, entry.batch_max) == batches:
+            return raw["entries"][i]
+    have = ", ".join(batch_span(e.batch_min, e.batch_max) for _, e in same) or "none"
     raise UsageError(f"{layout}:{kv}:{group}: no row for batches {batches} (rows there: {have}); "
                      "a variant changes a row the table has")
 
@@ -80,13 +82,14 @@ def find_entry(raw: dict[str, Any], layout: str, kv: str, group: int, batches: s
 def make_variant(source: Path, rows: list[list[str]], origin: str = "") -> TableFile:
     """The table of ``source`` with each ``[ROW, KEY=VALUE...]`` of ``rows`` applied, validated;
     ``origin`` names the source in the metadata's note (default: its path)."""
+    table = read_table(source)
     raw = json.loads(source.read_text(encoding="utf-8"))
     notes = []
     for row in rows:
         name, edits = row[0], row[1:]
         if not edits:
             raise UsageError(f"--row {name}: give at least one KEY=VALUE edit")
-        entry = find_entry(raw, *parse_row(name))
+        entry = find_entry(table, raw, *parse_row(name))
         for edit in edits:
             set_path(entry["config"], *parse_edit(edit))
         entry.pop("measured", None)
@@ -95,7 +98,7 @@ def make_variant(source: Path, rows: list[list[str]], origin: str = "") -> Table
     try:
         return TableFile.model_validate(raw)
     except ValidationError as exc:
-        raise UsageError(f"the variant is not a valid table: {exc}") from None
+        raise UsageError(describe_validation(f"the variant of {origin or source}", exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no table for arch {args.arch!r} (tables: {', '.join(sorted(tables)) or 'none'})")
     source = Path(found.path)
     try:
-        read_table(source)
         variant = make_variant(source, args.row, f"the {found.origin} {args.arch} table")
     except (UsageError, TableError) as exc:
         print(f"table_variant.py: {exc}", file=sys.stderr)

@@ -62,6 +62,7 @@ for dir in "${dirs[@]}"; do
         KGEN_TABLES_DIR="$dir" "${cmd[@]}" --list 2>&1 | grep -E '^  ' | tee -a "$log"
         continue
     fi
+    rm -rf "/tmp/ab-rows/$name"  # a failed run must not report an earlier run's bench.md
     KGEN_TABLES_DIR="$dir" "${cmd[@]}" 2>&1 | tee -a "$log"
     run_status=${PIPESTATUS[0]}
     {
