@@ -103,7 +103,7 @@ _BLOCK_CONFIGS = {
          {'block_h': 4,
           'block_n': 64,
           'num_warps': 4,
-          'num_stages': 2,
+          'num_stages': 3,
           'split': {'programs_per_sm': 2, 'max_splits': 64, 'min_tokens_per_split': 128},
           'draft_tile': 'after',
           'gluon': {'block_n': 64,
