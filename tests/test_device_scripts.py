@@ -110,7 +110,8 @@ def test_bench_flashinfer_refuses_an_unknown_part(tmp_path: Path) -> None:
 
 def test_bench_flashinfer_measures_the_cases_of_record(tmp_path: Path) -> None:
     """`--list` through the script's `kgen bench` calls: each part selects its cases of record."""
-    proc = _run([str(DEVICE / "bench_flashinfer.sh"), "all", "--list"], tmp_path, KGEN_BENCH_KV="bf16")
+    proc = _run([str(DEVICE / "bench_flashinfer.sh"), "gqa,mla,mla_g128,mla_small,trees,gqa128,gqa64,small",
+                 "--list"], tmp_path, KGEN_BENCH_KV="bf16")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     listed: dict[str, set[str]] = {}
     part = None
@@ -128,6 +129,12 @@ def test_bench_flashinfer_measures_the_cases_of_record(tmp_path: Path) -> None:
     assert listed["trees"] == {f"qwen3_5_gqa256/g16/bf16/bs64/p16384/L{n}/mask-tree" for n in (8, 16, 64)}
     assert listed["gqa128"] == {f"gqa128/g{g}/bf16/bs64/p16384/L{n}" for g in (8, 16) for n in (4, 8, 16)}
     assert listed["gqa64"] == {f"gqa64/g8/bf16/bs64/p16384/L{n}" for n in (4, 8, 16)}
+    assert listed["small"] == {f"{layout}/g16/bf16/bs{b}/p{p}/L4" for b in (1, 16, 64) for p in (1024, 16384)
+                               for layout in ("qwen3_5_gqa256", "mla_absorbed_512_64")}
+    every = _run([str(DEVICE / "bench_flashinfer.sh"), "all", "--list"], tmp_path, KGEN_BENCH_KV="bf16")
+    parts = [line.rsplit(" ", 1)[1] for line in every.stdout.splitlines()
+             if line.startswith("== bench_flashinfer.sh: ") and " exit" not in line]
+    assert every.returncode == 0 and parts == [p for p in listed if p != "small"]
 
 
 def test_env_copies_flashinfers_prebuilt_kernels_next_to_the_installed_package(tmp_path: Path) -> None:

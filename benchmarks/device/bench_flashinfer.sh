@@ -6,6 +6,8 @@
 #   mla       absorbed MLA 512+64, group 16, batch 64, prefix 16K, L 4, 8, 16
 #   mla_g128  absorbed MLA 512+64, group 128, batch 16, prefix 4K, L 4
 #   mla_small absorbed MLA 512+64, group 16, batch 16, prefix 1K, L 4 (a small batch)
+#   small     issue 35's cases: GQA 256 group 16 and absorbed MLA group 16 at batches 1, 16 and 64, prefixes 1K
+#             and 16K, L 4 (not in `all`; BF16 is its record: KGEN_BENCH_KV=bf16)
 #   trees     GQA 256 group 16, batch 64, prefix 16K, a random EAGLE tree (--mask tree) of 8, 16 and 64 tokens
 #   gqa128    GQA 128 (Llama, Qwen3, MiniMax-M3), groups 8 and 16, batch 64, prefix 16K, L 4, 8, 16
 #   gqa64     GQA 64, group 8, batch 64, prefix 16K, L 4, 8, 16
@@ -43,9 +45,9 @@ esac
 IFS=, read -r -a parts <<<"$parts_arg"
 for part in "${parts[@]}"; do
     case "$part" in
-        gqa | mla | mla_g128 | mla_small | trees | gqa128 | gqa64) ;;
+        gqa | mla | mla_g128 | mla_small | small | trees | gqa128 | gqa64) ;;
         *) echo "bench_flashinfer.sh: unknown part '$part': give all, or some of" \
-               "gqa,mla,mla_g128,mla_small,trees,gqa128,gqa64" \
+               "gqa,mla,mla_g128,mla_small,small,trees,gqa128,gqa64" \
                "(then kgen bench options)" >&2
            exit 2 ;;
     esac
@@ -78,6 +80,8 @@ for part in "${parts[@]}"; do
         mla) bench mla --layout mla_absorbed_512_64:16 --batch 64 --prefix 16K --draft 4,8,16 "$@" ;;
         mla_g128) bench mla_g128 --layout mla_absorbed_512_64:128 --batch 16 --prefix 4K --draft 4 "$@" ;;
         mla_small) bench mla_small --layout mla_absorbed_512_64:16 --batch 16 --prefix 1K --draft 4 "$@" ;;
+        small) bench small --layout qwen3_5_gqa256:16,mla_absorbed_512_64:16 --batch 1,16,64 --prefix 1K,16K \
+                   --draft 4 "$@" ;;
         trees) bench trees --layout qwen3_5_gqa256:16 --batch 64 --prefix 16K --draft 8,16,64 --mask tree "$@" ;;
         gqa128) bench gqa128 --layout gqa128:8,gqa128:16 --batch 64 --prefix 16K --draft 4,8,16 "$@" ;;
         gqa64) bench gqa64 --layout gqa64:8 --batch 64 --prefix 16K --draft 4,8,16 "$@" ;;
