@@ -1,0 +1,44 @@
+"""benchmarks/stage_times.py's stage switches, in Triton's interpreter: the merge alone reproduces the
+call's output from the partials a whole call left; the prefix alone leaves the merged rows unwritten;
+leaving the `with` block gives the shipped call back. (The timings themselves need the GPU.)"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+import kgen
+from kgen.bench.cases import case_for
+from kgen.bench.inputs import build_inputs
+from kgen.spec import load_layouts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from stage_times import call_of, launch_count, skipping  # noqa: E402
+
+
+def test_each_stage_alone_and_the_call_restored() -> None:
+    case = case_for(load_layouts()["gqa128"], 8, "bfloat16", 1, 1024, 2)
+    inputs = build_inputs(case, "cpu")
+    module = kgen.load("gqa128")
+    assert launch_count(module, case, torch.device("cpu")) == 2  # the grid has splits: a merge
+    call, o = call_of(module, inputs), inputs.sets[0].o
+
+    o.fill_(float("nan"))
+    call(0)
+    whole = o.clone()
+    assert not whole.isnan().any()
+
+    o.fill_(float("nan"))
+    with skipping(module.LAUNCHER, "prefix"):
+        call(0)  # the merge on the partials the whole call left
+    assert torch.equal(o, whole)
+
+    o.fill_(float("nan"))
+    with skipping(module.LAUNCHER, "merge"):
+        call(0)
+    assert o.isnan().all()  # every row is merged: the prefix stage wrote partials only
+
+    o.fill_(float("nan"))
+    call(0)
+    assert torch.equal(o, whole)
+    assert "launch_merge" not in vars(module.LAUNCHER) and "launch_triton_prefix" not in vars(module.LAUNCHER)
