@@ -42,3 +42,19 @@ def test_each_stage_alone_and_the_call_restored() -> None:
     call(0)
     assert torch.equal(o, whole)
     assert "launch_merge" not in vars(module.LAUNCHER) and "launch_triton_prefix" not in vars(module.LAUNCHER)
+
+
+def test_the_gluon_stage_is_switched_off_and_back() -> None:
+    """The Gluon lowering (no interpreter run) is switched the same way: its instance's launch."""
+    from types import SimpleNamespace
+
+    from kgen.launcher.gluon import GluonPrefixStage
+
+    stage = GluonPrefixStage()
+    launcher = SimpleNamespace(prefix_lowerings={"gluon": stage})
+    shipped = stage.launch
+    with skipping(launcher, "prefix"):
+        assert stage.launch is not shipped and stage.launch(None, None) is None
+        assert launcher.launch_triton_prefix() is True
+    assert stage.launch is shipped and "launch" not in vars(stage)
+    assert "launch_triton_prefix" not in vars(launcher)
