@@ -1,18 +1,20 @@
 """Where a small call's time goes: the grouped kernel's whole call, its prefix stage alone, its merge
-stage alone, and the launch floor, each timed as `kgen bench` times a call (CUDA-graph replays of
+stage alone, and empty launches, each timed as `kgen bench` times a call (CUDA-graph replays of
 rotated input sets that read K/V from HBM, engine inputs: int64 kv_indices into a shuffled
 token-slot pool).
 
-- **call**: `module.launch`, both stages as shipped.
+- **call**: `module.launch`, as shipped.
 - **prefix alone**: the same call with the merge launch skipped (its output is wrong on purpose).
 - **merge alone**: the same call with the prefix launch skipped, the merge reading the partials
-  an earlier call left (wrong output on purpose; a call whose grid has no splits has no merge).
-- **floor**: as many empty kernels as the call launches, one after another in the same graph:
-  what a launch costs before it does any work.
+  an earlier call left (wrong output on purpose).
+- **empty**: as many one-program kernels that do nothing as the call launches, plainly (no
+  programmatic dependent launch, unlike the stages): the graph's cost of a launch that does no work.
 
-call - prefix alone is what the merge adds to the call; prefix alone - floor is the prefix
-stage's own time. Not the benchmark of record (`kgen bench`); a probe for issue 35's latency
-cases. On the GPU machine, from the repository root:
+call - prefix alone is what the merge launch adds to the call. `launches` is 1 where the call
+has no merge launch: a grid without splits, or a row whose merge runs in a cluster inside the
+prefix stage (`split.merge: "cluster"`); there "prefix alone" holds the merge too. `mode` is
+`graph`, or `eager` where capture failed (launch overhead included). Not the benchmark of record
+(`kgen bench`); a probe for issue 35's latency cases. On the GPU machine, from the repository root:
 
     python3 benchmarks/stage_times.py --layout qwen3_5_gqa256:16,mla_absorbed_512_64:16 --batch 1,16 \\
         --prefix 1K,4K --draft 4 --out $OUT
@@ -33,7 +35,7 @@ import triton
 import triton.language as tl
 
 import kgen
-from kgen.bench.cases import case_for, input_sets, parse_layout_groups, parse_sizes, split_list
+from kgen.bench.cases import case_for, input_sets, parse_kv_dtypes, parse_layout_groups, parse_sizes, split_list
 from kgen.bench.inputs import build_inputs
 from kgen.bench.peers import device_facts
 from kgen.bench.timing import CudaGraphTimer
@@ -92,61 +94,76 @@ def call_of(module: Any, inputs: Any) -> Any:
 
 def time_case(layout: str, group: int, kv_dtype: str, batch: int, prefix: int, draft: int,
               timer: CudaGraphTimer) -> dict[str, Any]:
-    """One case's figures, µs (medians of graph replays)."""
+    """One case's figures, µs (medians of graph replays); ``kv_dtype`` canonical (``bfloat16`` ...)."""
     case = case_for(load_layouts()[layout], group, kv_dtype, batch, prefix, draft)
     inputs = build_inputs(case, "cuda", input_sets(case, L2_BYTES))
     module = kgen.load(layout, kv_dtype=kv_dtype)
     call, n_sets = call_of(module, inputs), inputs.n_sets
-    row = {"case": case.key, "launches": launch_count(module, case, torch.device("cuda")),
-           "call_us": timer(call, n_sets).median_us}
+    row: dict[str, Any] = {"case": case.key, "launches": launch_count(module, case, torch.device("cuda"))}
+    timings = {"call_us": timer(call, n_sets)}
     with skipping(module.LAUNCHER, "merge"):
-        row["prefix_alone_us"] = timer(call, n_sets).median_us
+        timings["prefix_alone_us"] = timer(call, n_sets)
     if row["launches"] > 1:
         with skipping(module.LAUNCHER, "prefix"):
-            row["merge_alone_us"] = timer(call, n_sets).median_us
+            timings["merge_alone_us"] = timer(call, n_sets)
     sink = torch.zeros(1, device="cuda", dtype=torch.int32)
 
-    def floor(i: int) -> None:
+    def empty(i: int) -> None:
         for _ in range(row["launches"]):
             _empty_kernel[(1,)](sink)
 
-    row["floor_us"] = timer(floor, n_sets).median_us
+    timings["empty_us"] = timer(empty, n_sets)
+    row.update({name: timing.median_us for name, timing in timings.items()})
+    row["mode"] = "/".join(sorted({timing.mode for timing in timings.values()}))
     row["merge_adds_us"] = row["call_us"] - row["prefix_alone_us"]
     return row
 
 
 def render(rows: list[dict[str, Any]], gpu: str) -> str:
     lines = [f"# Stage times: {gpu}", "",
-             "| case | launches | call µs | prefix alone | merge alone | call - prefix alone | floor |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| case | launches | call µs | prefix alone | merge alone | call - prefix alone | empty launches | mode |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         merge = f"{r['merge_alone_us']:.1f}" if "merge_alone_us" in r else "-"
         lines.append(f"| {r['case']} | {r['launches']} | {r['call_us']:.1f} | {r['prefix_alone_us']:.1f} | {merge} "
-                     f"| {r['merge_adds_us']:.1f} | {r['floor_us']:.1f} |")
+                     f"| {r['merge_adds_us']:.1f} | {r['empty_us']:.1f} | {r['mode']} |")
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: ``kv_dtype`` canonical (``bf16`` -> ``bfloat16``), ``layouts`` as
+    (name, group), ``batches`` and ``prefixes`` as ints; a bad value exits with its name."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layout", action="append", metavar="NAME:GROUP", required=True,
                         help="layouts with their group, e.g. qwen3_5_gqa256:16 (repeat or separate by commas)")
-    parser.add_argument("--kv-dtype", default="bf16", help="one KV dtype (default bf16)")
+    parser.add_argument("--kv-dtype", default="bf16", help="one KV dtype: bf16, fp8 ... (default bf16)")
     parser.add_argument("--batch", action="append", required=True, help="batches, e.g. 1,16")
     parser.add_argument("--prefix", action="append", required=True, help="prefix lengths, K suffix allowed")
     parser.add_argument("--draft", type=int, default=4, help="draft length L (default 4)")
     parser.add_argument("--replays", type=int, default=20, help="graph replays a figure (default 20)")
     parser.add_argument("--out", type=Path, default=Path("."), help="folder for stage_times.md and .json")
     args = parser.parse_args(argv)
+    try:
+        kv_dtypes = parse_kv_dtypes([args.kv_dtype])
+        args.layouts = parse_layout_groups(args.layout, load_layouts())
+        args.batches, args.prefixes = parse_sizes(split_list(args.batch)), parse_sizes(split_list(args.prefix))
+    except ValueError as exc:
+        parser.error(str(exc))
+    if len(kv_dtypes) != 1:
+        parser.error(f"--kv-dtype {args.kv_dtype!r}: give one KV dtype")
+    args.kv_dtype = kv_dtypes[0]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU: run it on the GPU machine (it times graph replays)")
-    specs = load_layouts()
-    layouts = parse_layout_groups(args.layout, specs)
-    batches, prefixes = parse_sizes(split_list(args.batch)), parse_sizes(split_list(args.prefix))
+        raise SystemExit("stage_times.py: needs a CUDA GPU: run it on the GPU machine (it times graph replays)")
     timer = CudaGraphTimer(replays=args.replays)
     rows = []
-    for layout, group in layouts:
-        for batch in batches:
-            for prefix in prefixes:
+    for layout, group in args.layouts:
+        for batch in args.batches:
+            for prefix in args.prefixes:
                 rows.append(time_case(layout, group, args.kv_dtype, batch, prefix, args.draft, timer))
                 print(json.dumps(rows[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

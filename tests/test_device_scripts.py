@@ -137,6 +137,23 @@ def test_bench_flashinfer_measures_the_cases_of_record(tmp_path: Path) -> None:
     assert every.returncode == 0 and parts == [p for p in listed if p != "small"]
 
 
+def test_bench_flashinfer_small_is_bf16_unless_told(tmp_path: Path) -> None:
+    """The part small (issue 35's BF16 record) lists BF16 cases alone by default; the other parts keep
+    BF16 and FP8; KGEN_BENCH_KV still rules where it is set."""
+
+    def kv_tags(part: str, **env: str) -> set[str]:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.delenv("KGEN_BENCH_KV", raising=False)
+            proc = _run([str(DEVICE / "bench_flashinfer.sh"), part, "--list"], tmp_path, **env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        cases = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ") and "/" in line]
+        return {case.split("/")[2] for case in cases}
+
+    assert kv_tags("small") == {"bf16"}
+    assert kv_tags("mla_small") == {"bf16", "fp8_e4m3fn"}
+    assert kv_tags("small", KGEN_BENCH_KV="fp8") == {"fp8_e4m3fn"}
+
+
 def test_env_copies_flashinfers_prebuilt_kernels_next_to_the_installed_package(tmp_path: Path) -> None:
     """kgen_flashinfer_aot SITE: .fi-aot/ lands in SITE/flashinfer/data/aot/ where a flashinfer wheel
     was installed there, and is left alone (with a word) where none was."""

@@ -5,6 +5,7 @@ leaving the `with` block gives the shipped call back. (The timings themselves ne
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import kgen
@@ -13,7 +14,7 @@ from kgen.bench.inputs import build_inputs
 from kgen.spec import load_layouts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from stage_times import call_of, launch_count, skipping  # noqa: E402
+from stage_times import call_of, launch_count, parse_args, skipping  # noqa: E402
 
 
 def test_each_stage_alone_and_the_call_restored() -> None:
@@ -58,3 +59,17 @@ def test_the_gluon_stage_is_switched_off_and_back() -> None:
         assert launcher.launch_triton_prefix() is True
     assert stage.launch is shipped and "launch" not in vars(stage)
     assert "launch_triton_prefix" not in vars(launcher)
+
+
+def test_the_command_line_takes_short_names_and_refuses_bad_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse_args(["--layout", "qwen3_5_gqa256:16,gqa128:8", "--kv-dtype", "fp8", "--batch", "1,16",
+                       "--prefix", "1K"])
+    assert args.kv_dtype == "float8_e4m3fn" and args.layouts == [("qwen3_5_gqa256", 16), ("gqa128", 8)]
+    assert args.batches == [1, 16] and args.prefixes == [1024]
+    assert parse_args(["--layout", "gqa128:8", "--batch", "1", "--prefix", "1K"]).kv_dtype == "bfloat16"
+    for bad, named in ((["--kv-dtype", "bf17"], "bf17"), (["--kv-dtype", "bf16,fp8"], "one KV dtype"),
+                       (["--layout", "gqa129:8"], "gqa129")):
+        argv = ["--layout", "gqa128:8", "--batch", "1", "--prefix", "1K", *bad]
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert named in capsys.readouterr().err
