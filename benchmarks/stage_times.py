@@ -35,9 +35,17 @@ import triton
 import triton.language as tl
 
 import kgen
-from kgen.bench.cases import case_for, input_sets, parse_kv_dtypes, parse_layout_groups, parse_sizes, split_list
+from kgen.bench.cases import (
+    HEADLINE_KERNEL,
+    case_for,
+    input_sets,
+    parse_kv_dtypes,
+    parse_layout_groups,
+    parse_sizes,
+    split_list,
+)
 from kgen.bench.inputs import build_inputs
-from kgen.bench.peers import device_facts
+from kgen.bench.peers import device_facts, kgen_run
 from kgen.bench.timing import CudaGraphTimer
 from kgen.spec import load_layouts
 
@@ -80,25 +88,16 @@ def launch_count(module: Any, case: Any, device: torch.device) -> int:
                                            num_kv_heads=case.kv_heads)))
 
 
-def call_of(module: Any, inputs: Any) -> Any:
-    """The module's call on input set ``i``, as `kgen bench` makes it (the case's index dtype)."""
-    case = inputs.case
-
-    def call(i: int) -> None:
-        s = inputs.sets[i]
-        module.launch(s.q, s.k_extend, s.v_extend, s.o, inputs.k_buffer, inputs.v_buffer, inputs.qo_indptr,
-                      inputs.kv_indptr, s.indices(case.indices), case.draft, inputs.k_scale, inputs.v_scale)
-
-    return call
-
-
 def time_case(layout: str, group: int, kv_dtype: str, batch: int, prefix: int, draft: int,
               timer: CudaGraphTimer) -> dict[str, Any]:
     """One case's figures, µs (medians of graph replays); ``kv_dtype`` canonical (``bfloat16`` ...)."""
     case = case_for(load_layouts()[layout], group, kv_dtype, batch, prefix, draft)
     inputs = build_inputs(case, "cuda", input_sets(case, L2_BYTES))
-    module = kgen.load(layout, kv_dtype=kv_dtype)
-    call, n_sets = call_of(module, inputs), inputs.n_sets
+    module = kgen.load(layout, kv_dtype=kv_dtype)  # the module kgen bench's launch calls (one a process)
+    run = kgen_run(case, inputs, HEADLINE_KERNEL)
+    if run.fn is None:
+        raise SystemExit(f"stage_times.py: {case.key}: {run.error}")
+    call, n_sets = run.fn, inputs.n_sets
     row: dict[str, Any] = {"case": case.key, "launches": launch_count(module, case, torch.device("cuda"))}
     timings = {"call_us": timer(call, n_sets)}
     with skipping(module.LAUNCHER, "merge"):

@@ -12,49 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
-def pytest_addoption(parser):
-    parser.addoption(
-        "--shard", metavar="I/N", default=None,
-        help="run only the I-th of N parts of the collected tests (1 <= I <= N), the same parts on every "
-             "machine: a test's part comes from a hash of its id, or of its xdist_group's name, so a "
-             "group stays whole. For a suite that outgrows one device call: run I = 1..N, one call each "
-             "(a part with no test selected exits 5, as pytest does).")
-
-
-def _shard_of(item, count: int) -> int:
-    """The 1-based part of `--shard I/N` that ``item`` belongs to: crc32 of its xdist group's name
-    (so `--dist loadgroup`'s groups are never split) or of its node id."""
-    import zlib
-
-    group = item.get_closest_marker("xdist_group")
-    # xdist's own reading of the marker: its first argument, else name=, else "default".
-    key = (group.args[0] if group.args else group.kwargs.get("name", "default")) if group else item.nodeid
-    return zlib.crc32(str(key).encode()) % count + 1
-
-
-def _parse_shard(text: str) -> tuple[int, int]:
-    index, _, count = text.partition("/")
-    try:
-        index_n, count_n = int(index), int(count)
-    except ValueError:
-        index_n = count_n = 0
-    if not 1 <= index_n <= count_n:
-        raise pytest.UsageError(f"--shard {text!r}: give I/N with 1 <= I <= N, e.g. --shard 2/3")
-    return index_n, count_n
-
-
-def _keep_shard(config, items) -> None:
-    text = config.getoption("--shard")
-    if text is None:
-        return
-    index, count = _parse_shard(text)
-    kept = [item for item in items if _shard_of(item, count) == index]
-    config.hook.pytest_deselected(items=[item for item in items if _shard_of(item, count) != index])
-    items[:] = kept
-
-
 def pytest_collection_modifyitems(config, items):
-    _keep_shard(config, items)
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run with KGEN_TEST_ON_GPU=1 on a GPU machine)")

@@ -11,10 +11,11 @@ import torch
 import kgen
 from kgen.bench.cases import case_for
 from kgen.bench.inputs import build_inputs
+from kgen.bench.peers import kgen_run
 from kgen.spec import load_layouts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from stage_times import call_of, launch_count, parse_args, skipping  # noqa: E402
+from stage_times import launch_count, parse_args, skipping  # noqa: E402
 
 
 def test_each_stage_alone_and_the_call_restored() -> None:
@@ -22,7 +23,7 @@ def test_each_stage_alone_and_the_call_restored() -> None:
     inputs = build_inputs(case, "cpu")
     module = kgen.load("gqa128")
     assert launch_count(module, case, torch.device("cpu")) == 2  # the grid has splits: a merge
-    call, o = call_of(module, inputs), inputs.sets[0].o
+    call, o = kgen_run(case, inputs, "grouped").fn, inputs.sets[0].o
 
     o.fill_(float("nan"))
     call(0)

@@ -63,14 +63,12 @@ kv="${KGEN_BENCH_KV:-bf16,fp8}"
 keep_md=1  # the device tool returns 8 files: two per part and the two logs fit three parts
 [ "${#parts[@]}" -le 3 ] || keep_md=0
 
-bench() {  # bench NAME ARGS...: one `kgen bench` run into $OUT/NAME
+bench() {  # bench NAME ARGS...: one `kgen bench` run into $OUT/NAME, of the KV dtypes in $kv
     local name="$1"
     shift
-    local part_kv="$kv"
-    [ "$name" != small ] || part_kv="${KGEN_BENCH_KV:-bf16}"  # issue 35's record is BF16
     echo "== bench_flashinfer.sh: $name" | tee -a "$log"
     python3 -m kgen.bench --out "$OUT/$name" --no-progress --no-plots --kernels "${KGEN_BENCH_KERNELS:-grouped,flashinfer}" \
-        --flex-sweep none --kv-dtype "$part_kv" --time-limit "${KGEN_BENCH_TIME_LIMIT:-200}" "$@" 2>&1 | tee -a "$log"
+        --flex-sweep none --kv-dtype "$kv" --time-limit "${KGEN_BENCH_TIME_LIMIT:-200}" "$@" 2>&1 | tee -a "$log"
     local run_status=${PIPESTATUS[0]}
     [ "$keep_md" = 1 ] || rm -f "$OUT/$name/bench.md"
     echo "== bench_flashinfer.sh: $name exited $run_status" | tee -a "$log"
@@ -83,8 +81,9 @@ for part in "${parts[@]}"; do
         mla) bench mla --layout mla_absorbed_512_64:16 --batch 64 --prefix 16K --draft 4,8,16 "$@" ;;
         mla_g128) bench mla_g128 --layout mla_absorbed_512_64:128 --batch 16 --prefix 4K --draft 4 "$@" ;;
         mla_small) bench mla_small --layout mla_absorbed_512_64:16 --batch 16 --prefix 1K --draft 4 "$@" ;;
-        small) bench small --layout qwen3_5_gqa256:16,mla_absorbed_512_64:16 --batch 1,16,64 --prefix 1K,16K \
-                   --draft 4 "$@" ;;
+        # Issue 35's record is BF16: the part's own default (a call's assignment lasts for that call).
+        small) kv="${KGEN_BENCH_KV:-bf16}" bench small --layout qwen3_5_gqa256:16,mla_absorbed_512_64:16 \
+                   --batch 1,16,64 --prefix 1K,16K --draft 4 "$@" ;;
         trees) bench trees --layout qwen3_5_gqa256:16 --batch 64 --prefix 16K --draft 8,16,64 --mask tree "$@" ;;
         gqa128) bench gqa128 --layout gqa128:8,gqa128:16 --batch 64 --prefix 16K --draft 4,8,16 "$@" ;;
         gqa64) bench gqa64 --layout gqa64:8 --batch 64 --prefix 16K --draft 4,8,16 "$@" ;;

@@ -10,8 +10,8 @@
 # On a fresh H100 the whole suite with -n 16 outgrew one 10-minute device call (stopped by a 570 s
 # limit at about 1250 tests, 2026-12-06; the sweep alone passed 400 s at about 860 of its 975 on
 # 2026-12-07): run it in parts, one call each, and quote every part's closing line, e.g. three
-# calls of `bash benchmarks/device/gpu_tests.sh tests/ -n 16 --dist loadgroup --shard I/3`
-# (I = 1, 2, 3: tests/conftest.py's fixed parts, about 410 tests each).
+# calls of `bash benchmarks/device/gpu_tests.sh tests/ -n 16 --dist loadgroup --splits 3 --group I`
+# (I = 1, 2, 3: pytest-split's fixed parts, about 410 tests each; its wheel travels in .whl/).
 #
 # Environment:
 #   OUT                 where the logs go (default gpu-tests-out): gpu_tests.log (pytest's whole
