@@ -49,8 +49,6 @@ from kgen.bench.peers import device_facts, kgen_run
 from kgen.bench.timing import CudaGraphTimer
 from kgen.spec import load_layouts
 
-L2_BYTES = 50 << 20  # as kgen bench: input sets past twice the L2, so every launch reads HBM
-
 
 @triton.jit
 def _empty_kernel(x_ptr):
@@ -89,10 +87,12 @@ def launch_count(module: Any, case: Any, device: torch.device) -> int:
 
 
 def time_case(layout: str, group: int, kv_dtype: str, batch: int, prefix: int, draft: int,
-              timer: CudaGraphTimer) -> dict[str, Any]:
-    """One case's figures, µs (medians of graph replays); ``kv_dtype`` canonical (``bfloat16`` ...)."""
+              timer: CudaGraphTimer, l2_bytes: int) -> dict[str, Any]:
+    """One case's figures, µs (medians of graph replays); ``kv_dtype`` canonical (``bfloat16`` ...).
+    As kgen bench, the input sets rotated pass twice ``l2_bytes`` (the device's L2), so every launch
+    reads its K/V from HBM."""
     case = case_for(load_layouts()[layout], group, kv_dtype, batch, prefix, draft)
-    inputs = build_inputs(case, "cuda", input_sets(case, L2_BYTES))
+    inputs = build_inputs(case, "cuda", input_sets(case, l2_bytes))
     module = kgen.load(layout, kv_dtype=kv_dtype)  # the module kgen bench's launch calls (one a process)
     run = kgen_run(case, inputs, HEADLINE_KERNEL)
     if run.fn is None:
@@ -159,11 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("stage_times.py: needs a CUDA GPU: run it on the GPU machine (it times graph replays)")
     timer = CudaGraphTimer(replays=args.replays)
+    l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     rows = []
     for layout, group in args.layouts:
         for batch in args.batches:
             for prefix in args.prefixes:
-                rows.append(time_case(layout, group, args.kv_dtype, batch, prefix, args.draft, timer))
+                rows.append(time_case(layout, group, args.kv_dtype, batch, prefix, args.draft, timer, l2_bytes))
                 print(json.dumps(rows[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     text = render(rows, torch.cuda.get_device_name())
