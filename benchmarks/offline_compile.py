@@ -109,6 +109,8 @@ def compile_prefix(args) -> None:
         if "registers" in line or "spill" in line or "stack" in line:
             print("  ptxas:", line.split("info    :")[-1].strip())
     print("  SASS:", ", ".join(f"{k} {v}" for k, v in ops.items()))
+    code = code_instructions(sass)
+    print(f"  code: {code} instructions ({code * 16 / 1024:.1f} KB): a short call's warps fetch their part once")
     loop = longest_loop(sass)
     if loop:
         print(f"  longest loop ({len(loop)} instructions): LDL {_count('LDL', loop)}, STL {_count('STL', loop)}")
@@ -133,6 +135,15 @@ def _count(op: str, instructions: list[str]) -> int:
     """Instructions of opcode ``op`` (any modifiers: BAR.SYNC is a BAR, LDGSTS not an LDG)."""
     pattern = re.compile(rf"\s{op}(\.|\s)")
     return sum(bool(pattern.search(line)) for line in instructions)
+
+
+def code_instructions(sass: str) -> int:
+    """The program's instructions (16 bytes each on sm_90), not the data nvdisasm lists as
+    ``.byte`` lines after them."""
+    return sum(1 for line in sass.splitlines() if _INSTRUCTION.search(line))
+
+
+_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+[^.\s]")
 
 
 def longest_loop(sass: str) -> list[str]:

@@ -414,6 +414,21 @@ def test_offline_compile_finds_the_longest_loop(monkeypatch):
     assert tool.longest_loop("        /*0000*/                   EXIT ;") == []
 
 
+def test_offline_compile_counts_code_not_data(monkeypatch):
+    """The code size offline_compile.py prints counts instructions, not the data nvdisasm lists
+    after them as .byte lines."""
+    tool = _offline_compile_tool(monkeypatch)
+    sass = "\n".join([
+        ".L_x_1:",
+        "        /*0000*/                   MOV R1, c[0x0][0x28] ;",
+        "        /*0010*/                   @!P0 EXIT ;",
+        "        /*0020*/                   { HGMMA.64x64x16.F32 R8, gdesc[UR4], R8 ;",
+        "        /*0030*/ \t.byte\t0x20, 0x25, 0x72, 0x35",
+        "        /*0040*/ \t.byte\t0x09, 0x25, 0x72, 0x38",
+    ])
+    assert tool.code_instructions(sass) == 3
+
+
 def test_offline_compile_lists_each_partitions_loop(monkeypatch):
     """A warp-specialized program's partitions each loop over the tiles inside one wide loop:
     offline_compile.py lists the innermost loops past a size, with what each issues a pass."""
