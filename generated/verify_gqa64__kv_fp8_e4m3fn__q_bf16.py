@@ -1114,17 +1114,17 @@ if _HAS_GLUON:
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_n, 16])
 
     @gluon.jit
-    def _gluon_consume_tile(q_smem, k_stages, v_stages, empty, stage, m_i, l_i, acc, masked, visible, qk_scale,
-                            BLOCK_N: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+    def _gluon_consume_tile(q_smem, k_stages, v_stages, empty, stage, m_i, l_i, acc, visible, qk_scale,
+                            BLOCK_N: gl.constexpr, MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
         """One tile on a landed stage for this consumer's 64 rows: S, the online softmax (log2
-        domain; where `masked`, column c is visible to row r where visible[r, c], else every column
+        domain; with MASKED, column c is visible to row r where visible[r, c], else every column
         is), acc += P.V, waited, and the stage released. Returns (m_i, l_i, acc)."""
         S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
         ACC: gl.constexpr = _gluon_acc_layout()
         s = gl.zeros([64, BLOCK_N], gl.float32, layout=S_LAYOUT)
         s = warpgroup_mma(q_smem, k_stages.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        if masked:  # uniform: the split's last tile when cut short, and the draft tile
+        if MASKED:
             s = gl.where(visible, s, float("-inf"))
         # qk_scale > 0: the scaled row max is the row max scaled (rounding is monotonic), and
         # p below scales and subtracts in one fma an element.
@@ -1150,13 +1150,11 @@ if _HAS_GLUON:
     def _gluon_store_rows(Out, Partial_O, Partial_Lse, acc, m_i, l_i, q_start, q_len, kv_head, head_block, row0,
                           split,
                           num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
-                          stride_pl_tok, stride_pl_head, staging, GROUP: gl.constexpr, BLOCK_H: gl.constexpr,
-                          L_PAD: gl.constexpr, STAGED: gl.constexpr):
+                          stride_pl_tok, stride_pl_head, GROUP: gl.constexpr, BLOCK_H: gl.constexpr,
+                          L_PAD: gl.constexpr):
         """A consumer's 64 rows (from row0) of the output: o itself when one split holds the
         request, else the split's normalized fp32 partial and its log2-sum-exp. A row that sees
-        nothing (an empty prefix and a masked-out draft row) writes zeros. With STAGED, the rows go
-        through ``staging`` (q's shared memory, free once this consumer's last S is done) and out in
-        16-byte vectors a thread, whole rows a warp; else from wgmma's layout, 4 or 8 bytes a store."""
+        nothing (an empty prefix and a masked-out draft row) writes zeros."""
         ACC: gl.constexpr = _gluon_acc_layout()
         rows_o = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
         cols_o = gl.arange(0, V_HEAD_DIM, layout=gl.SliceLayout(0, ACC))
@@ -1168,45 +1166,15 @@ if _HAS_GLUON:
         l_o = gl.convert_layout(l_i, gl.SliceLayout(1, ACC))
         l_safe = gl.where(ok_o & (l_o > 0), l_o, 1.0)
         out = acc / l_safe[:, None]
-        if STAGED:
-            # wgmma's layout stores 2 columns a thread at 8-column strides; the rows leave shared
-            # memory instead, each warp writing whole rows in 16-byte vectors.
-            rows_buf = staging._reinterpret(gl.float32, [64, V_HEAD_DIM], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-            rows_buf.store(out)
-            gl.thread_barrier()  # every thread's rows are in shared memory before any is read back
         if num_written == 1:
-            if STAGED:
-                O_STORE: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GLUON_NUM_WARPS, 1], [1, 0])
-                o_rows = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, O_STORE))
-                o_cols = gl.arange(0, V_HEAD_DIM, layout=gl.SliceLayout(0, O_STORE))
-                o_head = head_block * BLOCK_H + o_rows // L_PAD
-                o_draft = o_rows % L_PAD
-                o_ptr = (Out + (q_start + o_draft)[:, None] * stride_o_tok
-                         + (kv_head * GROUP + o_head).to(gl.int64)[:, None] * stride_o_head + o_cols[None, :])
-                gl.store(o_ptr, rows_buf.load(O_STORE).to(Out.dtype.element_ty),
-                         mask=((o_head < GROUP) & (o_draft < q_len))[:, None])
-            else:
-                o_ptr = Out + q_tok_o[:, None] * stride_o_tok + q_head_o[:, None] * stride_o_head + cols_o[None, :]
-                gl.store(o_ptr, out.to(Out.dtype.element_ty), mask=ok_o[:, None])
+            o_ptr = Out + q_tok_o[:, None] * stride_o_tok + q_head_o[:, None] * stride_o_head + cols_o[None, :]
+            gl.store(o_ptr, out.to(Out.dtype.element_ty), mask=ok_o[:, None])
         else:
             lse = gl.convert_layout(m_i, gl.SliceLayout(1, ACC)) + gl.log2(l_safe)
             po_ptr = (Partial_O + q_tok_o[:, None] * stride_po_tok + q_head_o[:, None] * stride_po_head
                       + split * stride_po_split + cols_o[None, :])
             gl.store(Partial_Lse + q_tok_o * stride_pl_tok + q_head_o * stride_pl_head + split, lse, mask=ok_o)
-            if STAGED:
-                P_STORE: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [GLUON_NUM_WARPS, 1], [1, 0])
-                p_rows = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, P_STORE))
-                p_cols = gl.arange(0, V_HEAD_DIM, layout=gl.SliceLayout(0, P_STORE))
-                p_head = head_block * BLOCK_H + p_rows // L_PAD
-                p_draft = p_rows % L_PAD
-                po_row = q_start + p_draft
-                po_slot = split
-                ps_ptr = (Partial_O + po_row[:, None] * stride_po_tok
-                          + (kv_head * GROUP + p_head).to(gl.int64)[:, None] * stride_po_head
-                          + po_slot * stride_po_split + p_cols[None, :])
-                gl.store(ps_ptr, rows_buf.load(P_STORE), mask=((p_head < GROUP) & (p_draft < q_len))[:, None])
-            else:
-                gl.store(po_ptr, out, mask=ok_o[:, None])
+            gl.store(po_ptr, out, mask=ok_o[:, None])
 
     @gluon.jit
     def _gluon_consumer(Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
@@ -1254,52 +1222,48 @@ if _HAS_GLUON:
             l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
             acc = gl.zeros([64, V_HEAD_DIM], gl.float32, layout=ACC)
             tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-            draft_pos = (ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, S_LAYOUT))) % L_PAD
-            if HAS_MASK:
-                # The request's custom mask (a tree: SGLang's [L, P + L] bytes at mask_indptr[b], only
-                # the draft columns read; the paged entry's [rows, W] mask, draft token i at row
-                # mask_indptr[b] + i): read by the draft tile alone.
-                mask_start = gl.load(Mask_Indptr + batch).to(gl.int64)
-                if BLOCK_TABLE:
-                    mask_row = Custom_Mask + (mask_start + draft_pos) * stride_mask_row
-                else:
-                    mask_row = Custom_Mask + mask_start + draft_pos.to(gl.int64) * (prefix_len + q_len) + prefix_len
-            v_descale = gl.load(v_scale)
-            # The split's tiles, then the draft tile (the producer's tile num_tiles, on the request's
-            # last split) in one loop: one copy of a tile's code, so that a short call fetches its
-            # instructions once (docs/perf-notes.md, "The one-tile program taken apart").
-            for t in range(num_tiles + draft_tiles):
+            # The split's whole tiles see every column; only its last tile may be cut short.
+            full_tiles = (split_end - split_start) // BLOCK_N
+            for t in range(full_tiles):
                 stage = _gluon_stage_landed(ready, t, NUM_STAGES)
-                is_draft = t == num_tiles
-                keys_left = split_end - split_start - t * BLOCK_N
-                tile_qk_scale = prefix_qk_scale
-                if is_draft:
-                    # The pool's v_scale applies to the prefix's P.V alone, before the draft adds its own.
-                    acc = acc * v_descale
-                    tile_qk_scale = draft_qk_scale
-                # Only the split's last tile may be cut short; the draft tile's keys are draft tokens.
-                masked = is_draft | (keys_left < BLOCK_N)
-                if is_draft:
-                    if HAS_MASK:
-                        bits = gl.load(mask_row[:, None] + tile_cols[None, :],
-                                       mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
-                        visible = bits != 0
-                    else:
-                        # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
-                        visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
-                else:
-                    visible = tile_cols[None, :] < (gl.zeros_like(draft_pos) + keys_left)[:, None]
-                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc, masked,
-                                                    visible, tile_qk_scale, BLOCK_N, LAZY_RESCALE)
-            if draft_tiles == 0:
-                acc = acc * v_descale
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc, None,
+                                                    prefix_qk_scale, BLOCK_N, False, LAZY_RESCALE)
+            for t in range(full_tiles, num_tiles):
+                stage = _gluon_stage_landed(ready, t, NUM_STAGES)
+                visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc,
+                                                    visible, prefix_qk_scale, BLOCK_N, True, LAZY_RESCALE)
+            # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
+            acc = acc * gl.load(v_scale)
 
-            STAGED_STORE: gl.constexpr = False
+            if draft_tiles > 0:
+                # The draft tile (the producer's tile num_tiles): draft token j (zero rows past the
+                # draft) is seen where the request's custom mask says (a tree: SGLang's [L, P + L]
+                # bytes at mask_indptr[b], only the draft columns read; the paged entry's rows),
+                # else by draft positions >= j.
+                stage = _gluon_stage_landed(ready, num_tiles, NUM_STAGES)
+                draft_pos = (ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, S_LAYOUT))) % L_PAD
+                if HAS_MASK:
+                    mask_start = gl.load(Mask_Indptr + batch).to(gl.int64)
+                    if BLOCK_TABLE:
+                        # The paged entry's [rows, W] mask: draft token i reads row mask_indptr[b] + i.
+                        mask_row = Custom_Mask + (mask_start + draft_pos) * stride_mask_row
+                    else:
+                        mask_row = (Custom_Mask + mask_start + draft_pos.to(gl.int64) * (prefix_len + q_len)
+                                    + prefix_len)
+                    bits = gl.load(mask_row[:, None] + tile_cols[None, :],
+                                   mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
+                    visible = bits != 0
+                else:
+                    # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
+                    visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc,
+                                                    visible, draft_qk_scale, BLOCK_N, True, False)
+
             _gluon_store_rows(Out, Partial_O, Partial_Lse, acc, m_i, l_i, q_start, q_len, kv_head, head_block, ROW0,
                               split,
                               num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
-                              stride_po_split, stride_pl_tok, stride_pl_head, q_smem, GROUP, BLOCK_H, L_PAD,
-                              STAGED_STORE)
+                              stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD)
 
     # ---- the kernel ---------------------------------------------------------------------
 

@@ -959,9 +959,9 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _gluon_score_tile(q_nope, q_pe, k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, stage, m_i, l_i,
-                          acc, masked, visible, qk_scale, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-                          LAZY_RESCALE: gl.constexpr):
-        """One tile on a landed stage: S, the online softmax (log2 domain; where `masked`, column c
+                          acc, visible, qk_scale, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                          MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+        """One tile on a landed stage: S, the online softmax (log2 domain; with MASKED, column c
         is visible to row r where visible[r, c], else every column is), P and alpha handed to
         the second PV, then this warpgroup's half of P.V, waited, and the stage released.
         Returns (m_i, l_i, acc)."""
@@ -973,7 +973,7 @@ if _HAS_GLUON:
         s = warpgroup_mma(q_nope, k_nope.permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma(q_pe, k_pe_stages.index(stage).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        if masked:  # uniform: the split's last tile when cut short, and the draft tile
+        if MASKED:
             s = gl.where(visible, s, float("-inf"))
         # qk_scale > 0: the scaled row max is the row max scaled (rounding is monotonic), and
         # p below scales and subtracts in one fma an element.
@@ -1050,45 +1050,45 @@ if _HAS_GLUON:
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
         acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
         tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
-        draft_pos = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) % L_PAD
-        if HAS_MASK:
-            # The request's custom mask (a tree: SGLang's [L, P + L] bytes at mask_indptr[b], only
-            # the draft columns read; the paged entry's [rows, W] mask, draft token i at row
-            # mask_indptr[b] + i): read by the draft tile alone.
-            mask_start = gl.load(Mask_Indptr + batch).to(gl.int64)
-            if BLOCK_TABLE:
-                mask_row = Custom_Mask + (mask_start + draft_pos) * stride_mask_row
-            else:
-                mask_row = Custom_Mask + mask_start + draft_pos.to(gl.int64) * (prefix_len + q_len) + prefix_len
-        # The split's tiles, then the draft tile (the producer's tile num_tiles, on the request's
-        # last split) in one loop: one copy of a tile's code, so that a short call fetches its
-        # instructions once (docs/perf-notes.md, "The one-tile program taken apart").
-        for t in range(num_tiles + draft_tiles):
+        # The split's whole tiles see every column; only its last tile may be cut short.
+        full_tiles = (split_end - split_start) // BLOCK_N
+        for t in range(full_tiles):
             stage = _gluon_stage_landed(ready, t, NUM_STAGES)
-            is_draft = t == num_tiles
-            keys_left = split_end - split_start - t * BLOCK_N
-            tile_qk_scale = prefix_qk_scale
-            if is_draft:
-                # The pool's v_scale applies to the prefix's P.V alone, before the draft adds its own.
-                acc = acc * v_scale
-                tile_qk_scale = qk_scale
-            # Only the split's last tile may be cut short; the draft tile's keys are draft tokens.
-            masked = is_draft | (keys_left < BLOCK_N)
-            if is_draft:
-                if HAS_MASK:
-                    bits = gl.load(mask_row[:, None] + tile_cols[None, :],
-                                   mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
-                    visible = bits != 0
-                else:
-                    # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
-                    visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
-            else:
-                visible = tile_cols[None, :] < (gl.zeros_like(draft_pos) + keys_left)[:, None]
             m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
-                                              empty, stage, m_i, l_i, acc, masked, visible, tile_qk_scale, ROWS,
-                                              BLOCK_N, LAZY_RESCALE)
-        if draft_tiles == 0:
-            acc = acc * v_scale
+                                              empty, stage, m_i, l_i, acc, None, prefix_qk_scale, ROWS,
+                                              BLOCK_N, False, LAZY_RESCALE)
+        for t in range(full_tiles, num_tiles):
+            stage = _gluon_stage_landed(ready, t, NUM_STAGES)
+            visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
+            m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
+                                              empty, stage, m_i, l_i, acc, visible, prefix_qk_scale, ROWS,
+                                              BLOCK_N, True, LAZY_RESCALE)
+        # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
+        acc = acc * v_scale
+
+        if draft_tiles > 0:
+            # The draft tile (the producer's tile num_tiles): draft token j (zero rows past the
+            # draft) is seen where the request's custom mask says (a tree: SGLang's [L, P + L]
+            # bytes at mask_indptr[b], only the draft columns read; the paged entry's rows),
+            # else by draft positions >= j.
+            stage = _gluon_stage_landed(ready, num_tiles, NUM_STAGES)
+            draft_pos = gl.arange(0, ROWS, layout=gl.SliceLayout(1, S_LAYOUT)) % L_PAD
+            if HAS_MASK:
+                mask_start = gl.load(Mask_Indptr + batch).to(gl.int64)
+                if BLOCK_TABLE:
+                    # The paged entry's [rows, W] mask: draft token i reads row mask_indptr[b] + i.
+                    mask_row = Custom_Mask + (mask_start + draft_pos) * stride_mask_row
+                else:
+                    mask_row = Custom_Mask + mask_start + draft_pos.to(gl.int64) * (prefix_len + q_len) + prefix_len
+                bits = gl.load(mask_row[:, None] + tile_cols[None, :],
+                               mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
+                visible = bits != 0
+            else:
+                # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
+                visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
+            m_i, l_i, acc = _gluon_score_tile(q_nope_smem, q_pe_smem, k_nope_stages, k_pe_stages, alpha_smem, p_ready,
+                                              empty, stage, m_i, l_i, acc, visible, qk_scale, ROWS, BLOCK_N, True,
+                                              False)
 
         # The rows' max and sum-exp, for the second PV's half of the output.
         row_stats_smem.index(0).store(m_i)
@@ -1140,14 +1140,13 @@ if _HAS_GLUON:
         ROWS: gl.constexpr = BLOCK_H * L_PAD
         ACC: gl.constexpr = _gluon_acc_layout()
         acc = gl.zeros([ROWS, NOPE_DIM // 2], gl.float32, layout=ACC)
-        # The prefix's tiles and the draft tile in one loop, as the scorer runs them.
-        for t in range(num_tiles + draft_tiles):
-            if t == num_tiles:
-                acc = acc * v_scale  # the pool's v_scale, on the prefix's P.V alone
+        for t in range(num_tiles):
             acc = _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS, BLOCK_N,
                                         NUM_STAGES, LAZY_RESCALE)
-        if draft_tiles == 0:
-            acc = acc * v_scale
+        acc = acc * v_scale
+        for t in range(num_tiles, num_tiles + draft_tiles):
+            acc = _gluon_second_pv_tile(k_nope_stages, k_pe_stages, alpha_smem, p_ready, empty, t, acc, ROWS, BLOCK_N,
+                                        NUM_STAGES, LAZY_RESCALE)
         mbarrier.wait(stats_ready.index(0), 0)
         l_i = row_stats_smem.index(1).load(gl.SliceLayout(1, ACC))
         _gluon_store_rows(Out, Partial_O, acc, l_i, q_start, q_len, kv_head, head_block, NOPE_DIM // 2,
