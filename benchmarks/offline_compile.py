@@ -110,7 +110,7 @@ def compile_prefix(args) -> None:
             print("  ptxas:", line.split("info    :")[-1].strip())
     print("  SASS:", ", ".join(f"{k} {v}" for k, v in ops.items()))
     code = code_instructions(sass)
-    print(f"  code: {code} instructions ({code * 16 / 1024:.1f} KB): a short call's warps fetch their part once")
+    print(f"  code: {code} instructions ({code * 16 / 1024:.1f} KB)")
     loop = longest_loop(sass)
     if loop:
         print(f"  longest loop ({len(loop)} instructions): LDL {_count('LDL', loop)}, STL {_count('STL', loop)}")
