@@ -1113,16 +1113,24 @@ if _HAS_GLUON:
         """A consumer's scores S: 64 rows x BLOCK_N keys, wgmma's register layout."""
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_n, 16])
 
+    @gluon.constexpr_function
+    def _gluon_draft_keys(block_n, l_pad):
+        """Keys of the draft tile the consumers read: the draft's L_PAD tokens, at least one wgmma K
+        step (16) for P.V, at most the stage's rows. The producer lands the draft tile as a whole
+        stage (zeros past the draft); its rows past these are never read."""
+        return min(block_n, max(16, l_pad))
+
     @gluon.jit
-    def _gluon_consume_tile(q_smem, k_stages, v_stages, empty, stage, m_i, l_i, acc, visible, qk_scale,
+    def _gluon_consume_tile(q_smem, k_tile, v_tile, empty, stage, m_i, l_i, acc, visible, qk_scale,
                             BLOCK_N: gl.constexpr, MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
-        """One tile on a landed stage for this consumer's 64 rows: S, the online softmax (log2
-        domain; with MASKED, column c is visible to row r where visible[r, c], else every column
-        is), acc += P.V, waited, and the stage released. Returns (m_i, l_i, acc)."""
+        """One tile on a landed stage for this consumer's 64 rows (k_tile, v_tile: the stage's K and V
+        rows, BLOCK_N of them; the draft tile passes its first keys only): S, the online softmax
+        (log2 domain; with MASKED, column c is visible to row r where visible[r, c], else every
+        column is), acc += P.V, waited, and the stage released. Returns (m_i, l_i, acc)."""
         S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
         ACC: gl.constexpr = _gluon_acc_layout()
         s = gl.zeros([64, BLOCK_N], gl.float32, layout=S_LAYOUT)
-        s = warpgroup_mma(q_smem, k_stages.index(stage).permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         if MASKED:
             s = gl.where(visible, s, float("-inf"))
@@ -1139,9 +1147,9 @@ if _HAS_GLUON:
         p = gl.exp2(s * qk_scale - m_ref[:, None])
         l_i = l_i * alpha + gl.sum(p, 1)
         acc = _gluon_rescale(acc, gl.convert_layout(alpha, gl.SliceLayout(1, ACC)), LAZY_RESCALE)
-        p_operand = gl.convert_layout(p.to(v_stages.dtype), gl.DotOperandLayout(operand_index=0, parent=ACC,
+        p_operand = gl.convert_layout(p.to(v_tile.dtype), gl.DotOperandLayout(operand_index=0, parent=ACC,
                                                                                   k_width=2))
-        acc = warpgroup_mma(p_operand, v_stages.index(stage), acc, is_async=True)
+        acc = warpgroup_mma(p_operand, v_tile, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _gluon_release_stage(empty, stage)
         return m_new, l_i, acc
@@ -1226,13 +1234,15 @@ if _HAS_GLUON:
             full_tiles = (split_end - split_start) // BLOCK_N
             for t in range(full_tiles):
                 stage = _gluon_stage_landed(ready, t, NUM_STAGES)
-                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc, None,
-                                                    prefix_qk_scale, BLOCK_N, False, LAZY_RESCALE)
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage), v_stages.index(stage), empty,
+                                                    stage, m_i, l_i, acc, None, prefix_qk_scale, BLOCK_N, False,
+                                                    LAZY_RESCALE)
             for t in range(full_tiles, num_tiles):
                 stage = _gluon_stage_landed(ready, t, NUM_STAGES)
                 visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
-                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc,
-                                                    visible, prefix_qk_scale, BLOCK_N, True, LAZY_RESCALE)
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage), v_stages.index(stage), empty,
+                                                    stage, m_i, l_i, acc, visible, prefix_qk_scale, BLOCK_N, True,
+                                                    LAZY_RESCALE)
             # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
             acc = acc * gl.load(v_scale)
 
@@ -1242,7 +1252,15 @@ if _HAS_GLUON:
                 # bytes at mask_indptr[b], only the draft columns read; the paged entry's rows),
                 # else by draft positions >= j.
                 stage = _gluon_stage_landed(ready, num_tiles, NUM_STAGES)
-                draft_pos = (ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, S_LAYOUT))) % L_PAD
+                # Its S and P.V span the draft's keys, not the tile's: 16 keys for up to 16 draft
+                # tokens, a quarter of a 64-key tile's MMAs (docs/perf-notes.md, "The one-tile
+                # program taken apart").
+                # The whole tile: beside the converters' registers a narrower draft S spills (offline,
+                # sm_90: 20 B a thread at GQA 256 g16).
+                DRAFT_KEYS: gl.constexpr = BLOCK_N
+                DRAFT_S: gl.constexpr = _gluon_s_layout(DRAFT_KEYS)
+                draft_cols = gl.arange(0, DRAFT_KEYS, layout=gl.SliceLayout(0, DRAFT_S))
+                draft_pos = (ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, DRAFT_S))) % L_PAD
                 if HAS_MASK:
                     mask_start = gl.load(Mask_Indptr + batch).to(gl.int64)
                     if BLOCK_TABLE:
@@ -1251,14 +1269,20 @@ if _HAS_GLUON:
                     else:
                         mask_row = (Custom_Mask + mask_start + draft_pos.to(gl.int64) * (prefix_len + q_len)
                                     + prefix_len)
-                    bits = gl.load(mask_row[:, None] + tile_cols[None, :],
-                                   mask=(draft_pos < q_len)[:, None] & (tile_cols < q_len)[None, :], other=0)
+                    bits = gl.load(mask_row[:, None] + draft_cols[None, :],
+                                   mask=(draft_pos < q_len)[:, None] & (draft_cols < q_len)[None, :], other=0)
                     visible = bits != 0
                 else:
                     # Draft token j is seen by rows at draft_pos >= j - draft_lookahead_len (0: the chain).
-                    visible = tile_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
-                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages, v_stages, empty, stage, m_i, l_i, acc,
-                                                    visible, draft_qk_scale, BLOCK_N, True, False)
+                    visible = draft_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
+                m_i = gl.convert_layout(m_i, gl.SliceLayout(1, DRAFT_S))  # the rows' layout in S of DRAFT_KEYS
+                l_i = gl.convert_layout(l_i, gl.SliceLayout(1, DRAFT_S))
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage).slice(0, DRAFT_KEYS),
+                                                    v_stages.index(stage).slice(0, DRAFT_KEYS), empty, stage, m_i, l_i,
+                                                    acc, visible, draft_qk_scale, DRAFT_KEYS, True,
+                                                    False)
+                m_i = gl.convert_layout(m_i, gl.SliceLayout(1, S_LAYOUT))  # back: both branches leave one type
+                l_i = gl.convert_layout(l_i, gl.SliceLayout(1, S_LAYOUT))
 
             _gluon_store_rows(Out, Partial_O, Partial_Lse, acc, m_i, l_i, q_start, q_len, kv_head, head_block, ROW0,
                               split,
