@@ -97,15 +97,22 @@ def _request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, 
     prefix_trim_len (SGLang's kv_len_adjust = -prefix_trim_len: decode through the verify
     entry, whose token is already the last slot). vLLM's block tables: Kv_Bounds holds the
     prefix lengths and row `batch` of the block table lists the request's pages.
+
+    The loads are volatile so that they issue in this order, all four before the split plan
+    divides: ptxas (sm_90a) otherwise issued q's after the plan, which waits on the prefix's,
+    one memory latency more before a program's first K/V or q load (docs/perf-notes.md, "A
+    program's first loads").
     """
-    q_start = tl.load(Qo_Indptr + batch).to(tl.int64)
-    q_len = (tl.load(Qo_Indptr + batch + 1) - tl.load(Qo_Indptr + batch)).to(tl.int32)
+    q_first = tl.load(Qo_Indptr + batch, volatile=True)
+    q_start = q_first.to(tl.int64)
+    q_len = (tl.load(Qo_Indptr + batch + 1, volatile=True) - q_first).to(tl.int32)
     if BLOCK_TABLE:
         table_start = batch.to(tl.int64) * stride_table
-        prefix_len = tl.load(Kv_Bounds + batch).to(tl.int32)
+        prefix_len = tl.load(Kv_Bounds + batch, volatile=True).to(tl.int32)
     else:
-        table_start = tl.load(Kv_Bounds + batch).to(tl.int64)
-        prefix_len = (tl.load(Kv_Bounds + batch + 1) - tl.load(Kv_Bounds + batch)).to(tl.int32) - prefix_trim_len
+        kv_first = tl.load(Kv_Bounds + batch, volatile=True)
+        table_start = kv_first.to(tl.int64)
+        prefix_len = (tl.load(Kv_Bounds + batch + 1, volatile=True) - kv_first).to(tl.int32) - prefix_trim_len
     return q_start, q_len, table_start, prefix_len
 
 
