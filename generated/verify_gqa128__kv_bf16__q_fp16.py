@@ -185,22 +185,15 @@ def _request_bounds(Qo_Indptr, Kv_Bounds, batch, stride_table, prefix_trim_len, 
     prefix_trim_len (SGLang's kv_len_adjust = -prefix_trim_len: decode through the verify
     entry, whose token is already the last slot). vLLM's block tables: Kv_Bounds holds the
     prefix lengths and row `batch` of the block table lists the request's pages.
-
-    The loads are volatile so that they issue in this order, all four before the split plan
-    divides: ptxas (sm_90a) otherwise issued q's after the plan, which waits on the prefix's,
-    one memory latency more before a program's first K/V or q load (docs/perf-notes.md, "A
-    program's first loads").
     """
-    q_first = tl.load(Qo_Indptr + batch, volatile=True)
-    q_start = q_first.to(tl.int64)
-    q_len = (tl.load(Qo_Indptr + batch + 1, volatile=True) - q_first).to(tl.int32)
+    q_start = tl.load(Qo_Indptr + batch).to(tl.int64)
+    q_len = (tl.load(Qo_Indptr + batch + 1) - tl.load(Qo_Indptr + batch)).to(tl.int32)
     if BLOCK_TABLE:
         table_start = batch.to(tl.int64) * stride_table
-        prefix_len = tl.load(Kv_Bounds + batch, volatile=True).to(tl.int32)
+        prefix_len = tl.load(Kv_Bounds + batch).to(tl.int32)
     else:
-        kv_first = tl.load(Kv_Bounds + batch, volatile=True)
-        table_start = kv_first.to(tl.int64)
-        prefix_len = (tl.load(Kv_Bounds + batch + 1, volatile=True) - kv_first).to(tl.int32) - prefix_trim_len
+        table_start = tl.load(Kv_Bounds + batch).to(tl.int64)
+        prefix_len = (tl.load(Kv_Bounds + batch + 1) - tl.load(Kv_Bounds + batch)).to(tl.int32) - prefix_trim_len
     return q_start, q_len, table_start, prefix_len
 
 
@@ -315,47 +308,35 @@ def _draft_tile(
 
 @triton.jit
 def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok, tile_ok,
-                    ROWS: tl.constexpr, COLS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, SPLIT_STAGES: tl.constexpr):
+                    ROWS: tl.constexpr, COLS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, SPLIT_STAGES: tl.constexpr,
+                    CACHE: tl.constexpr):
     """o = the splits' partials weighted by their sum-exp (log2 domain), combined online.
 
-    The splits go SPLIT_CHUNK at a time through an unrolled body, GROUP at a time inside it: a
-    group's sums and partials are loaded first, volatile and in split order, and its max is taken
-    over every sum before any weight. The last sum's load, which the max waits on, comes after
-    every partial's in the volatile order, so the group's loads are in flight together: one L2
-    latency a group. Loaded plainly, ptxas issued each split's right before its combine (sm_90a:
-    one L2 latency a split; docs/perf-notes.md, "The merge stage"). A group holds at most 64
-    partial values a thread of 4 warps; wider tiles take fewer splits a group (one: a split at a
-    time). SPLIT_STAGES 2 pipelines the chunk loop: the chunk's partials and sums go to shared
-    memory by cp.async, the next chunk's while this one combines. Volatile loads read through L2
-    (sm_90a: LDG.STRONG.SYS), past any line of another program's partials this SM's L1 may hold.
+    The splits go SPLIT_CHUNK at a time through an unrolled body. Its loads depend on nothing
+    before them, yet loaded into registers ptxas issues each split's right before its combine
+    (sm_90a: one L2 latency a split, the chunk's loads never in flight together). SPLIT_STAGES 2
+    pipelines the chunk loop: the chunk's partials and sums go to shared memory by cp.async, all
+    issued before one wait, the next chunk's while this one combines (docs/perf-notes.md, "The
+    merge stage"). CACHE ".cg" reads through L2 only (partials another program just wrote).
     """
-    GROUP: tl.constexpr = max(1, min(SPLIT_CHUNK, 64 * 128 // (ROWS * COLS)))
     m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_sum = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, COLS], dtype=tl.float32)
     for first in tl.range(0, num_written, SPLIT_CHUNK, num_stages=SPLIT_STAGES):
-        for group in tl.static_range(0, SPLIT_CHUNK, GROUP):
-            sums = ()
-            parts = ()
-            for i in tl.static_range(group, group + GROUP):
-                split_ok = first + i < num_written
-                # Masks by tl.where, not `row_ok & split_ok`: Triton 3.9's interpreter broadcasts a scalar
-                # comparison as int32 data, and its tl.load refuses a non-bool mask. Same PTX (one and.pred).
-                lse = tl.load(pl_ptr + first + i, mask=tl.where(split_ok, row_ok, False), other=0.0, volatile=True)
-                # A split past the last one written weighs nothing; padding rows stay finite (0).
-                sums = sums + (tl.where(split_ok, lse, float("-inf")),)
-                parts = parts + (tl.load(po_ptr + (first + i) * stride_po_split,
-                                         mask=tl.where(split_ok, tile_ok, False), other=0.0, volatile=True),)
-            m_new = m
-            for i in tl.static_range(GROUP):
-                m_new = tl.maximum(m_new, sums[i])
+        for i in tl.static_range(SPLIT_CHUNK):
+            split_ok = first + i < num_written
+            # Masks by tl.where, not `row_ok & split_ok`: Triton 3.9's interpreter broadcasts a scalar
+            # comparison as int32 data, and its tl.load refuses a non-bool mask. Same PTX (one and.pred).
+            lse = tl.load(pl_ptr + first + i, mask=tl.where(split_ok, row_ok, False), other=0.0, cache_modifier=CACHE)
+            # A split past the last one written weighs nothing; padding rows stay finite (0).
+            lse = tl.where(split_ok, lse, float("-inf"))
+            part = tl.load(po_ptr + (first + i) * stride_po_split, mask=tl.where(split_ok, tile_ok, False), other=0.0,
+                           cache_modifier=CACHE)
+            m_new = tl.maximum(m, lse)
             alpha = tl.exp2(m - m_new)
-            l_sum = l_sum * alpha
-            acc = acc * alpha[:, None]
-            for i in tl.static_range(GROUP):
-                weight = tl.exp2(sums[i] - m_new)
-                l_sum = l_sum + weight
-                acc = acc + parts[i] * weight[:, None]
+            weight = tl.exp2(lse - m_new)
+            l_sum = l_sum * alpha + weight
+            acc = acc * alpha[:, None] + part * weight[:, None]
             m = m_new
     tl.store(o_ptr, (acc / l_sum[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
 
@@ -411,13 +392,14 @@ def _merge_in_cluster(Out, Qo_Indptr, Kv_Bounds, Partial_O, Partial_Lse, max_spl
         offs_c = split * SLICE_COLS + tl.arange(0, SLICE_COLS)
         c_ok = offs_c < V_HEAD_DIM
         # Every split of the cluster in one chunk (num_written <= CLUSTER_SPLITS); staged through
-        # shared memory or not as the row measured best (rules.cluster_merge_stages).
+        # shared memory or not as the row measured best (rules.cluster_merge_stages); ".cg": the
+        # partials were written by other SMs.
         _combine_splits(
             Partial_Lse + q_tok * stride_pl_tok + q_head * stride_pl_head,
             Partial_O + q_tok[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + offs_c[None, :],
             Out + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_c[None, :],
             stride_po_split, num_written, row_ok, row_ok[:, None] & c_ok[None, :], ROWS, SLICE_COLS,
-            CLUSTER_SPLITS, CLUSTER_MERGE_STAGES,
+            CLUSTER_SPLITS, CLUSTER_MERGE_STAGES, ".cg",
         )
 
 
@@ -746,7 +728,7 @@ def _verify_merge_stage(
             Partial_O + q_tok[:, None] * stride_po_tok + q_head[:, None] * stride_po_head + offs_dv[None, :],
             Out + q_tok[:, None] * stride_o_tok + q_head[:, None] * stride_o_head + offs_dv[None, :],
             stride_po_split, num_written, row_ok, row_ok[:, None] & dv_ok[None, :], ROWS, MERGE_BLOCK_DV, SPLIT_CHUNK,
-            SPLIT_STAGES,
+            SPLIT_STAGES, "",
         )
 
 
