@@ -219,31 +219,49 @@ def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok,
                     CACHE: tl.constexpr):
     """o = the splits' partials weighted by their sum-exp (log2 domain), combined online.
 
-    The splits go SPLIT_CHUNK at a time through an unrolled body. Its loads depend on nothing
-    before them, yet loaded into registers ptxas issues each split's right before its combine
-    (sm_90a: one L2 latency a split, the chunk's loads never in flight together). SPLIT_STAGES 2
-    pipelines the chunk loop: the chunk's partials and sums go to shared memory by cp.async, all
-    issued before one wait, the next chunk's while this one combines (docs/perf-notes.md, "The
-    merge stage"). CACHE ".cg" reads through L2 only (partials another program just wrote).
+    The splits go SPLIT_CHUNK at a time through an unrolled body, GROUP at a time inside it: a
+    group's sums and partials are loaded, then its max is taken over every sum, each sum made to
+    depend on its split's whole partial (+ the partial's row sum times 0), and only then is any
+    split weighed. Loaded with no such dependency, ptxas issued each split's partial right before
+    its combine (sm_90a: one L2 latency a split); with it, every load of the group is issued
+    before the first combine (one L2 latency a group; docs/perf-notes.md, "The merge stage"). A
+    group holds at most 64 partial values a thread of 4 warps; wider tiles take fewer splits a
+    group (one: a split at a time). SPLIT_STAGES 2 pipelines the chunk loop: the chunk's partials
+    and sums go to shared memory by cp.async, the next chunk's while this one combines. CACHE
+    ".cg" reads through L2 only (partials another program just wrote).
     """
+    GROUP: tl.constexpr = max(1, min(SPLIT_CHUNK, 64 * 128 // (ROWS * COLS)))
     m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_sum = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, COLS], dtype=tl.float32)
     for first in tl.range(0, num_written, SPLIT_CHUNK, num_stages=SPLIT_STAGES):
-        for i in tl.static_range(SPLIT_CHUNK):
-            split_ok = first + i < num_written
-            # Masks by tl.where, not `row_ok & split_ok`: Triton 3.9's interpreter broadcasts a scalar
-            # comparison as int32 data, and its tl.load refuses a non-bool mask. Same PTX (one and.pred).
-            lse = tl.load(pl_ptr + first + i, mask=tl.where(split_ok, row_ok, False), other=0.0, cache_modifier=CACHE)
-            # A split past the last one written weighs nothing; padding rows stay finite (0).
-            lse = tl.where(split_ok, lse, float("-inf"))
-            part = tl.load(po_ptr + (first + i) * stride_po_split, mask=tl.where(split_ok, tile_ok, False), other=0.0,
-                           cache_modifier=CACHE)
-            m_new = tl.maximum(m, lse)
+        for group in tl.static_range(0, SPLIT_CHUNK, GROUP):
+            sums = ()
+            parts = ()
+            for i in tl.static_range(group, group + GROUP):
+                split_ok = first + i < num_written
+                # Masks by tl.where, not `row_ok & split_ok`: Triton 3.9's interpreter broadcasts a scalar
+                # comparison as int32 data, and its tl.load refuses a non-bool mask. Same PTX (one and.pred).
+                lse = tl.load(pl_ptr + first + i, mask=tl.where(split_ok, row_ok, False), other=0.0,
+                              cache_modifier=CACHE)
+                # A split past the last one written weighs nothing; padding rows stay finite (0).
+                part = tl.load(po_ptr + (first + i) * stride_po_split, mask=tl.where(split_ok, tile_ok, False),
+                               other=0.0, cache_modifier=CACHE)
+                # + sum(0 x partial): exactly 0 for a finite partial (a non-finite one makes the row NaN,
+                # as its weighted sum would), and the group's max (below) then waits on every partial's
+                # load, so ptxas issues them all before the first combine.
+                sums = sums + (tl.where(split_ok, lse, float("-inf")) + tl.sum(part * 0.0, 1),)
+                parts = parts + (part,)
+            m_new = m
+            for i in tl.static_range(GROUP):
+                m_new = tl.maximum(m_new, sums[i])
             alpha = tl.exp2(m - m_new)
-            weight = tl.exp2(lse - m_new)
-            l_sum = l_sum * alpha + weight
-            acc = acc * alpha[:, None] + part * weight[:, None]
+            l_sum = l_sum * alpha
+            acc = acc * alpha[:, None]
+            for i in tl.static_range(GROUP):
+                weight = tl.exp2(sums[i] - m_new)
+                l_sum = l_sum + weight
+                acc = acc + parts[i] * weight[:, None]
             m = m_new
     tl.store(o_ptr, (acc / l_sum[:, None]).to(o_ptr.dtype.element_ty), mask=tile_ok)
 
