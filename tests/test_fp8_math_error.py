@@ -1,0 +1,84 @@
+"""benchmarks/fp8_math_error.py's emulation: the facts its table rests on. A bf16 q split into two
+e4m3 terms at a power-of-two scale is q itself (so the FP8-math mode's q.k can be exact), the
+accumulation model cuts what it says, and the table's exact mode is the FP8 kernels' arithmetic."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TOOL = Path(__file__).resolve().parents[1] / "benchmarks" / "fp8_math_error.py"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("fp8_math_error", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = tool  # dataclasses look their module up there
+    spec.loader.exec_module(tool)
+    return tool
+
+
+@pytest.mark.parametrize("q_scale", [1.0, 10.0, 1e-3])
+def test_two_e4m3_terms_at_a_power_of_two_scale_are_a_bf16_q(q_scale: float) -> None:
+    """The cast keeps q's top 4 significant bits and the residual its other 4: exact for every
+    entry of at least a quarter of the scale (about 1/900 of the row's max), whose 8th bit is no
+    finer than e4m3's least subnormal (2^-9)."""
+    tool = _tool()
+    q = (torch.randn(64, 256, generator=torch.Generator().manual_seed(0)) * q_scale).bfloat16().double()
+    hi, scale = tool._per_row_e4m3(q, power_of_two=True)
+    assert torch.equal(scale, torch.exp2(torch.round(torch.log2(scale))))
+    lo = (q / scale - hi.double()).to(tool.E4M3)
+    rebuilt = (hi.double() + lo.double()) * scale
+    large = q.abs() >= scale / 4
+    assert large.float().mean() > 0.99
+    assert torch.equal(rebuilt[large], q[large])
+    # At the amax / 448 scale the same split is not exact: the scale is not a power of two.
+    hi, amax_scale = tool._per_row_e4m3(q)
+    lo = (q / amax_scale - hi.double()).to(tool.E4M3)
+    assert not torch.equal(((hi.double() + lo.double()) * amax_scale)[large], q[large])
+
+
+def test_the_accumulation_model_keeps_the_bits_it_says() -> None:
+    tool = _tool()
+    x = torch.tensor([1.0 + 2.0 ** -20, -(1.0 + 2.0 ** -5 + 2.0 ** -14), 3.0], dtype=torch.float64)
+    assert tool._cut(x, 14).tolist() == [1.0, -(1.0 + 2.0 ** -5), 3.0]
+    q8 = torch.ones(1, 64).to(tool.E4M3)
+    k8 = torch.ones(1, 64).to(tool.E4M3)
+    assert tool._e4m3_dot(q8, k8, 14, None).item() == 64.0
+    assert tool._e4m3_dot(q8, k8, None, 32).item() == 64.0
+
+
+def test_the_exact_modes_scores_are_the_dequantized_dot_to_fp16_q() -> None:
+    """The exact mode's only rounding before the softmax is q x K's descale in fp16."""
+    tool = _tool()
+    pool = tool.make_pool(tool.SHAPES["128/128"], 16, 256, 1.0, seed=1)
+    reference = pool.q @ (pool.k8.double() * pool.k_scale).T
+    relative = (tool.exact_scores(pool) - reference).abs().max() / reference.abs().max()
+    assert 0 < relative < 2.0 ** -9
+
+
+def test_the_table_names_a_bad_shape() -> None:
+    tool = _tool()
+    with pytest.raises(SystemExit):
+        tool.main(["--shape", "100/100"])
+    with pytest.raises(SystemExit):
+        tool.main(["--promote", "48"])
+
+
+def test_the_probe_reads_the_bits_of_fp32_sums_in_the_interpreter() -> None:
+    """The interpreter's e4m3 dot sums in fp32 (24 significant bits): beside 2^8 a product of
+    2^-15 survives and one of 2^-16 does not, in either k step."""
+    tool = _tool()
+    assert tool.probe_bits("cpu") == (23, 23)
+
+
+def test_the_probe_reads_a_narrower_sum() -> None:
+    """kept_bits on sums that keep fewer bits: products past 2^-13 of the large one lost."""
+    tool = _tool()
+    small = [2.0 ** (8 - b) if b <= 13 else 0.0 for b in range(1, tool.PROBE_BITS + 1)]
+    sums = torch.tensor([[0.0] + [256.0 + x for x in small]] * 2, dtype=torch.float64)
+    assert tool.kept_bits(sums) == (13, 13)
