@@ -18,7 +18,8 @@ for P.V, as the issue's mode does):
                      amax / 900: its 8th bit no finer than e4m3's least subnormal), so the two
                      terms are q itself but for its smallest entries
 
-and, for the power-of-two split, the tensor core's accumulation: Hopper's e4m3 wgmma keeps about 14
+and P.V on e4m3 tensor cores too (P / 2^-8 cast once or as two terms, times V as stored), with
+the best q.k; and, for the power-of-two split, the tensor core's accumulation: Hopper's e4m3 wgmma keeps about 14
 bits of its running sum (DeepSeek-V3's report, arXiv 2412.19437, section 3.3.2; docs/perf-notes.md,
 "The prefix dots on e4m3 tensor cores"). Modelled here as each 32-wide k step's exact sum added to
 the running sum, which is then cut to ``--acc-bits`` significant bits (toward zero), and the sum
@@ -139,12 +140,26 @@ def make_pool(shape: Shape, rows: int, keys: int, q_scale: float, seed: int) -> 
     return Pool(q, k8, k_scale, v8, v_scale, weights @ (v8.double() * v_scale))
 
 
-def _attend(pool: Pool, shape: Shape, scores: torch.Tensor) -> torch.Tensor:
-    """The kernels' softmax and P.V from fp32 scores (K's descale applied): P in fp16, fp32 P.V on
-    the converted V, V's descale once, the output rounded to bf16."""
+P_SCALE = 2.0 ** -8  # P <= 1 (its row max subtracted), so P / 2^-8 <= 256 fits e4m3
+
+
+def _attend(pool: Pool, shape: Shape, scores: torch.Tensor, p_terms: int = 0, acc_bits: int | None = None,
+            promote: int | None = None) -> torch.Tensor:
+    """The kernels' softmax and P.V from fp32 scores (K's descale applied), V's descale once, the
+    output rounded to bf16. P.V as the exact mode runs it (``p_terms`` 0: P in fp16, fp32 dots on
+    the converted V), or on e4m3 tensor cores: P / 2^-8 as ``p_terms`` e4m3 terms (1 or 2) times
+    V as stored, summed as _e4m3_dot sums (``acc_bits``; ``promote`` keys a fresh accumulator)."""
     s = scores.float() * shape.sm_scale
     p = torch.exp(s - s.amax(dim=-1, keepdim=True))
-    out = (p.half().float() @ pool.v8.float()) * pool.v_scale / p.sum(dim=-1, keepdim=True)
+    if p_terms == 0:
+        pv = p.half().float() @ pool.v8.float()
+    else:
+        hi = (p.double() / P_SCALE).to(E4M3)
+        terms = [hi] if p_terms == 1 else [(p.double() / P_SCALE - hi.double()).to(E4M3), hi]
+        both_p = torch.cat(terms, dim=-1)
+        both_v = torch.cat([pool.v8.T] * len(terms), dim=-1)
+        pv = (_e4m3_dot(both_p, both_v, acc_bits, promote) * P_SCALE).float()
+    out = pv * pool.v_scale / p.sum(dim=-1, keepdim=True)
     return out.bfloat16().double()
 
 
@@ -173,18 +188,33 @@ def two_term_scores(pool: Pool, power_of_two: bool = False, acc_bits: int | None
     return _e4m3_dot(both_q, both_k, acc_bits, promote) * scale * pool.k_scale
 
 
-def variants(acc_bits: int, promotes: list[int]) -> dict[str, Callable[[Pool], torch.Tensor]]:
-    """The rows of the table: the exact mode first, then the FP8-math variants."""
-    table: dict[str, Callable[[Pool], torch.Tensor]] = {
-        EXACT: exact_scores,
-        "one term": one_term_scores,
-        "two terms": two_term_scores,
-        "two terms, 2^n": lambda pool: two_term_scores(pool, True),
-        f"two terms, 2^n, {acc_bits}-bit sums": lambda pool: two_term_scores(pool, True, acc_bits),
+Variant = Callable[[Pool, Shape], torch.Tensor]
+
+
+def _qk_only(scores: Callable[[Pool], torch.Tensor]) -> Variant:
+    """A variant that changes q.k alone: P.V as the exact mode runs it."""
+    return lambda pool, shape: _attend(pool, shape, scores(pool))
+
+
+def variants(acc_bits: int, promotes: list[int]) -> dict[str, Variant]:
+    """The rows of the table, each a pool's output: the exact mode first, then the FP8-math
+    variants of q.k, then (with the best q.k) P.V on e4m3 tensor cores as well."""
+    table: dict[str, Variant] = {
+        EXACT: _qk_only(exact_scores),
+        "one term": _qk_only(one_term_scores),
+        "two terms": _qk_only(two_term_scores),
+        "two terms, 2^n": _qk_only(lambda pool: two_term_scores(pool, True)),
+        f"two terms, 2^n, {acc_bits}-bit sums": _qk_only(lambda pool: two_term_scores(pool, True, acc_bits)),
     }
     for promote in promotes:
-        table[f"two terms, 2^n, {acc_bits}-bit sums, fp32 every {promote}"] = (
+        table[f"two terms, 2^n, {acc_bits}-bit sums, fp32 every {promote}"] = _qk_only(
             lambda pool, promote=promote: two_term_scores(pool, True, acc_bits, promote))
+    for p_terms, p_name in ((1, "P cast once"), (2, "P as two terms")):
+        table[f"two terms, 2^n; P.V e4m3, {p_name}"] = (
+            lambda pool, shape, p_terms=p_terms: _attend(pool, shape, two_term_scores(pool, True), p_terms))
+        table[f"two terms, 2^n; P.V e4m3, {p_name}, {acc_bits}-bit sums, fp32 every 64 keys"] = (
+            lambda pool, shape, p_terms=p_terms: _attend(pool, shape, two_term_scores(pool, True), p_terms,
+                                                         acc_bits, 64))
     return table
 
 
@@ -296,9 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     errors: dict[str, list[float]] = {name: [] for name in table}
     for shape, q_scale in columns:
         pools = [make_pool(shape, args.rows, args.keys, q_scale, seed) for seed in range(args.seeds)]
-        for name, scores in table.items():
-            errors[name].append(statistics.median(
-                relative_error(_attend(pool, shape, scores(pool)), pool.reference) for pool in pools))
+        for name, output in table.items():
+            errors[name].append(statistics.median(relative_error(output(pool, shape), pool.reference)
+                                                  for pool in pools))
         print(f"  {shape.label}, q x {q_scale:g}: done", file=sys.stderr)
 
     exact = errors[EXACT]

@@ -82,3 +82,15 @@ def test_the_probe_reads_a_narrower_sum() -> None:
     small = [2.0 ** (8 - b) if b <= 13 else 0.0 for b in range(1, tool.PROBE_BITS + 1)]
     sums = torch.tensor([[0.0] + [256.0 + x for x in small]] * 2, dtype=torch.float64)
     assert tool.kept_bits(sums) == (13, 13)
+
+
+def test_p_on_e4m3_tensor_cores_needs_two_terms() -> None:
+    """P.V on e4m3: P cast once (4 significant bits) is far from the reference; as two terms (8
+    bits, beside the exact mode's fp16 P) it stays within issue 37's bound of the exact mode."""
+    tool = _tool()
+    shape = tool.SHAPES["128/128"]
+    pool = tool.make_pool(shape, 16, 256, 1.0, seed=2)
+    scores = tool.two_term_scores(pool, power_of_two=True)
+    error = {terms: tool.relative_error(tool._attend(pool, shape, scores, terms), pool.reference)
+             for terms in (0, 1, 2)}
+    assert error[2] <= tool.BOUND * error[0] < error[1] / 4, error
