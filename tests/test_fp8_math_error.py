@@ -4,22 +4,13 @@ accumulation model cuts what it says, and the table's exact mode is the FP8 kern
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-TOOL = Path(__file__).resolve().parents[1] / "benchmarks" / "fp8_math_error.py"
+from benchmark_tools import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("fp8_math_error", TOOL)
-    tool = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = tool  # dataclasses look their module up there
-    spec.loader.exec_module(tool)
-    return tool
+    return load_tool("fp8_math_error")
 
 
 @pytest.mark.parametrize("q_scale", [1.0, 10.0, 1e-3])

@@ -3,21 +3,12 @@ rows its page table names (so its GPU figures are those rows' bandwidth), pages 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-TOOL = Path(__file__).resolve().parents[1] / "benchmarks" / "gather_ceiling.py"
+from benchmark_tools import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("gather_ceiling", TOOL)
-    tool = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = tool  # dataclasses look their module up there
-    spec.loader.exec_module(tool)
-    return tool
+    return load_tool("gather_ceiling")
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

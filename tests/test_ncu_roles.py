@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import csv
 import gzip
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "ncu_roles.py"
+from benchmark_tools import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("ncu_roles", PATH)
-    tool = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = tool  # its dataclasses look their module up there
-    spec.loader.exec_module(tool)
-    return tool
+    return load_tool("ncu_roles")
 
 
 # A two-role kernel as ncu's source page lays it out: the scorer (256 registers) waits for a

@@ -3,28 +3,22 @@ command line names, drops their measurements, and refuses what kgen.load would n
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_tools import load_tool
 
 from kgen.blockconfig import read_table
 from kgen.errors import UsageError
 
-TOOL = Path(__file__).resolve().parents[1] / "benchmarks" / "table_variant.py"
 SPLIT = {"programs_per_sm": 4, "max_splits": 8, "min_tokens_per_split": 512}
 GLUON = {"block_n": 128, "num_stages": 4, "lazy_rescale": False, "from_rows": 64,
          "split": {"programs_per_sm": 1, "max_splits": 64, "min_tokens_per_split": 128}}
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("table_variant", TOOL)
-    tool = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = tool
-    spec.loader.exec_module(tool)
-    return tool
+    return load_tool("table_variant")
 
 
 def _row(layout: str, group: int, batch_min: int, batch_max: int, **config) -> dict:
