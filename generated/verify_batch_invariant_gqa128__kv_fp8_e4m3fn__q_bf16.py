@@ -283,50 +283,6 @@ def _draft_tile(
 
 
 @triton.jit
-def _round_to_e4m3(x):
-    """x (|x| <= 448) rounded to nearest-even on e4m3's grid, in fp32 and integer arithmetic.
-
-    For the interpreter alone, whose fp32 -> e4m3 cast rounds wrongly where the mantissa carries
-    into the exponent (-7.875 -> -4.0, not -8.0; Triton 3.6 and 3.9). The GPU casts with cvt.
-    """
-    bits = x.to(tl.int32, bitcast=True)
-    # Normal numbers: drop 20 of fp32's 23 mantissa bits, rounding half to even.
-    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
-    # Subnormals (|x| < 2**-6) lie on a 2**-9 grid: 1.5 * 2**14 has that ulp in fp32.
-    return tl.where(tl.abs(x) < 0.015625, (x + 24576.0) - 24576.0, bits.to(tl.float32, bitcast=True))
-
-
-@triton.jit
-def _e4m3_row_scale(amax):
-    """(scale, unscale) of rows whose largest magnitude is amax: the power of two that puts amax
-    in (224, 448], e4m3's top binade, and its inverse. Built from amax's exponent bits, not
-    exp2(floor(log2)), so that both are powers of two exactly."""
-    amax_bits = amax.to(tl.int32, bitcast=True)
-    exponent = (amax_bits >> 23) - 127
-    # 448 / amax lies in [2**k, 2**(k + 1)): k = 8 - exponent, one less where amax's significand > 1.75.
-    k = 8 - exponent - ((amax_bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    k = tl.minimum(tl.maximum(k, -126), 126)  # a zero or subnormal row: any scale serves
-    return ((k + 127) << 23).to(tl.float32, bitcast=True), ((127 - k) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e4m3_terms(x, SOFTWARE_E4M3: tl.constexpr):
-    """(hi, lo): x (fp32, scaled by _e4m3_row_scale) as two e4m3 terms, x ~= hi + lo: hi is x
-    rounded, lo what that rounding lost, rounded too. With a power-of-two scale a bf16 x keeps its
-    significand: of its 8 significant bits hi holds the top 4 and lo the rest, so the pair is
-    exact for every entry of at least 1/4 (docs/perf-notes.md, "An FP8-math mode against issue
-    37's error bound"). Under the interpreter (SOFTWARE_E4M3) the terms are fp32 values on
-    e4m3's grid."""
-    if SOFTWARE_E4M3:
-        hi = _round_to_e4m3(x)
-        lo = _round_to_e4m3(x - hi)
-    else:
-        hi = x.to(tl.float8e4nv)
-        lo = (x - hi.to(tl.float32)).to(tl.float8e4nv)
-    return hi, lo
-
-
-@triton.jit
 def _combine_splits(pl_ptr, po_ptr, o_ptr, stride_po_split, num_written, row_ok, tile_ok,
                     ROWS: tl.constexpr, COLS: tl.constexpr, SPLIT_CHUNK: tl.constexpr, SPLIT_STAGES: tl.constexpr,
                     CACHE: tl.constexpr):
@@ -439,8 +395,6 @@ def _verify_prefix_stage(
     BLOCK_N: tl.constexpr,
     BLOCK_TABLE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
-    FP8_MATH: tl.constexpr,
-    SOFTWARE_E4M3: tl.constexpr,
     LAZY_RESCALE: tl.constexpr,
     DRAFT_FIRST: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -493,25 +447,12 @@ def _verify_prefix_stage(
         # by qk_scale, a kernel argument, alone: a descale read from the device in the loop's
         # score multiply slowed the loop (docs/perf-notes.md, "FP8 scales read from the device").
         k_descale = tl.load(k_scale)
-        if FP8_MATH:
-            # The FP8-math mode (the call's fp8_math, where rules.fp8_math_applies): the prefix's
-            # q.k on e4m3 tensor cores, K as stored (no tile converts K). q goes as two e4m3 terms
-            # at a power-of-two scale a row (_e4m3_terms) taken from q as loaded, which the draft
-            # tile takes; K's descale and the row scales come off in row_score_scale, below.
-            q_f32 = q.to(tl.float32)
-            q_row_scale, q_row_unscale = _e4m3_row_scale(tl.max(tl.abs(q_f32), 1))
-            q_hi, q_lo = _e4m3_terms(q_f32 * q_row_scale[:, None], SOFTWARE_E4M3)
-        else:
-            q = (q * k_descale).to(DOT_DTYPE)
+        q = (q * k_descale).to(DOT_DTYPE)
         offs_dv = tl.arange(0, BLOCK_DV)
         # The KV descales apply to the prefix (the pool) only. They are read from 1-element
         # device tensors: one program serves float and tensor callers, and a tensor scale is
         # never read back to the host. K's is in q already; V's is read after the loop.
         score_scale = qk_scale
-        if FP8_MATH:
-            # K's descale and q's row scales, a multiplier a row; the loop's common scale is 1.
-            row_score_scale = (qk_scale * k_descale) * q_row_unscale
-            score_scale = 1.0
 
         m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([ROWS], dtype=tl.float32)
@@ -519,13 +460,7 @@ def _verify_prefix_stage(
         if DRAFT_FIRST:
             # The draft tile divides its P.V by the V descale; it is read again after the loop.
             v_descale = tl.load(v_scale)
-            if FP8_MATH:
-                # The draft's K is 16-bit: q as loaded, no K descale in it. (The two e4m3 terms summed
-                # again read back wrong beside their e4m3 dots: non-finite rows on an H100, Triton 3.6.)
-                q = q.to(DOT_DTYPE)
-                draft_qk_scale = qk_scale
-            else:
-                draft_qk_scale = qk_scale / k_descale
+            draft_qk_scale = qk_scale / k_descale
             if split == num_written - 1:
                 # The mask's row pointers live only here, not through the prefix loop.
                 if HAS_MASK:
@@ -575,14 +510,7 @@ def _verify_prefix_stage(
             # int64 addresses: a pool can hold more than 2**31 elements.
             k_row_ptr = K_Buffer + page * stride_k_page + slot * stride_k_slot + kv_head * stride_k_head
             k = tl.load(k_row_ptr[:, None] + offs_d[None, :])
-            if FP8_MATH:
-                # e4m3 K to the tensor cores as stored: q.k = q_lo.k + q_hi.k in one fp32
-                # accumulator (the smaller sum first), then q's row scales and K's descale.
-                k_op = tl.trans(k.to(q_hi.dtype))
-                qk = tl.dot(q_hi, k_op, tl.dot(q_lo, k_op))
-                qk = qk * row_score_scale[:, None]
-            else:
-                qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
+            qk = tl.dot(q, tl.trans(k.to(DOT_DTYPE)))
             # Scores live in the log2 domain: exp2 is cheaper than exp.
             qk = tl.where(n_ok[None, :], qk * score_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -612,14 +540,8 @@ def _verify_prefix_stage(
         v_descale = tl.load(v_scale, volatile=True)
         acc = acc * v_descale
         if not DRAFT_FIRST:
-            if FP8_MATH:
-                # The draft's K is 16-bit: q as loaded, no K descale in it. (The two e4m3 terms summed
-                # again read back wrong beside their e4m3 dots: non-finite rows on an H100, Triton 3.6.)
-                q = q.to(DOT_DTYPE)
-                draft_qk_scale = qk_scale
-            else:
-                # Read again, not kept from before the loop (volatile: the earlier read is not reused).
-                draft_qk_scale = qk_scale / tl.load(k_scale, volatile=True)
+            # Read again, not kept from before the loop (volatile: the earlier read is not reused).
+            draft_qk_scale = qk_scale / tl.load(k_scale, volatile=True)
             if split == num_written - 1:
                 # The mask's row pointers live only here, not through the prefix loop.
                 if HAS_MASK:
@@ -1666,8 +1588,6 @@ LAUNCHER = InvariantVerifyLauncher(
         # spills a thread after, none before). 16-row programs ran slower before it, and 64-row ones spill 20
         # B before it and none after (docs/perf-notes.md, 'Draft tile placement').
         draft_first_rows=(32,),
-        # A call's fp8_math=True may run the prefix's q.k on e4m3 tensor cores (rules.fp8_math_applies).
-        fp8_math=True,
         merge_rows=MERGE_ROWS,
         merge_split_chunk=MERGE_SPLIT_CHUNK,
         merge_block_dv=MERGE_BLOCK_DV.value,

@@ -285,9 +285,8 @@ class FakeModule:
     def can_handle(self, *args, **kwargs) -> bool:
         return self.why_not(*args, **kwargs) == ""
 
-    def verify_shared_kv_fwd(self, *args, fp8_math=False, **kwargs) -> bool:
+    def verify_shared_kv_fwd(self, *args, **kwargs) -> bool:
         self.calls += 1
-        self.last_fp8_math = fp8_math
         if self.why_not(*args, **kwargs):
             return False
         self.accepted += 1
@@ -303,9 +302,8 @@ class FakeModule:
 
     def verify_paged_fwd(self, q, k, v, o, k_cache, v_cache, block_table, prefix_lens, qo, max_len,
                          k_scale=1.0, v_scale=1.0, sm_scale=None, custom_mask=None, mask_indptr=None,
-                         is_causal=True, config=None, *, fp8_math=False) -> bool:  # fmt: skip
+                         is_causal=True, config=None) -> bool:  # fmt: skip
         self.calls += 1
-        self.last_fp8_math = fp8_math
         self.last_paged_is_causal = is_causal
         if q.dtype != self.dtype or q.shape[1] // k.shape[1] not in self.groups:
             return False

@@ -259,22 +259,6 @@ def fit_program(target: Target, shape: KernelShape, config: Config, group: int, 
     return FittedProgram(block_h, l_pad, block_n, stages, num_warps, reasons)
 
 
-# The widest q (16-bit bytes a row) whose two e4m3 terms a 64-row program holds without spilling:
-# head dim 128. At 256 (and at 128 rows) the FP8_MATH programs spill 0.5-1.6 KB a thread where the
-# exact ones spill at most 0.2 (offline sm_90, Triton 3.6: the ledger's FP8_MATH=True lines).
-FP8_MATH_MAX_Q_ROW_BYTES = 256
-
-
-def fp8_math_applies(target: Target, shape: KernelShape, rows: int) -> bool:
-    """Whether a Triton prefix program of ``rows`` rows takes a call's fp8_math (its q.k on e4m3
-    tensor cores): wgmma programs of one warpgroup's 64 rows whose q is at most 128 wide
-    (FP8_MATH_MAX_Q_ROW_BYTES). On wgmma the e4m3 q.k gained 10% over converting K (docs/perf-notes.md,
-    "The prefix dots on e4m3 tensor cores"); 16- and 32-row programs run mma.sync, where it measured
-    1.5-1.9x slower; other targets are not measured. Elsewhere the call computes exactly."""
-    return (target["mma"] == "wgmma" and rows == WGMMA_MIN_ROWS
-            and shape["q_row_bytes"] <= FP8_MATH_MAX_Q_ROW_BYTES)
-
-
 # The Gluon prefix stage's program rows: absorbed MLA's two consumer warpgroups split one wgmma's
 # 64 rows by output columns (gluon/mla_ws_prefix_stage.py.j2); GQA's split 128 rows into two
 # wgmma tiles of 64 on one K/V stage (gluon_gqa/ws_prefix_stage.py.j2). Where a KV head has more

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from kgen.launcher import rules
 from kgen.passes.context import BuildContext
 from kgen.plan import Decision, Plan, Specialization
 from kgen.spec import FP8_DTYPES, AttentionShape
@@ -58,32 +57,12 @@ def _prefix_dot(kv_dtype: str, q_dtype: str) -> tuple[str, str, str]:
             "tiles convert to the queries' dtype")
 
 
-def _fp8_math(kv_dtype: str, q_dtype: str, shape: AttentionShape) -> tuple[bool, str, str]:
-    """(emitted, why, brief) of the FP8-math mode's code: the prefix's q.k on e4m3 tensor cores, q
-    as two e4m3 terms at a power-of-two scale a row, K as stored."""
-    if kv_dtype != "float8_e4m3fn":
-        return False, f"{kv_dtype} KV: the FP8-math mode is for e4m3fn pools", "e4m3fn pools only"
-    if q_dtype != "bfloat16":
-        return (False, f"{q_dtype} queries: two e4m3 terms hold 8 significant bits, a bf16 q's, not {q_dtype}'s",
-                "bf16 queries only")
-    if 2 * shape.qk_dim > rules.FP8_MATH_MAX_Q_ROW_BYTES or shape.pe_dim:
-        return (False, f"q {shape.qk_dim} wide: a 64-row Triton program holds two e4m3 terms of q up to "
-                f"{rules.FP8_MATH_MAX_Q_ROW_BYTES // 2} wide without spilling (rules.FP8_MATH_MAX_Q_ROW_BYTES); "
-                "wider q is the Gluon stages' to take", f"q {shape.qk_dim} wide: Gluon's to take")
-    return (True, "e4m3fn KV, bf16 q: FP8_MATH (a call's fp8_math=True, where rules.fp8_math_applies) runs the "
-            "prefix's q.k on e4m3 tensor cores, q as two e4m3 terms at a power-of-two scale a row (exact for "
-            "a bf16 q's entries of at least a row's scale / 4), K as stored; the draft and P.V stay 16-bit "
-            "(docs/perf-notes.md, 'An FP8-math mode against issue 37's error bound')",
-            "opt-in FP8_MATH: the prefix's q.k on e4m3 tensor cores")
-
-
 def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     shape = plan.spec.attention
     has_pe = shape.pe_dim > 0
     fp8_kv = plan.kv_dtype in FP8_DTYPES
     v_from_k_tile = reads_v_from_k_tile(shape)
     prefix_dot, prefix_dot_why, prefix_dot_brief = _prefix_dot(plan.kv_dtype, plan.q_dtype)
-    fp8_math, fp8_math_why, fp8_math_brief = _fp8_math(plan.kv_dtype, plan.q_dtype, shape)
     # Where the last split runs the draft tile. After the prefix loop, the draft's q·k keeps
     # a register copy of q alive through the whole loop; with a 64x576 q (MLA) that spills.
     draft_tile_first = v_from_k_tile
@@ -149,13 +128,12 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                      "(docs/perf-notes.md, 'The merge in a cluster')",
                      "or a row's cluster; last-split merges lost"),
             Decision(NAME, "prefix dot dtype", prefix_dot, prefix_dot_why, prefix_dot_brief),
-            Decision(NAME, "fp8 math", fp8_math, fp8_math_why, fp8_math_brief, detail=not fp8_math),
         ],
         specialization=Specialization(
             has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, draft_tile_first=draft_tile_first,
             draft_tile_either=either, draft_first_rows=draft_first_rows,
             draft_first_why=GQA_DRAFT_FIRST_WHY if either else "", unmasked_full_tiles=unmasked_full_tiles,
-            prefix_dot_dtype=prefix_dot, prefix_dot_why=prefix_dot_why, fp8_math=fp8_math,
+            prefix_dot_dtype=prefix_dot, prefix_dot_why=prefix_dot_why,
         ),
     )
 
