@@ -668,11 +668,8 @@ def _verify_merge_stage(
 #             (wgmma, q and K from shared memory), the online softmax and acc += P.V (P from
 #             its registers, V from the stage), then releases the stage. Both read the same K
 #             and V stage, so the split's prefix is read once for all 128 rows. Where the group's
-#             rows all fall in the first 64 (GROUP x L_PAD <= 64), both consumers take those 64
-#             rows, each half of V's columns (COLUMN_HALVES: 16-bit KV, head dims from 128): each
-#             computes the same S and softmax, and its half of P.V and of the rows' stores, so
-#             the program's last tile and its stores take half as long. Otherwise consumer 1
-#             has no rows and returns at once or converts; `empty` then counts consumer 0 alone.
+#             rows all fall in the first 64 (GROUP x L_PAD <= 64), consumer 1 has none and
+#             returns at once; `empty` then counts consumer 0 alone.
 #   producer  (worker, 4 warps): gathers each prefix tile's e4m3 K and V rows through the
 #             request's kv_indices (token slots) or block-table row (pages) into registers (16-byte
 #             loads, the whole tile in flight before it waits for the stage), converts them to
@@ -692,7 +689,7 @@ def _verify_merge_stage(
 # FP8 KV: the stages, q and P are fp16; q is scaled by K's descale once (as the Triton kernel
 # does), and V's descale multiplies the prefix's P.V once.
 #
-# A consumer's accumulator is 64 x 256 fp32 (128 registers a thread; half with column halves) beside S and P;
+# A consumer's accumulator is 64 x 256 fp32 (128 registers a thread) beside S and P;
 # setmaxnreg gives the consumers the most, the producer the fewest (GLUON_*_REGISTERS).
 #
 # Shared memory (rules.gluon_shared_bytes):
@@ -1079,10 +1076,9 @@ if _HAS_GLUON:
     # ---- the consumers ------------------------------------------------------------------
 
     @gluon.constexpr_function
-    def _gluon_acc_layout(acc_cols):
-        """A consumer's accumulator: 64 rows x acc_cols of V's columns (all, or its half where the
-        consumers split them), wgmma's register layout."""
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, acc_cols, 16])
+    def _gluon_acc_layout():
+        """A consumer's accumulator: 64 rows x V_HEAD_DIM columns, wgmma's register layout."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, V_HEAD_DIM, 16])
 
     @gluon.constexpr_function
     def _gluon_s_layout(block_n):
@@ -1098,15 +1094,13 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _gluon_consume_tile(q_smem, k_tile, v_tile, empty, stage, m_i, l_i, acc, visible, qk_scale,
-                            BLOCK_N: gl.constexpr, ACC_COLS: gl.constexpr, MASKED: gl.constexpr,
-                            LAZY_RESCALE: gl.constexpr):
-        """One tile on a landed stage for this consumer's 64 rows (k_tile: the stage's K rows,
-        BLOCK_N of them; v_tile: their V rows, the consumer's ACC_COLS columns; the draft tile
-        passes its first keys only): S, the online softmax
+                            BLOCK_N: gl.constexpr, MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+        """One tile on a landed stage for this consumer's 64 rows (k_tile, v_tile: the stage's K and V
+        rows, BLOCK_N of them; the draft tile passes its first keys only): S, the online softmax
         (log2 domain; with MASKED, column c is visible to row r where visible[r, c], else every
         column is), acc += P.V, waited, and the stage released. Returns (m_i, l_i, acc)."""
         S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
-        ACC: gl.constexpr = _gluon_acc_layout(ACC_COLS)
+        ACC: gl.constexpr = _gluon_acc_layout()
         s = gl.zeros([64, BLOCK_N], gl.float32, layout=S_LAYOUT)
         s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
@@ -1137,15 +1131,13 @@ if _HAS_GLUON:
                           first_row, slot,
                           num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split,
                           stride_pl_tok, stride_pl_head, GROUP: gl.constexpr, BLOCK_H: gl.constexpr,
-                          L_PAD: gl.constexpr, COL0: gl.constexpr, ACC_COLS: gl.constexpr,
-                          STORES_LSE: gl.constexpr):
-        """A consumer's 64 rows (from row0) and ACC_COLS columns (from COL0) of the output: o
-        itself when one split holds the request, else the split's normalized fp32 partial and,
-        with STORES_LSE (one consumer of the rows), its log2-sum-exp. A row that sees nothing (an
-        empty prefix and a masked-out draft row) writes zeros."""
-        ACC: gl.constexpr = _gluon_acc_layout(ACC_COLS)
+                          L_PAD: gl.constexpr):
+        """A consumer's 64 rows (from row0) of the output: o itself when one split holds the
+        request, else the split's normalized fp32 partial and its log2-sum-exp. A row that sees
+        nothing (an empty prefix and a masked-out draft row) writes zeros."""
+        ACC: gl.constexpr = _gluon_acc_layout()
         rows_o = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, ACC))
-        cols_o = COL0 + gl.arange(0, ACC_COLS, layout=gl.SliceLayout(0, ACC))
+        cols_o = gl.arange(0, V_HEAD_DIM, layout=gl.SliceLayout(0, ACC))
         head_o = head_block * BLOCK_H + rows_o // L_PAD
         draft_o = first_row + rows_o % L_PAD
         ok_o = (head_o < GROUP) & (draft_o < q_len)
@@ -1162,8 +1154,7 @@ if _HAS_GLUON:
             # Scratch is [draft position, head, slot, column]: this request's splits own their slots.
             po_ptr = (Partial_O + draft_o[:, None] * stride_po_tok + q_head_o[:, None] * stride_po_head
                       + slot * stride_po_split + cols_o[None, :])
-            if STORES_LSE:
-                gl.store(Partial_Lse + draft_o * stride_pl_tok + q_head_o * stride_pl_head + slot, lse, mask=ok_o)
+            gl.store(Partial_Lse + draft_o * stride_pl_tok + q_head_o * stride_pl_head + slot, lse, mask=ok_o)
             gl.store(po_ptr, out, mask=ok_o[:, None])
 
     @gluon.jit
@@ -1176,19 +1167,15 @@ if _HAS_GLUON:
                         stride_pl_tok, stride_pl_head, CONSUMER: gl.constexpr, GROUP: gl.constexpr,
                         BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr,
-                        BLOCK_TABLE: gl.constexpr, COLUMN_HALVES: gl.constexpr):
+                        BLOCK_TABLE: gl.constexpr):
         """Consumer CONSUMER's rows (64 from CONSUMER x 64): q into its shared-memory tile, every
         tile's S, softmax and P.V, the draft tile on the request's last split, then its rows of
         o or of the split's partial. A consumer whose rows are all past the group returns at once
-        (the kernel counts it out of `empty`). With COLUMN_HALVES both consumers take rows 0-63
-        and each half of V's columns: each computes the rows' S and softmax, and its half of P.V
-        and of the stores."""
-        ROW0: gl.constexpr = 0 if COLUMN_HALVES else CONSUMER * 64
-        ACC_COLS: gl.constexpr = V_HEAD_DIM // 2 if COLUMN_HALVES else V_HEAD_DIM
-        COL0: gl.constexpr = CONSUMER * ACC_COLS if COLUMN_HALVES else 0
+        (the kernel counts it out of `empty`)."""
+        ROW0: gl.constexpr = CONSUMER * 64
         if ROW0 // L_PAD < GROUP:
             S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
-            ACC: gl.constexpr = _gluon_acc_layout(ACC_COLS)
+            ACC: gl.constexpr = _gluon_acc_layout()
             # q's load layout: 8 elements (16 bytes) a thread, 8 lanes along 64 columns of a row.
             Q_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_NUM_WARPS, 1], [1, 0])
             q_tile = q_smem.index(CONSUMER)
@@ -1215,23 +1202,21 @@ if _HAS_GLUON:
             draft_qk_scale = qk_scale / k_descale  # the draft's K is unscaled: take K's descale back out of q
             m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
             l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
-            acc = gl.zeros([64, ACC_COLS], gl.float32, layout=ACC)
+            acc = gl.zeros([64, V_HEAD_DIM], gl.float32, layout=ACC)
             tile_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
             # The split's whole tiles see every column; only its last tile may be cut short.
             full_tiles = (split_end - split_start) // BLOCK_N
             for t in range(full_tiles):
                 stage = _gluon_stage_landed(ready, t, NUM_STAGES)
-                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage),
-                                                    v_stages.index(stage).slice(COL0, ACC_COLS, dim=1), empty,
-                                                    stage, m_i, l_i, acc, None, prefix_qk_scale, BLOCK_N, ACC_COLS,
-                                                    False, LAZY_RESCALE)
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage), v_stages.index(stage), empty,
+                                                    stage, m_i, l_i, acc, None, prefix_qk_scale, BLOCK_N, False,
+                                                    LAZY_RESCALE)
             for t in range(full_tiles, num_tiles):
                 stage = _gluon_stage_landed(ready, t, NUM_STAGES)
                 visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
-                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage),
-                                                    v_stages.index(stage).slice(COL0, ACC_COLS, dim=1), empty,
-                                                    stage, m_i, l_i, acc, visible, prefix_qk_scale, BLOCK_N, ACC_COLS,
-                                                    True, LAZY_RESCALE)
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage), v_stages.index(stage), empty,
+                                                    stage, m_i, l_i, acc, visible, prefix_qk_scale, BLOCK_N, True,
+                                                    LAZY_RESCALE)
             # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
             acc = acc * gl.load(v_scale)
 
@@ -1264,18 +1249,17 @@ if _HAS_GLUON:
                     visible = draft_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
                 m_i = gl.convert_layout(m_i, gl.SliceLayout(1, DRAFT_S))  # the rows' layout in S of DRAFT_KEYS
                 l_i = gl.convert_layout(l_i, gl.SliceLayout(1, DRAFT_S))
-                draft_v = v_stages.index(stage).slice(0, DRAFT_KEYS).slice(COL0, ACC_COLS, dim=1)
-                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage).slice(0, DRAFT_KEYS), draft_v,
-                                                    empty, stage, m_i, l_i, acc, visible,
-                                                    draft_qk_scale, DRAFT_KEYS, ACC_COLS, True, False)
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage).slice(0, DRAFT_KEYS),
+                                                    v_stages.index(stage).slice(0, DRAFT_KEYS), empty, stage, m_i, l_i,
+                                                    acc, visible, draft_qk_scale, DRAFT_KEYS, True,
+                                                    False)
                 m_i = gl.convert_layout(m_i, gl.SliceLayout(1, S_LAYOUT))  # back: both branches leave one type
                 l_i = gl.convert_layout(l_i, gl.SliceLayout(1, S_LAYOUT))
 
             _gluon_store_rows(Out, Partial_O, Partial_Lse, acc, m_i, l_i, q_start, q_len, kv_head, head_block, ROW0,
                               first_row, slot,
                               num_written, stride_o_tok, stride_o_head, stride_po_tok, stride_po_head,
-                              stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD, COL0, ACC_COLS,
-                              COL0 == 0)
+                              stride_po_split, stride_pl_tok, stride_pl_head, GROUP, BLOCK_H, L_PAD)
 
     # ---- the kernel ---------------------------------------------------------------------
 
@@ -1349,9 +1333,6 @@ if _HAS_GLUON:
         TILE_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         # Consumers with rows: both, unless the group's rows all fall in the first 64.
         CONSUMERS: gl.constexpr = 2 if 64 // L_PAD < GROUP else 1
-        COLUMN_HALVES: gl.constexpr = False  # consumer 1's warpgroup, with no rows, converts or idles
-        # Consumers that release each stage: those with rows, or both consumers of column halves.
-        RELEASERS: gl.constexpr = 2 if COLUMN_HALVES else CONSUMERS
 
         HEAD_BLOCKS: gl.constexpr = (GROUP + BLOCK_H - 1) // BLOCK_H
         pid_heads = gl.program_id(0)
@@ -1383,7 +1364,7 @@ if _HAS_GLUON:
             empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(NUM_STAGES):
                 mbarrier.init(ready.index(i), count=1)  # one producer thread, after its warps' stores and fence
-                mbarrier.init(empty.index(i), count=RELEASERS)  # one thread of each consumer that reads it
+                mbarrier.init(empty.index(i), count=CONSUMERS)  # one thread of each consumer with rows
 
             num_tiles = gl.cdiv(split_end - split_start, BLOCK_N)
             draft_tiles = (split == num_written - 1).to(gl.int32)  # the request's last split adds the draft tile
@@ -1413,7 +1394,7 @@ if _HAS_GLUON:
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, COLUMN_HALVES)),
+                        BLOCK_TABLE)),
                     (_gluon_consumer, (
                         Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
                         empty, q_start, q_len, kv_head, head_block,
@@ -1422,7 +1403,7 @@ if _HAS_GLUON:
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, COLUMN_HALVES)),
+                        BLOCK_TABLE)),
                     (_gluon_landing_converter, (
                         K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, landing_k, landing_v,
                         ready, empty, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
@@ -1442,7 +1423,7 @@ if _HAS_GLUON:
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, COLUMN_HALVES)),
+                        BLOCK_TABLE)),
                     (_gluon_consumer, (
                         Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
                         empty, q_start, q_len, kv_head, head_block,
@@ -1451,7 +1432,7 @@ if _HAS_GLUON:
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, COLUMN_HALVES)),
+                        BLOCK_TABLE)),
                     (_gluon_converting_producer, (
                         K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
                         split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
@@ -1471,7 +1452,7 @@ if _HAS_GLUON:
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, COLUMN_HALVES)),
+                        BLOCK_TABLE)),
                     (_gluon_converting_producer, (
                         K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
                         split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
@@ -1499,7 +1480,7 @@ if _HAS_GLUON:
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, COLUMN_HALVES)),
+                        BLOCK_TABLE)),
                     (_gluon_consumer, (
                         Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
                         empty, q_start, q_len, kv_head, head_block,
@@ -1508,7 +1489,7 @@ if _HAS_GLUON:
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, COLUMN_HALVES)),
+                        BLOCK_TABLE)),
                     (_gluon_converting_producer, (
                         K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
                         split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,

@@ -217,17 +217,6 @@ def test_consumers_with_rows(group, l_pad, consumers):
     assert rules.gluon_consumers(group, l_pad) == consumers
 
 
-@pytest.mark.parametrize(("shape", "consumers", "halves"), [
-    (GQA128_BF16, 1, True),  # one consumer's rows: both consumers take them, each half of V's columns
-    (GQA128_BF16, 2, False),  # each consumer has rows of its own
-    (GQA128_FP8, 1, False),  # consumer 1's warpgroup converts
-    (rules.kernel_shape(64, 64, 2, True), 1, False),  # head dim 64: a half would be 32 columns
-    (rules.kernel_shape(512 + 64, 512, 2, False), 1, False),  # MLA's stage has its own warpgroups
-])
-def test_column_halves(shape, consumers, halves):
-    assert rules.gluon_column_halves(shape, consumers) is halves
-
-
 @pytest.mark.parametrize(("arch", "rows", "max_splits", "stages"),
                          [("sm_90", 16, 64, 2), ("sm_90", 64, 64, 2), ("sm_80", 64, 16, 2), ("sm_89", 16, 9, 2),
                           ("sm_89", 64, 64, 1), ("sm_90", 16, 8, 1), ("sm_90", 16, 2, 1), ("gfx950", 16, 64, 1),

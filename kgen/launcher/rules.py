@@ -325,14 +325,6 @@ def gluon_consumers(group: int, l_pad: int) -> int:
     return 2 if GLUON_GQA_ROWS // 2 // l_pad < group else 1
 
 
-def gluon_column_halves(shape: KernelShape, consumers: int) -> bool:
-    """Whether a GQA Gluon program's two consumer warpgroups take the same 64 rows, each half of
-    V's columns (the kernel's COLUMN_HALVES): 16-bit KV where one consumer's tile holds the rows
-    (``consumers`` 1), at head dims from 128, so that a half is at least one 128-byte swizzle row
-    of the V stage."""
-    return bool(shape["v_separate"]) and shape["kv_bytes"] == 2 and consumers == 1 and shape["acc_width"] >= 128
-
-
 def gluon_converters_refusal(shape: KernelShape, converters: int) -> str | None:
     """Why a gluon section's ``converters`` cannot be this module's, or None."""
     if not shape["v_separate"] or shape["kv_bytes"] != 1:

@@ -157,8 +157,7 @@ def _gluon_launches(plan: Plan, lowering: Lowering, label: str, config: BlockCon
 def _program_of(plan: Plan, gluon: GluonConfig, group: int | None, draft: int, shared_limit: int) -> str:
     """'BLOCK_H x L_PAD' of the program a draft launches (rules.gluon_rows), with its converter
     warpgroups where it converts FP8 in them (rules.gluon_converters) and its landing ring where
-    one fits (rules.gluon_landing_stages; the default's group None counts no group's rows), or
-    its consumers' column halves (rules.gluon_column_halves)."""
+    one fits (rules.gluon_landing_stages; the default's group None counts no group's rows)."""
     shape = plan.fit.kernel_shape
     block_h, l_pad = rules.gluon_rows(shape, draft, gluon.block_n)
     consumers = rules.gluon_consumers(group or block_h, l_pad)
@@ -166,9 +165,8 @@ def _program_of(plan: Plan, gluon: GluonConfig, group: int | None, draft: int, s
                                          shared_limit)
     converters = rules.gluon_converters(shape, consumers, gluon.converters, landing)
     landing_note = f", a {landing}-tile landing ring" if converters and landing else ""
-    if converters:
-        return f"{block_h} x {l_pad} ({converters} converter{'s' if converters > 1 else ''}{landing_note})"
-    return f"{block_h} x {l_pad}" + (" (V's columns in halves)" if rules.gluon_column_halves(shape, consumers) else "")
+    return f"{block_h} x {l_pad}" + (f" ({converters} converter{'s' if converters > 1 else ''}{landing_note})"
+                                     if converters else "")
 
 
 def _refuse_program_fields(plan: Plan, gluon: GluonConfig | None, where: str) -> None:
