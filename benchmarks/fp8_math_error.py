@@ -21,11 +21,13 @@ for P.V, as the issue's mode does):
 and P.V on e4m3 tensor cores too (P / 2^-8 cast once or as two terms, times V as stored), with
 the best q.k; and, for the power-of-two split, the tensor core's accumulation: Hopper's e4m3 wgmma keeps about 14
 bits of its running sum (DeepSeek-V3's report, arXiv 2412.19437, section 3.3.2; docs/perf-notes.md,
-"The prefix dots on e4m3 tensor cores"). Modelled here as each 32-wide k step's exact sum added to
-the running sum, which is then cut to ``--acc-bits`` significant bits (toward zero), and the sum
-promoted into an fp32 register accumulator every ``promote`` dims of the head (a fresh wgmma
-accumulator each time), or never. A model, not the hardware: it bounds how much accumulation can
-cost, and the GPU's parity tests have the last word.
+"The prefix dots on e4m3 tensor cores"). Modelled here as the probe below finds it: in each 32-wide
+k step the products and the running sum are aligned to the largest of them and cut there to
+``--acc-bits`` significant bits (toward zero), then added; the sum is promoted into an fp32
+register accumulator every ``promote`` dims of the head (a fresh wgmma accumulator each time), or
+never. A model, not the hardware: the GPU's tests have the last word (an earlier model that added
+each k step's products exactly before cutting the sum was kinder than an H100: docs/perf-notes.md,
+"The FP8-math mode on the Triton stage (experiment, lost)").
 
 ``--probe-bits`` measures the model's one parameter on a GPU instead: a Triton e4m3 dot (wgmma on
 sm_90) of rows whose sum is one large product and one small one 2^-b of it, for b = 1 to 30, the
@@ -92,16 +94,18 @@ def _per_row_e4m3(x: torch.Tensor, power_of_two: bool = False) -> tuple[torch.Te
     return (x / scale).to(E4M3), scale
 
 
-def _cut(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """x with its significand cut to ``bits`` bits, toward zero (a narrow adder's alignment)."""
-    mantissa, exponent = torch.frexp(x)
-    return torch.ldexp(torch.trunc(mantissa * 2.0 ** bits) / 2.0 ** bits, exponent)
+def _aligned_sum(terms: torch.Tensor, bits: int) -> torch.Tensor:
+    """The sum over the last dim as a narrow adder makes it: every term aligned to the largest
+    one's exponent and cut there to ``bits`` significant bits, toward zero, then added."""
+    _, exponent = torch.frexp(terms.abs().amax(-1, keepdim=True))
+    unit = torch.ldexp(torch.ones_like(terms[..., :1]), exponent - bits)
+    return (torch.trunc(terms / unit) * unit).sum(-1)
 
 
 def _e4m3_dot(q8: torch.Tensor, k8: torch.Tensor, acc_bits: int | None, promote: int | None) -> torch.Tensor:
-    """q8 @ k8^T as an e4m3 wgmma sums it: exact products, each k step's sum added to a running sum
-    of ``acc_bits`` bits (None: fp32), that sum promoted into fp32 every ``promote`` dims (None:
-    once, at the end)."""
+    """q8 @ k8^T as an e4m3 wgmma sums it: each k step's exact products and the running sum aligned
+    to the largest of them and cut to ``acc_bits`` bits (_aligned_sum; None: fp32 sums), that sum
+    promoted into fp32 every ``promote`` dims (None: once, at the end)."""
     q, k = q8.double(), k8.double()
     dims = q.shape[-1]
     promote = promote or dims
@@ -109,8 +113,11 @@ def _e4m3_dot(q8: torch.Tensor, k8: torch.Tensor, acc_bits: int | None, promote:
     for block in range(0, dims, promote):
         running = torch.zeros(q.shape[0], k.shape[0], dtype=torch.float64)
         for step in range(block, min(block + promote, dims), K_STEP):
-            running = running + q[:, step:step + K_STEP] @ k[:, step:step + K_STEP].T
-            running = _cut(running, acc_bits) if acc_bits else running.float().double()
+            if acc_bits:
+                products = q[:, None, step:step + K_STEP] * k[None, :, step:step + K_STEP]
+                running = _aligned_sum(torch.cat([products, running[..., None]], dim=-1), acc_bits)
+            else:
+                running = (running + q[:, step:step + K_STEP] @ k[:, step:step + K_STEP].T).float().double()
         total = total + running.float()
     return total.double()
 
@@ -301,9 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=4096, help="prefix tokens (default 4096)")
     parser.add_argument("--seeds", type=int, default=3, help="pools a cell, the median taken (default 3)")
     parser.add_argument("--acc-bits", type=int, default=14,
-                        help="significant bits the e4m3 wgmma keeps of its running sum (default 14)")
-    parser.add_argument("--promote", type=lambda t: _csv(int, t), default=[128],
-                        help="dims between promotions into fp32, comma-separated multiples of 32 (default 128)")
+                        help="significant bits the e4m3 wgmma keeps of its running sum (default 14: "
+                             "--probe-bits on an H100)")
+    parser.add_argument("--promote", type=lambda t: _csv(int, t), default=[64, 128],
+                        help="dims between promotions into fp32, comma-separated multiples of 32 (default 64,128)")
     parser.add_argument("--probe-bits", action="store_true",
                         help="measure the e4m3 dot's accumulation bits on this machine's GPU and stop")
     args = parser.parse_args(argv)

@@ -34,9 +34,15 @@ def test_two_e4m3_terms_at_a_power_of_two_scale_are_a_bf16_q(q_scale: float) -> 
 
 
 def test_the_accumulation_model_keeps_the_bits_it_says() -> None:
+    """Aligned to the largest term and cut toward zero to 14 bits; and on the probe's operands the
+    model keeps what the H100 kept: a product 2^-13 of the largest, in its k step and in the next
+    (--probe-bits: "2^-13 ... 2^-13")."""
     tool = _tool()
-    x = torch.tensor([1.0 + 2.0 ** -20, -(1.0 + 2.0 ** -5 + 2.0 ** -14), 3.0], dtype=torch.float64)
-    assert tool._cut(x, 14).tolist() == [1.0, -(1.0 + 2.0 ** -5), 3.0]
+    terms = torch.tensor([[1.0, 2.0 ** -13, 2.0 ** -14], [-3.0, 1.0 + 2.0 ** -13, 0.0]], dtype=torch.float64)
+    # Beside 3 (leading bit 2^1) the 14 bits end at 2^-12: 1 + 2^-13 loses its 2^-13.
+    assert tool._aligned_sum(terms, 14).tolist() == [1.0 + 2.0 ** -13, -2.0]
+    q, k = tool.probe_operands("cpu")
+    assert tool.kept_bits(tool._e4m3_dot(q, k, 14, None)[:2, :tool.PROBE_BITS + 1]) == (13, 13)
     q8 = torch.ones(1, 64).to(tool.E4M3)
     k8 = torch.ones(1, 64).to(tool.E4M3)
     assert tool._e4m3_dot(q8, k8, 14, None).item() == 64.0
