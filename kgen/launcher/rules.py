@@ -317,8 +317,9 @@ def gluon_fp8_math(shape: KernelShape, block_n: int, num_stages: int, asked: boo
     """Whether an FP8 GQA Gluon program of a module with the mode's code takes a call's
     ``fp8_math`` (FP8_MATH: the prefix's q.k on e4m3 tensor cores, K landed as stored by cp.async,
     V alone converted): where the call asks and its buffers fit ``shared_limit`` at ``block_n``
-    (gluon_fp8_math_block_n of the section's). Such a program lands no ring (its K needs no conversion run ahead; a section's landing_stages serve its exact
-    calls). Elsewhere the call computes exactly."""
+    (gluon_fp8_math_block_n of the section's). Such a program lands no ring (its K needs no
+    conversion run ahead; a section's landing_stages serve its exact calls). Elsewhere the call
+    computes exactly."""
     return asked and gluon_shared_bytes(shape, block_n, num_stages, fp8_math=True) <= shared_limit
 
 
