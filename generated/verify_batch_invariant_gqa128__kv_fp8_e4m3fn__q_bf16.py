@@ -678,17 +678,6 @@ def _verify_merge_stage(
 # FP8 KV: the stages, q and P are fp16; q is scaled by K's descale once (as the Triton kernel
 # does), and V's descale multiplies the prefix's P.V once.
 #
-# FP8_MATH (the call's fp8_math, where rules.gluon_fp8_math): the prefix's S on e4m3 tensor cores.
-#   producer  K lands as stored, by cp.async, in 64-dim chunks; only V goes through registers and
-#             is converted. `ready` counts every producer thread's copies and one arrival after V's
-#             stores and fence. The draft tile's K rows go to draft_k as they are (16-bit).
-#   consumers q as two e4m3 terms (hi, and lo what hi's rounding lost) at a power-of-two scale a
-#             row; per 64 dims a fresh accumulator takes lo.K then hi.K, and the chunks are summed
-#             in fp32 (the tensor core's running sum keeps 14 bits: docs/perf-notes.md, "An FP8-math
-#             mode against issue 37's error bound"); the row scales, K's descale and qk_scale
-#             multiply S once. The draft tile's S takes q as loaded, from registers, against
-#             draft_k, and P.V stays fp16: both as exact as the default mode's.
-#
 # A consumer's accumulator is 64 x 128 fp32 (64 registers a thread) beside S and P;
 # setmaxnreg gives the consumers the most, the producer the fewest (GLUON_*_REGISTERS).
 #
@@ -698,10 +687,6 @@ def _verify_merge_stage(
 #             written by the converters' stores, read by both consumers' wgmma
 #   ready, empty [NUM_STAGES]   the ring's mbarriers (pipeline.py.j2 says how they count;
 #             `empty` completes when every consumer with rows released the stage)
-#   FP8_MATH: q_smem [2 x 2 x 2 x 64, 64] e4m3   each consumer's q terms in 64-dim chunks (lo,
-#             then hi), stacked as rows; k_stages [NUM_STAGES, 2 x BLOCK_N, 64] e4m3   K as
-#             stored, the same chunks (64-byte swizzle); v_stages fp16 as above; draft_k [BLOCK_N,
-#             128] the draft's K rows (16-bit)
 #   landing_k, landing_v [LANDING_STAGES, BLOCK_N, 128]   the landing ring (e4m3, where the
 #             section asks for one): written by the converter's cp.async, read back by the
 #             converter alone (each thread its own copies' bytes); q then takes one tile a
@@ -722,12 +707,6 @@ GLUON_PRODUCER_REGISTERS = tl.constexpr(104)
 # consumer takes what the converters leave, 4 warpgroups x 128 threads x (2 x 152 + 2 x 104) =
 # the whole register file.
 GLUON_FOUR_WARPGROUP_CONSUMER_REGISTERS = tl.constexpr(152)
-# FP8_MATH: a producer holds V's rows alone (K lands by cp.async), and a consumer holds a 64-dim
-# chunk's S beside the sum of the chunks before it: registers move to the consumers
-# (4 warpgroups x 128 threads x (2 x 184 + 2 x 64), 128 x (2 x 224 + 64) at three).
-GLUON_FP8_MATH_CONSUMER_REGISTERS = tl.constexpr(224)
-GLUON_FP8_MATH_FOUR_WARPGROUP_CONSUMER_REGISTERS = tl.constexpr(184)
-GLUON_FP8_MATH_PRODUCER_REGISTERS = tl.constexpr(64)
 
 if _HAS_GLUON:
 
@@ -936,17 +915,6 @@ if _HAS_GLUON:
         dst.slice(col0, COLS, dim=1).store(rows.to(dst.dtype))
 
     @gluon.jit
-    def _gluon_land_chunks(dst, src, row, col0, LOAD3: gl.constexpr):
-        """cp.async the 64-column chunks [chunks, BLOCK_N, 64] of a tile's e4m3 rows from column
-        col0 into `dst` as stored, in one copy."""
-        CH: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, LOAD3))
-        COL: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, LOAD3))
-        chunk = gl.arange(0, dst.shape[0], layout=CH)
-        cols = col0 + gl.arange(0, 64, layout=COL)
-        ptrs = src + row[None, :, None] + (chunk[:, None, None] * 64 + cols[None, None, :])
-        async_copy.async_copy_global_to_shared(dst, ptrs)
-
-    @gluon.jit
     def _gluon_fill_draft_tile(K_Extend, V_Extend, k_stages, v_stages, ready, empty, t, q_start, q_len, ke_head,
                                stride_ke_tok, ve_head, stride_ve_tok, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
         """The draft tile (tile t of the ring) as fp16: draft token j is row j; rows past the draft
@@ -1021,78 +989,6 @@ if _HAS_GLUON:
         for t in range(draft_t, num_tiles + draft_tiles, TILE_STEP):
             _gluon_fill_draft_tile(K_Extend, V_Extend, k_stages, v_stages, ready, empty, t, q_start, q_len, ke_head,
                                    stride_ke_tok, ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES)
-
-    @gluon.jit
-    def _gluon_fill_fp8_math_draft_tile(K_Extend, V_Extend, draft_k, v_stages, ready, empty, t, q_start, q_len,
-                                        ke_head, stride_ke_tok, ve_head, stride_ve_tok, BLOCK_N: gl.constexpr,
-                                        NUM_STAGES: gl.constexpr):
-        """The draft tile (tile t of the ring) under FP8_MATH: the draft's K rows as they are
-        (16-bit) into draft_k, its V rows as fp16 into the stage; draft token j is row j, rows
-        past the draft are zeros. `ready` counts this tile's copies too: every thread arrives
-        for them (it has none), then one after the stores and fence."""
-        DRAFT_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, DRAFT_LOAD))
-        in_rows = offs_n < q_len
-        stage, parity = _gluon_ring_slot(t, NUM_STAGES)
-        mbarrier.wait(empty.index(stage), parity ^ 1)
-        for c in gl.static_range(NOPE_DIM // 64):
-            _gluon_store_draft_rows(draft_k, K_Extend, (q_start + offs_n) * stride_ke_tok + ke_head, c * 64, in_rows,
-                                    64, DRAFT_LOAD)
-            _gluon_store_draft_rows(v_stages.index(stage), V_Extend, (q_start + offs_n) * stride_ve_tok + ve_head,
-                                    c * 64, in_rows, 64, DRAFT_LOAD)
-        async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-        _gluon_stage_filled(ready, stage)
-
-    @gluon.jit
-    def _gluon_fp8_math_producer(K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, draft_k,
-                                 ready, empty, split_start, split_end, num_tiles, draft_tiles, page_shift,
-                                 stride_k_page, stride_k_slot, head_off, stride_v_page, stride_v_slot, v_head_off,
-                                 q_start, q_len, ke_head, stride_ke_tok, ve_head, stride_ve_tok, BLOCK_N: gl.constexpr,
-                                 NUM_STAGES: gl.constexpr, INDEX_WORDS: gl.constexpr, BLOCK_TABLE: gl.constexpr,
-                                 FIRST_TILE: gl.constexpr, TILE_STEP: gl.constexpr):
-        """A producer partition under FP8_MATH (4 warps), tiles FIRST_TILE, FIRST_TILE + TILE_STEP, ...
-        as _gluon_converting_producer takes them, but only V goes through registers and is
-        converted: once the stage is free, K's e4m3 rows land as stored by cp.async in the
-        stage's 64-dim chunks (the consumers' e4m3 wgmma reads them there), each thread's copies
-        arriving on `ready` when they land. V's loads are issued before the wait for the stage;
-        the next tile's row offsets load while V converts. Rows past the split read its last
-        token again (finite data the consumers score -inf)."""
-        gl.static_assert(NOPE_DIM == V_HEAD_DIM and NOPE_DIM // 16 <= 32, "K and V rows of one width, at most 512")
-        LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (NOPE_DIM // 16), NOPE_DIM // 16],
-                                              [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        # K's copies: 4 lanes cover a chunk row's 64 bytes, 16 bytes each, every chunk in one copy
-        # (LOAD3); K_ROWS is LOAD_K's rows, the same registers (a warp's 8 rows, 4 lanes a row).
-        LOAD_K: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [GLUON_PRODUCER_WARPS, 1], [1, 0])
-        LOAD3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [1, GLUON_PRODUCER_WARPS, 1], [2, 1, 0])
-        K_ROWS: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, LOAD3))
-        K_CHUNKS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=3)
-        last = split_end - 1
-        first_tok = split_start + FIRST_TILE * BLOCK_N
-        k_row = _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_k_page, stride_k_slot, head_off,
-                                 BLOCK_N, LOAD_K, INDEX_WORDS, BLOCK_TABLE)
-        v_row = _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_v_page, stride_v_slot, v_head_off,
-                                 BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
-        for t in range(FIRST_TILE, num_tiles, TILE_STEP):
-            v = _gluon_fp8_rows(V_Buffer, v_row, 0, V_HEAD_DIM, LOAD)
-            stage, parity = _gluon_ring_slot(t, NUM_STAGES)
-            mbarrier.wait(empty.index(stage), parity ^ 1)  # the consumers released round t - NUM_STAGES
-            # The stage's chunks as one [chunks, BLOCK_N, 64] block, the same bytes (tests/test_gluon_lowering.py).
-            k_chunks = k_stages.index(stage)._reinterpret(K_Buffer.dtype.element_ty, [NOPE_DIM // 64, BLOCK_N, 64],
-                                                          K_CHUNKS)
-            _gluon_land_chunks(k_chunks, K_Buffer, gl.convert_layout(k_row, K_ROWS), 0, LOAD3)
-            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)  # when this thread's K lands
-            first_tok = split_start + (t + TILE_STEP) * BLOCK_N
-            k_row = _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_k_page, stride_k_slot,
-                                     head_off, BLOCK_N, LOAD_K, INDEX_WORDS, BLOCK_TABLE)
-            v_row = _gluon_tile_rows(table_words, first_tok, last, page_shift, stride_v_page, stride_v_slot,
-                                     v_head_off, BLOCK_N, LOAD, INDEX_WORDS, BLOCK_TABLE)
-            v_stages.index(stage).store(v.to(v_stages.dtype))
-            _gluon_stage_filled(ready, stage)
-        # The draft tile is tile num_tiles: this producer's if it falls on its tiles.
-        draft_t = num_tiles + (TILE_STEP + FIRST_TILE - num_tiles % TILE_STEP) % TILE_STEP
-        for t in range(draft_t, num_tiles + draft_tiles, TILE_STEP):
-            _gluon_fill_fp8_math_draft_tile(K_Extend, V_Extend, draft_k, v_stages, ready, empty, t, q_start, q_len,
-                                            ke_head, stride_ke_tok, ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES)
 
     @gluon.jit
     def _gluon_land_tile(k_slot, v_slot, K_Buffer, V_Buffer, k_row, v_row, in_split, LOAD: gl.constexpr):
@@ -1185,116 +1081,18 @@ if _HAS_GLUON:
         stage (zeros past the draft); its rows past these are never read."""
         return min(block_n, max(16, l_pad))
 
-    @gluon.constexpr_function
-    def _gluon_e4m3_s_layout(block_n):
-        """S of the e4m3 q.k (FP8_MATH): as _gluon_s_layout, from wgmma's 8-bit shape (K steps of 32)."""
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_n, 32])
-
-    @gluon.constexpr_function
-    def _gluon_e4m3_chunks_layout():
-        """e4m3 q terms and K under FP8_MATH: 64-dim chunks stacked as rows ([chunks x rows, 64]),
-        64-byte swizzle (conflict-free wgmma reads of 64-byte rows); a chunk is a slice of rows."""
-        return gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
-
-    @gluon.jit
-    def _gluon_e4m3_row_scale(amax):
-        """(scale, unscale) of rows whose largest magnitude is amax: the power of two that puts amax
-        in (224, 448], e4m3's top binade, and its inverse. Built from amax's exponent bits, so that
-        both are powers of two exactly."""
-        amax_bits = amax.to(gl.int32, bitcast=True)
-        exponent = (amax_bits >> 23) - 127
-        # 448 / amax lies in [2**k, 2**(k + 1)): k = 8 - exponent, one less where amax's significand > 1.75.
-        k = 8 - exponent - ((amax_bits & 0x7FFFFF) > 0x600000).to(gl.int32)
-        k = gl.minimum(gl.maximum(k, -126), 126)  # a zero row: any scale serves
-        return ((k + 127) << 23).to(gl.float32, bitcast=True), ((127 - k) << 23).to(gl.float32, bitcast=True)
-
-    @gluon.jit
-    def _gluon_store_q_terms(Q, q_row, row_ok, q_terms, Q_LOAD: gl.constexpr):
-        """This consumer's q (64 rows from element offsets q_row, zeros where not row_ok) into
-        q_terms [2 x NOPE_DIM / 64 x 64, 64] as two e4m3 terms at a power-of-two scale a row: hi is
-        the scaled q rounded to e4m3, lo what that rounding lost, rounded too (the lo chunks first).
-        A bf16 entry of at least 1/4 of its row's scale keeps its 8 significant bits (hi the top 4,
-        lo the rest). Returns the rows' unscale, in Q_LOAD's row layout."""
-        CHUNKS: gl.constexpr = NOPE_DIM // 64
-        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, Q_LOAD))
-        amax = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, Q_LOAD))
-        for c in gl.static_range(CHUNKS):  # the row's largest magnitude first; q is read again below
-            q_chunk = gl.load(Q + q_row[:, None] + (c * 64 + cols)[None, :], mask=row_ok[:, None], other=0.0)
-            amax = gl.maximum(amax, gl.max(gl.abs(q_chunk.to(gl.float32)), 1))
-        scale, unscale = _gluon_e4m3_row_scale(amax)
-        for c in gl.static_range(CHUNKS):
-            q_chunk = gl.load(Q + q_row[:, None] + (c * 64 + cols)[None, :], mask=row_ok[:, None], other=0.0)
-            x = q_chunk.to(gl.float32) * scale[:, None]
-            hi = x.to(q_terms.dtype)
-            q_terms.slice(c * 64, 64).store((x - hi.to(gl.float32)).to(q_terms.dtype))
-            q_terms.slice((CHUNKS + c) * 64, 64).store(hi)
-        return unscale
-
-    @gluon.jit
-    def _gluon_e4m3_scores(q_terms, k_chunks, BLOCK_N: gl.constexpr):
-        """S = q.K^T of this consumer's 64 rows on e4m3 tensor cores, before any scale: q_terms its
-        two terms' chunks (_gluon_store_q_terms), k_chunks a stage's K as stored, its 64-dim chunks
-        stacked ([NOPE_DIM / 64 x BLOCK_N, 64]). Each 64 dims take a fresh accumulator (lo.K, then hi.K) and are added in fp32:
-        the tensor core's running sum keeps 14 bits, which over 128 dims and more passes issue 37's
-        error bound (docs/perf-notes.md, "An FP8-math mode against issue 37's error bound")."""
-        S8: gl.constexpr = _gluon_e4m3_s_layout(BLOCK_N)
-        CHUNKS: gl.constexpr = NOPE_DIM // 64
-        s = gl.zeros([64, BLOCK_N], gl.float32, layout=S8)
-        for c in gl.static_range(CHUNKS):
-            k_chunk = k_chunks.slice(c * BLOCK_N, BLOCK_N).permute((1, 0))
-            # use_acc=False: the chunk's sum starts fresh (s only gives the accumulator's shape).
-            part = warpgroup_mma(q_terms.slice(c * 64, 64), k_chunk, s, use_acc=False, is_async=True)
-            part = warpgroup_mma(q_terms.slice((CHUNKS + c) * 64, 64), k_chunk, part, is_async=True)
-            part = warpgroup_mma_wait(num_outstanding=0, deps=(part,))
-            s = part if c == 0 else s + part
-        return s
-
-    @gluon.jit
-    def _gluon_draft_scores(Q, q_start, q_len, kv_head, head_block, first_row, stride_q_tok, stride_q_head, draft_k,
-                            ROW0: gl.constexpr, GROUP: gl.constexpr, BLOCK_H: gl.constexpr, L_PAD: gl.constexpr,
-                            DRAFT_KEYS: gl.constexpr):
-        """The draft tile's S under FP8_MATH, as exact as the default mode's: the rows' q as loaded
-        (16-bit; the wgmma's A operand from registers, 64 columns at a time) against the draft's
-        16-bit K rows in draft_k. The rows (from ROW0; draft positions from first_row) are worked
-        out again here, in the operand's layout, rather than held through the prefix loop."""
-        DRAFT_S: gl.constexpr = _gluon_s_layout(DRAFT_KEYS)
-        Q_OPERAND: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=DRAFT_S, k_width=2)
-        rows = ROW0 + gl.arange(0, 64, layout=gl.SliceLayout(1, Q_OPERAND))
-        head = head_block * BLOCK_H + rows // L_PAD
-        draft = (first_row + rows) % L_PAD
-        q_row = (q_start + draft) * stride_q_tok + (kv_head * GROUP + head).to(gl.int64) * stride_q_head
-        row_ok = (head < GROUP) & (draft < q_len)
-        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, Q_OPERAND))
-        s = gl.zeros([64, DRAFT_KEYS], gl.float32, layout=DRAFT_S)
-        for c in gl.static_range(NOPE_DIM // 64):
-            q_chunk = gl.load(Q + q_row[:, None] + (c * 64 + cols)[None, :], mask=row_ok[:, None], other=0.0)
-            k_chunk = draft_k.slice(0, DRAFT_KEYS).slice(c * 64, 64, dim=1).permute((1, 0))
-            s = warpgroup_mma(q_chunk, k_chunk, s, is_async=True)
-        return warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-
     @gluon.jit
     def _gluon_consume_tile(q_smem, k_tile, v_tile, empty, stage, m_i, l_i, acc, visible, qk_scale,
-                            BLOCK_N: gl.constexpr, MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr,
-                            row_scale=None, E4M3: gl.constexpr = False):
+                            BLOCK_N: gl.constexpr, MASKED: gl.constexpr, LAZY_RESCALE: gl.constexpr):
         """One tile on a landed stage for this consumer's 64 rows (k_tile, v_tile: the stage's K and V
-        rows, BLOCK_N of them; the draft tile passes its first keys only): S, then
-        _gluon_softmax_pv. With E4M3 (FP8_MATH) q_smem holds q's e4m3 terms and k_tile K as stored
-        (_gluon_e4m3_scores), and S is scaled by row_scale a row. Returns (m_i, l_i, acc)."""
-        if E4M3:
-            s = _gluon_e4m3_scores(q_smem, k_tile, BLOCK_N) * row_scale[:, None]
-        else:
-            s = gl.zeros([64, BLOCK_N], gl.float32, layout=_gluon_s_layout(BLOCK_N))
-            s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        return _gluon_softmax_pv(s, v_tile, empty, stage, m_i, l_i, acc, visible, qk_scale, MASKED, LAZY_RESCALE)
-
-    @gluon.jit
-    def _gluon_softmax_pv(s, v_tile, empty, stage, m_i, l_i, acc, visible, qk_scale, MASKED: gl.constexpr,
-                          LAZY_RESCALE: gl.constexpr):
-        """A tile's online softmax (log2 domain; with MASKED, column c is visible to row r where
-        visible[r, c], else every column is) of its scores s, acc += P.V, waited, and the stage
-        released. Returns (m_i, l_i, acc)."""
+        rows, BLOCK_N of them; the draft tile passes its first keys only): S, the online softmax
+        (log2 domain; with MASKED, column c is visible to row r where visible[r, c], else every
+        column is), acc += P.V, waited, and the stage released. Returns (m_i, l_i, acc)."""
+        S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
         ACC: gl.constexpr = _gluon_acc_layout()
+        s = gl.zeros([64, BLOCK_N], gl.float32, layout=S_LAYOUT)
+        s = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         if MASKED:
             s = gl.where(visible, s, float("-inf"))
         # qk_scale > 0: the scaled row max is the row max scaled (rounding is monotonic), and
@@ -1350,7 +1148,7 @@ if _HAS_GLUON:
 
     @gluon.jit
     def _gluon_consumer(Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                        empty, draft_k, q_start, q_len, kv_head, head_block,
+                        empty, q_start, q_len, kv_head, head_block,
                         first_row, slot,
                         batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok,
@@ -1358,24 +1156,18 @@ if _HAS_GLUON:
                         stride_pl_tok, stride_pl_head, CONSUMER: gl.constexpr, GROUP: gl.constexpr,
                         BLOCK_H: gl.constexpr, L_PAD: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, LAZY_RESCALE: gl.constexpr, HAS_MASK: gl.constexpr,
-                        BLOCK_TABLE: gl.constexpr, FP8_MATH: gl.constexpr):
+                        BLOCK_TABLE: gl.constexpr):
         """Consumer CONSUMER's rows (64 from CONSUMER x 64): q into its shared-memory tile, every
         tile's S, softmax and P.V, the draft tile on the request's last split, then its rows of
         o or of the split's partial. A consumer whose rows are all past the group returns at once
-        (the kernel counts it out of `empty`). With FP8_MATH, q_smem holds every consumer's
-        q terms and k_stages K as stored (the kernel's FP8_MATH buffers), and draft_k the draft's K
-        rows."""
+        (the kernel counts it out of `empty`)."""
         ROW0: gl.constexpr = CONSUMER * 64
         if ROW0 // L_PAD < GROUP:
-            if FP8_MATH:
-                S_LAYOUT: gl.constexpr = _gluon_e4m3_s_layout(BLOCK_N)
-            else:
-                S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
+            S_LAYOUT: gl.constexpr = _gluon_s_layout(BLOCK_N)
             ACC: gl.constexpr = _gluon_acc_layout()
             # q's load layout: 8 elements (16 bytes) a thread, 8 lanes along 64 columns of a row.
             Q_LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GLUON_NUM_WARPS, 1], [1, 0])
-            if not FP8_MATH:  # FP8_MATH's q tile is this consumer's q terms (below)
-                q_tile = q_smem.index(CONSUMER)
+            q_tile = q_smem.index(CONSUMER)
 
             # q into shared memory. Row r is (head head_block * BLOCK_H + r // L_PAD, draft token
             # first_row + r % L_PAD); padding rows (past the group or the draft) are zeros.
@@ -1384,31 +1176,19 @@ if _HAS_GLUON:
             q_row = ((q_start + first_row + rows % L_PAD) * stride_q_tok
                      + (kv_head * GROUP + head).to(gl.int64) * stride_q_head)
             row_ok = (head < GROUP) & (first_row + rows % L_PAD < q_len)
-            if FP8_MATH:
-                # q's two e4m3 terms; K's descale and the rows' unscale multiply S instead.
-                k_descale = gl.load(k_scale)
-                q_tile = q_smem.slice(CONSUMER * 2 * NOPE_DIM, 2 * NOPE_DIM)  # its 2 x NOPE_DIM / 64 chunks of 64 rows
-                q_unscale = _gluon_store_q_terms(Q, q_row, row_ok, q_tile, Q_LOAD)
-                row_qk_scale = gl.convert_layout(qk_scale * k_descale * q_unscale, gl.SliceLayout(1, S_LAYOUT))
-            else:
-                # K's descale is folded into q once (the stages hold K as stored, converted exactly), 64
-                # columns at a time: a whole row block in fp32 would crowd the consumer's registers.
-                k_descale = gl.load(k_scale)
-                chunk_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, Q_LOAD))
-                for c in gl.static_range(NOPE_DIM // 64):
-                    q_chunk = gl.load(Q + q_row[:, None] + (c * 64 + chunk_cols)[None, :], mask=row_ok[:, None],
-                                      other=0.0)
-                    q_tile.slice(c * 64, 64, dim=1).store((q_chunk.to(gl.float32) * k_descale).to(q_tile.dtype))
+            # K's descale is folded into q once (the stages hold K as stored, converted exactly), 64
+            # columns at a time: a whole row block in fp32 would crowd the consumer's registers.
+            k_descale = gl.load(k_scale)
+            chunk_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, Q_LOAD))
+            for c in gl.static_range(NOPE_DIM // 64):
+                q_chunk = gl.load(Q + q_row[:, None] + (c * 64 + chunk_cols)[None, :], mask=row_ok[:, None],
+                                  other=0.0)
+                q_tile.slice(c * 64, 64, dim=1).store((q_chunk.to(gl.float32) * k_descale).to(q_tile.dtype))
             fence_async_shared()  # q's generic-proxy stores, read by wgmma
             gl.thread_barrier()  # all of this consumer's q is in shared memory
 
-            if FP8_MATH:
-                prefix_qk_scale = 1.0  # row_qk_scale holds it
-                draft_qk_scale = qk_scale  # the draft's S takes q as loaded
-            else:
-                prefix_qk_scale = qk_scale  # K's descale is in q
-                draft_qk_scale = qk_scale / k_descale  # the draft's K is unscaled: take K's descale back out of q
-                row_qk_scale = None  # no scale a row
+            prefix_qk_scale = qk_scale  # K's descale is in q
+            draft_qk_scale = qk_scale / k_descale  # the draft's K is unscaled: take K's descale back out of q
             m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
             l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, S_LAYOUT))
             acc = gl.zeros([64, V_HEAD_DIM], gl.float32, layout=ACC)
@@ -1419,13 +1199,13 @@ if _HAS_GLUON:
                 stage = _gluon_stage_landed(ready, t, NUM_STAGES)
                 m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage), v_stages.index(stage), empty,
                                                     stage, m_i, l_i, acc, None, prefix_qk_scale, BLOCK_N, False,
-                                                    LAZY_RESCALE, row_qk_scale, FP8_MATH)
+                                                    LAZY_RESCALE)
             for t in range(full_tiles, num_tiles):
                 stage = _gluon_stage_landed(ready, t, NUM_STAGES)
                 visible = (tile_cols < split_end - split_start - t * BLOCK_N)[None, :]
                 m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage), v_stages.index(stage), empty,
                                                     stage, m_i, l_i, acc, visible, prefix_qk_scale, BLOCK_N, True,
-                                                    LAZY_RESCALE, row_qk_scale, FP8_MATH)
+                                                    LAZY_RESCALE)
             # The pool's v_scale applies to the prefix's P.V alone, before the draft tile adds its own.
             acc = acc * gl.load(v_scale)
 
@@ -1458,16 +1238,10 @@ if _HAS_GLUON:
                     visible = draft_cols[None, :] < gl.minimum(draft_pos + 1 + draft_lookahead_len, q_len)[:, None]
                 m_i = gl.convert_layout(m_i, gl.SliceLayout(1, DRAFT_S))  # the rows' layout in S of DRAFT_KEYS
                 l_i = gl.convert_layout(l_i, gl.SliceLayout(1, DRAFT_S))
-                if FP8_MATH:
-                    s = _gluon_draft_scores(Q, q_start, q_len, kv_head, head_block, first_row, stride_q_tok,
-                                            stride_q_head, draft_k, ROW0, GROUP, BLOCK_H, L_PAD, DRAFT_KEYS)
-                    m_i, l_i, acc = _gluon_softmax_pv(s, v_stages.index(stage).slice(0, DRAFT_KEYS), empty, stage, m_i,
-                                                      l_i, acc, visible, draft_qk_scale, True, False)
-                else:
-                    m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage).slice(0, DRAFT_KEYS),
-                                                        v_stages.index(stage).slice(0, DRAFT_KEYS), empty, stage, m_i, l_i,
-                                                        acc, visible, draft_qk_scale, DRAFT_KEYS, True,
-                                                        False)
+                m_i, l_i, acc = _gluon_consume_tile(q_tile, k_stages.index(stage).slice(0, DRAFT_KEYS),
+                                                    v_stages.index(stage).slice(0, DRAFT_KEYS), empty, stage, m_i, l_i,
+                                                    acc, visible, draft_qk_scale, DRAFT_KEYS, True,
+                                                    False)
                 m_i = gl.convert_layout(m_i, gl.SliceLayout(1, S_LAYOUT))  # back: both branches leave one type
                 l_i = gl.convert_layout(l_i, gl.SliceLayout(1, S_LAYOUT))
 
@@ -1536,14 +1310,13 @@ if _HAS_GLUON:
         USE_PDL: gl.constexpr,
         CONVERTERS: gl.constexpr,
         LANDING_STAGES: gl.constexpr,
-        FP8_MATH: gl.constexpr,
     ):
         """The prefix stage on SGLang's token-slot pool or vLLM's block tables (BLOCK_TABLE): the
         same grid, split plan, partials and draft tile as _verify_prefix_stage, so
         _verify_merge_stage combines its output.
         With USE_PDL (programmatic dependent launch) it may start while the kernel before it
         ends, and waits for it (_gluon_gdc_wait) before its first read.
-        k_scale / v_scale are the FP8 pool's descales (1-element fp32 device tensors), on the prefix only.        FP8_MATH: the prefix's S on e4m3 tensor cores (the call's fp8_math, where rules.gluon_fp8_math)."""
+        k_scale / v_scale are the FP8 pool's descales (1-element fp32 device tensors), on the prefix only."""
         gl.static_assert(BLOCK_H * L_PAD == 128, "a program is two wgmma tiles of 64 rows (rules.GLUON_GQA_ROWS)")
         # 128-byte swizzle: conflict-free wgmma reads of 64-element (128-byte) column blocks.
         TILE_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -1570,31 +1343,16 @@ if _HAS_GLUON:
         if split < num_written and first_row < q_len:  # a row block past the draft has no rows
             slot = _gluon_first_slot(table_start, batch, tokens_per_split, slots_per_request) + split
             STAGE_DTYPE: gl.constexpr = gl.float16  # e4m3 tiles, q and P in fp16 (the producer converts)
-            if FP8_MATH:
-                # e4m3 q terms and K in 64-dim chunks stacked as rows (_gluon_e4m3_chunks_layout):
-                # q's are 2 consumers x 2 terms x NOPE_DIM / 64 chunks of 64 rows, a stage's K NOPE_DIM / 64
-                # chunks of BLOCK_N rows. V stays fp16 (the converters'), the draft's K rows 16-bit.
-                q_smem = gl.allocate_shared_memory(K_Buffer.dtype.element_ty, [2 * 2 * NOPE_DIM, 64],
-                                                   _gluon_e4m3_chunks_layout())
-                k_stages = gl.allocate_shared_memory(K_Buffer.dtype.element_ty,
-                                                     [NUM_STAGES, NOPE_DIM // 64 * BLOCK_N, 64],
-                                                     _gluon_e4m3_chunks_layout())
-                draft_k = gl.allocate_shared_memory(Q.dtype.element_ty, [BLOCK_N, NOPE_DIM], TILE_SMEM)
-                # Every producer thread's K copies, and one thread after V's stores and fence.
-                READY_COUNT: gl.constexpr = GLUON_PRODUCER_WARPS * 32 + 1
-            else:
-                # With a landing ring, q takes a tile for each consumer with rows only: the ring fits in
-                # what an idle consumer's tile would take (rules.gluon_shared_bytes).
-                Q_TILES: gl.constexpr = CONSUMERS if LANDING_STAGES > 0 else 2
-                q_smem = gl.allocate_shared_memory(STAGE_DTYPE, [Q_TILES, 64, NOPE_DIM], TILE_SMEM)
-                k_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, NOPE_DIM], TILE_SMEM)
-                draft_k = q_smem  # unread: the exact mode's draft tile reads its stage
-                READY_COUNT: gl.constexpr = 1  # one producer thread, after its warps' stores and fence
+            # With a landing ring, q takes a tile for each consumer with rows only: the ring fits in
+            # what an idle consumer's tile would take (rules.gluon_shared_bytes).
+            Q_TILES: gl.constexpr = CONSUMERS if LANDING_STAGES > 0 else 2
+            q_smem = gl.allocate_shared_memory(STAGE_DTYPE, [Q_TILES, 64, NOPE_DIM], TILE_SMEM)
+            k_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, NOPE_DIM], TILE_SMEM)
             v_stages = gl.allocate_shared_memory(STAGE_DTYPE, [NUM_STAGES, BLOCK_N, V_HEAD_DIM], TILE_SMEM)
             ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
             empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(NUM_STAGES):
-                mbarrier.init(ready.index(i), count=READY_COUNT)
+                mbarrier.init(ready.index(i), count=1)  # one producer thread, after its warps' stores and fence
                 mbarrier.init(empty.index(i), count=CONSUMERS)  # one thread of each consumer with rows
 
             num_tiles = gl.cdiv(split_end - split_start, BLOCK_N)
@@ -1608,102 +1366,7 @@ if _HAS_GLUON:
             # in shared memory.
             gl.static_assert((CONVERTERS == 1) | (CONVERTERS == 2), "one converter or two (rules.gluon_converters)")
             gl.static_assert((LANDING_STAGES == 0) | (CONVERTERS == 1), "a landing ring has one converter")
-            gl.static_assert((LANDING_STAGES == 0) | (not FP8_MATH), "FP8_MATH lands K with no ring (rules.gluon_fp8_math)")
-            if FP8_MATH:
-                # The converters' arrangements below, each converting V alone and landing K as stored.
-                if CONVERTERS == 1:
-                    gl.warp_specialize([
-                        (_gluon_consumer, (
-                            Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                            empty, draft_k, q_start, q_len, kv_head, head_block,
-                            first_row, slot,
-                            batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
-                            qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
-                            stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
-                            stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                            BLOCK_TABLE, FP8_MATH)),
-                        (_gluon_consumer, (
-                            Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                            empty, draft_k, q_start, q_len, kv_head, head_block,
-                            first_row, slot,
-                            batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
-                            qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
-                            stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
-                            stride_pl_head, 1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                            BLOCK_TABLE, FP8_MATH)),
-                        (_gluon_fp8_math_producer, (
-                            K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, draft_k, ready, empty,
-                            split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
-                            kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
-                            kv_head.to(gl.int64) * stride_v_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
-                            stride_ke_tok, kv_head.to(gl.int64) * stride_ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES,
-                            INDEX_WORDS, BLOCK_TABLE, 0, 1)),
-                    ], [4, GLUON_PRODUCER_WARPS], [GLUON_FP8_MATH_CONSUMER_REGISTERS, GLUON_FP8_MATH_PRODUCER_REGISTERS])
-                elif CONSUMERS == 1:
-                    gl.warp_specialize([
-                        (_gluon_consumer, (
-                            Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                            empty, draft_k, q_start, q_len, kv_head, head_block,
-                            first_row, slot,
-                            batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
-                            qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
-                            stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
-                            stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                            BLOCK_TABLE, FP8_MATH)),
-                        (_gluon_fp8_math_producer, (
-                            K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, draft_k, ready, empty,
-                            split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
-                            kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
-                            kv_head.to(gl.int64) * stride_v_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
-                            stride_ke_tok, kv_head.to(gl.int64) * stride_ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES,
-                            INDEX_WORDS, BLOCK_TABLE, 1, 2)),
-                        (_gluon_fp8_math_producer, (
-                            K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, draft_k, ready, empty,
-                            split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
-                            kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
-                            kv_head.to(gl.int64) * stride_v_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
-                            stride_ke_tok, kv_head.to(gl.int64) * stride_ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES,
-                            INDEX_WORDS, BLOCK_TABLE, 0, 2)),
-                    ], [GLUON_PRODUCER_WARPS, GLUON_PRODUCER_WARPS],
-                       [GLUON_FP8_MATH_PRODUCER_REGISTERS, GLUON_FP8_MATH_PRODUCER_REGISTERS])
-                else:
-                    gl.warp_specialize([
-                        (_gluon_consumer, (
-                            Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                            empty, draft_k, q_start, q_len, kv_head, head_block,
-                            first_row, slot,
-                            batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
-                            qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
-                            stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
-                            stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                            BLOCK_TABLE, FP8_MATH)),
-                        (_gluon_consumer, (
-                            Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                            empty, draft_k, q_start, q_len, kv_head, head_block,
-                            first_row, slot,
-                            batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
-                            qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
-                            stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
-                            stride_pl_head, 1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                            BLOCK_TABLE, FP8_MATH)),
-                        (_gluon_fp8_math_producer, (
-                            K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, draft_k, ready, empty,
-                            split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
-                            kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
-                            kv_head.to(gl.int64) * stride_v_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
-                            stride_ke_tok, kv_head.to(gl.int64) * stride_ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES,
-                            INDEX_WORDS, BLOCK_TABLE, 0, 2)),
-                        (_gluon_fp8_math_producer, (
-                            K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, draft_k, ready, empty,
-                            split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
-                            kv_head.to(gl.int64) * stride_k_head, stride_v_page, stride_v_slot,
-                            kv_head.to(gl.int64) * stride_v_head, q_start, q_len, kv_head.to(gl.int64) * stride_ke_head,
-                            stride_ke_tok, kv_head.to(gl.int64) * stride_ve_head, stride_ve_tok, BLOCK_N, NUM_STAGES,
-                            INDEX_WORDS, BLOCK_TABLE, 1, 2)),
-                    ], [4, GLUON_PRODUCER_WARPS, GLUON_PRODUCER_WARPS],
-                       [GLUON_FP8_MATH_FOUR_WARPGROUP_CONSUMER_REGISTERS, GLUON_FP8_MATH_PRODUCER_REGISTERS,
-                        GLUON_FP8_MATH_PRODUCER_REGISTERS])
-            elif LANDING_STAGES > 0:
+            if LANDING_STAGES > 0:
                 # The landing ring: e4m3 K and V rows as stored, unswizzled (only the converter's
                 # own threads read it, each the bytes it copied).
                 LANDING_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
@@ -1714,22 +1377,22 @@ if _HAS_GLUON:
                 gl.warp_specialize([
                     (_gluon_consumer, (
                         Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                        empty, draft_k, q_start, q_len, kv_head, head_block,
+                        empty, q_start, q_len, kv_head, head_block,
                         first_row, slot,
                         batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, FP8_MATH)),
+                        BLOCK_TABLE)),
                     (_gluon_consumer, (
                         Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                        empty, draft_k, q_start, q_len, kv_head, head_block,
+                        empty, q_start, q_len, kv_head, head_block,
                         first_row, slot,
                         batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, FP8_MATH)),
+                        BLOCK_TABLE)),
                     (_gluon_landing_converter, (
                         K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, landing_k, landing_v,
                         ready, empty, split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page,
@@ -1743,22 +1406,22 @@ if _HAS_GLUON:
                 gl.warp_specialize([
                     (_gluon_consumer, (
                         Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                        empty, draft_k, q_start, q_len, kv_head, head_block,
+                        empty, q_start, q_len, kv_head, head_block,
                         first_row, slot,
                         batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, FP8_MATH)),
+                        BLOCK_TABLE)),
                     (_gluon_consumer, (
                         Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                        empty, draft_k, q_start, q_len, kv_head, head_block,
+                        empty, q_start, q_len, kv_head, head_block,
                         first_row, slot,
                         batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, FP8_MATH)),
+                        BLOCK_TABLE)),
                     (_gluon_converting_producer, (
                         K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
                         split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
@@ -1772,13 +1435,13 @@ if _HAS_GLUON:
                 gl.warp_specialize([
                     (_gluon_consumer, (
                         Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                        empty, draft_k, q_start, q_len, kv_head, head_block,
+                        empty, q_start, q_len, kv_head, head_block,
                         first_row, slot,
                         batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, FP8_MATH)),
+                        BLOCK_TABLE)),
                     (_gluon_converting_producer, (
                         K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
                         split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
@@ -1800,22 +1463,22 @@ if _HAS_GLUON:
                 gl.warp_specialize([
                     (_gluon_consumer, (
                         Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                        empty, draft_k, q_start, q_len, kv_head, head_block,
+                        empty, q_start, q_len, kv_head, head_block,
                         first_row, slot,
                         batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 0, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, FP8_MATH)),
+                        BLOCK_TABLE)),
                     (_gluon_consumer, (
                         Q, Out, Partial_O, Partial_Lse, Custom_Mask, Mask_Indptr, q_smem, k_stages, v_stages, ready,
-                        empty, draft_k, q_start, q_len, kv_head, head_block,
+                        empty, q_start, q_len, kv_head, head_block,
                         first_row, slot,
                         batch, split, num_written, prefix_len, split_start, split_end, num_tiles, draft_tiles,
                         qk_scale, k_scale, v_scale, draft_lookahead_len, stride_mask_row, stride_q_tok, stride_q_head,
                         stride_o_tok, stride_o_head, stride_po_tok, stride_po_head, stride_po_split, stride_pl_tok,
                         stride_pl_head, 1, GROUP, BLOCK_H, L_PAD, BLOCK_N, NUM_STAGES, LAZY_RESCALE, HAS_MASK,
-                        BLOCK_TABLE, FP8_MATH)),
+                        BLOCK_TABLE)),
                     (_gluon_converting_producer, (
                         K_Buffer, V_Buffer, K_Extend, V_Extend, table_words, k_stages, v_stages, ready, empty,
                         split_start, split_end, num_tiles, draft_tiles, page_shift, stride_k_page, stride_k_slot,
@@ -1906,8 +1569,6 @@ LAUNCHER = InvariantVerifyLauncher(
         # spills a thread after, none before). 16-row programs ran slower before it, and 64-row ones spill 20
         # B before it and none after (docs/perf-notes.md, 'Draft tile placement').
         draft_first_rows=(32,),
-        # A call's fp8_math=True runs the Gluon GQA stage's prefix q.k on e4m3 tensor cores (FP8_MATH).
-        fp8_math=True,
         merge_rows=MERGE_ROWS,
         merge_split_chunk=MERGE_SPLIT_CHUNK,
         merge_block_dv=MERGE_BLOCK_DV.value,

@@ -922,6 +922,13 @@ if _HAS_GLUON:
         dst.slice(col0, COLS, dim=1).store(rows.to(dst.dtype))
 
     @gluon.jit
+    def _gluon_land_chunk(dst, src, row, col0, LOAD: gl.constexpr):
+        """cp.async one 64-column chunk [BLOCK_N, 64] of a tile's e5m2 rows (element offsets `row`)
+        into `dst` as stored, 16 bytes a copy (LOAD: 4 lanes a row's 64 bytes)."""
+        cols = col0 + gl.arange(0, 64, layout=gl.SliceLayout(0, LOAD))
+        async_copy.async_copy_global_to_shared(dst, src + row[:, None] + cols[None, :])
+
+    @gluon.jit
     def _gluon_land_chunks(dst, src, row, col0, LOAD3: gl.constexpr):
         """cp.async the 64-column chunks [chunks, BLOCK_N, 64] of a tile's e5m2 rows from column
         col0 into `dst` as stored, in one copy."""
@@ -931,13 +938,6 @@ if _HAS_GLUON:
         cols = col0 + gl.arange(0, 64, layout=COL)
         ptrs = src + row[None, :, None] + (chunk[:, None, None] * 64 + cols[None, None, :])
         async_copy.async_copy_global_to_shared(dst, ptrs)
-
-    @gluon.jit
-    def _gluon_land_chunk(dst, src, row, col0, LOAD: gl.constexpr):
-        """cp.async one 64-column chunk [BLOCK_N, 64] of a tile's e5m2 rows (element offsets `row`)
-        into `dst` as stored, 16 bytes a copy (LOAD: 4 lanes a row's 64 bytes)."""
-        cols = col0 + gl.arange(0, 64, layout=gl.SliceLayout(0, LOAD))
-        async_copy.async_copy_global_to_shared(dst, src + row[:, None] + cols[None, :])
 
     @gluon.jit
     def _gluon_in_place_converter(K_Buffer, K_Extend, table_words, k_nope_stages, k_pe_stages, ready, empty,

@@ -225,7 +225,6 @@ class Point:
     index_dtype: str
     from_table: bool  # the launch uses a shipped table row, not the default config
     mask: bool = False  # a call with a custom mask (a tree)
-    fp8_math: bool = False  # a call that allows the FP8-math mode (modules with its code only)
 
 
 def unlisted_group(module: ModuleType, arch: str) -> int:
@@ -271,14 +270,11 @@ def domain(module: ModuleType, arch: str, entries: Iterable[str] = ENTRIES,
         list(module.SUPPORTED_PAGE_SIZES) if "paged" in entries else [])
     # The first index dtype is where the walk asks launch_params (it does not see dtypes).
     index_order = [d for d in INDEX_DTYPES if d in set(index_dtypes)]
-    # Calls with fp8_math=True where the module has the mode's code (FP8_MATH): elsewhere they
-    # launch what fp8_math=False does, so walking them would only repeat points.
-    fp8_maths = (False, True) if module.LAUNCHER.identity.fp8_math else (False,)
     for group, batch in itertools.product(groups, domain_batches(module, arch)):
         from_table = module.select_config(arch, group, batch) is not module.LAUNCHER.default_config
-        for draft, page_size, mask, fp8_math, index_dtype in itertools.product(
-                range(1, module.MAX_DRAFT_TOKENS + 1), pages, MASKS, fp8_maths, index_order):  # index dtype innermost
-            yield Point(group, draft, batch, page_size, index_dtype, from_table, mask, fp8_math)
+        for draft, page_size, mask, index_dtype in itertools.product(range(1, module.MAX_DRAFT_TOKENS + 1), pages,
+                                                                     MASKS, index_order):  # index dtype innermost
+            yield Point(group, draft, batch, page_size, index_dtype, from_table, mask)
 
 
 def jit_int_class(value: int) -> str:
@@ -299,7 +295,7 @@ def runtime_scalars(module: ModuleType, arch: str, num_sms: int, point: Point) -
     the engine's tensors): the JIT specializes on them, so they are part of the variant."""
     # cached_setup: the launcher's cached set-up, which its launch_params asks for right after.
     setup = module.LAUNCHER.cached_setup(arch, num_sms, point.group, point.batch, point.draft, point.page_size, 1,
-                                         point.mask, True, point.fp8_math)
+                                         point.mask)
     if setup is None:
         return {}
     scalars = {"group": point.group, "head_blocks": setup.head_blocks, "max_splits": setup.max_splits,
@@ -580,11 +576,8 @@ def enumerate_variants(modules: list[ModuleInfo], archs: list[str],
                 if point.index_dtype == first_index:  # launch_params does not see tensors' dtypes
                     scalars = runtime_scalars(module, arch_name, arch.num_sms, point)
                     planned = []
-                    # fp8_math only where the point asks: a launch_params_for stand-in need not take it.
-                    fp8_math = {"fp8_math": True} if point.fp8_math else {}
                     for kernel_name, constexprs, options in params(arch_name, arch.num_sms, point.group, point.batch,
-                                                                   point.draft, point.page_size, has_mask=point.mask,
-                                                                   **fp8_math):
+                                                                   point.draft, point.page_size, has_mask=point.mask):
                         launch = (kernel_name, tuple(constexprs.items()), tuple(options.items()))
                         full = completed.get(launch)
                         if full is None:

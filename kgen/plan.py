@@ -106,7 +106,6 @@ class Specialization:
     unmasked_full_tiles: bool  # whole tiles without the -inf select, then the partial one
     prefix_dot_dtype: str  # dot operand dtype of the prefix stage on the GPU
     prefix_dot_why: str
-    fp8_math: bool = False  # the Gluon GQA stage's opt-in FP8_MATH: the prefix's q.k on e4m3 tensor cores
 
     @property
     def draft_tile_may_run_first(self) -> bool:

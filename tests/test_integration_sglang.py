@@ -667,15 +667,6 @@ def test_route_reads_the_backend_as_sglang_built_it(sg):
     assert routed.kgen_route.use_kgen and routed.kgen_route.layout == "gqa128"
 
 
-@pytest.mark.parametrize(("value", "on"), [("1", True), ("0", False)])
-def test_route_builds_its_chain_with_the_operators_kgen_fp8_math(sg, monkeypatch, value, on):
-    monkeypatch.setenv("KGEN_FP8_MATH", value)
-    setup = Setup()
-    with published(sg, setup):
-        routed, _, _ = backends(sg, setup)
-    assert routed.kgen_route.gate.fp8_math is on and routed.kgen_verify.chain.fp8_math is on
-
-
 def test_a_model_kgen_cannot_read_keeps_sglangs_path(sg, caplog):
     """The hook takes SGLang's keyword call too, and a config kgen cannot read (an MLA config
     without ``kv_lora_rank``) leaves the backend as SGLang built it, with a warning."""

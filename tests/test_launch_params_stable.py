@@ -1,6 +1,6 @@
 """Every generated module's launch_params returns what it returned when this expectation was
-written, over a sweep of archs, block configs, groups, batches, draft lengths, page sizes,
-chains and trees (a custom mask), and calls that allow the FP8-math mode where a module has it.
+written, over a sweep of archs, block configs, groups, batches, draft lengths, page sizes and
+chains and trees (a custom mask).
 
 The compiler's plan, passes and templates may be rearranged freely; what a module launches
 may not change by accident. The expectation holds one digest per (module, arch) of the JSON
@@ -55,14 +55,10 @@ def _load(path: Path) -> ModuleType:
 def sweep_digests(module: ModuleType) -> dict[str, str]:
     """arch -> sha256 of the JSON of launch_params over the whole sweep on that arch."""
     digests = {}
-    # Calls that allow the FP8-math mode too, where the module has its code (fp8_math).
-    fp8_maths = ({}, {"fp8_math": True}) if module.LAUNCHER.identity.fp8_math else ({},)
     for arch, num_sms in ARCH_SMS.items():
-        launches = [module.launch_params(arch, num_sms, group, batch, length, page_size, config, has_mask=mask,
-                                         **fp8_math)
+        launches = [module.launch_params(arch, num_sms, group, batch, length, page_size, config, has_mask=mask)
                     for config in CONFIGS.values() for group in GROUPS for batch in BATCHES
-                    for length in DRAFT_LENGTHS for page_size in PAGE_SIZES for mask in MASKS
-                    for fp8_math in fp8_maths]
+                    for length in DRAFT_LENGTHS for page_size in PAGE_SIZES for mask in MASKS]
         digests[arch] = hashlib.sha256(json.dumps(launches, default=str).encode()).hexdigest()
     return digests
 

@@ -62,9 +62,9 @@ def test_sglang_signature_is_the_module_contract():
         mod = kgen.load("gqa64", "bf16", "bf16")
         params = inspect.signature(mod.verify_shared_kv_fwd).parameters.values()
         # SGLang's arguments, then keyword-only ones: SGLang's newer kv_len_adjust (which it passes by
-        # name) and kgen's own check_indices and fp8_math, which SGLang never passes.
+        # name) and kgen's own check_indices, which SGLang never passes.
         assert [p.name for p in params if p.kind != p.KEYWORD_ONLY] == SGLANG_PARAMS
-        assert [p.name for p in params if p.kind == p.KEYWORD_ONLY] == ["kv_len_adjust", "check_indices", "fp8_math"]
+        assert [p.name for p in params if p.kind == p.KEYWORD_ONLY] == ["kv_len_adjust", "check_indices"]
 
 
 def test_sglang_adapter_runs_the_chain_and_returns_true():

@@ -246,8 +246,7 @@ class FakeModule:
     It accepts causal chains and custom masks (which govern, as in a generated module; not
     their prefix columns) with ``dtype`` tensors and ``group`` in ``groups``, computes with
     ``kgen.reference`` (the general path for pages), and counts calls. It refuses a non-zero
-    ``kv_len_adjust``; its paged entry takes ``is_causal`` (and records the latest). Both entries
-    take kgen's ``fp8_math`` and record the latest.
+    ``kv_len_adjust``; its paged entry takes ``is_causal`` (and records the latest).
     ``compute=False`` makes it accept without touching any tensor value (for the no-host-sync test).
     """
 
@@ -258,7 +257,6 @@ class FakeModule:
         self.calls = 0
         self.accepted = 0
         self.last_paged_is_causal: bool | None = None
-        self.last_fp8_math: bool | None = None
 
     def why_not(self, q, k, v, o, kb, vb, qo, kvp, kvi, custom_mask, is_causal, mask_indptr, max_len,
                 k_scale, v_scale, sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True,
@@ -287,9 +285,8 @@ class FakeModule:
     def can_handle(self, *args, **kwargs) -> bool:
         return self.why_not(*args, **kwargs) == ""
 
-    def verify_shared_kv_fwd(self, *args, fp8_math=False, **kwargs) -> bool:
+    def verify_shared_kv_fwd(self, *args, **kwargs) -> bool:
         self.calls += 1
-        self.last_fp8_math = fp8_math
         if self.why_not(*args, **kwargs):
             return False
         self.accepted += 1
@@ -305,9 +302,8 @@ class FakeModule:
 
     def verify_paged_fwd(self, q, k, v, o, k_cache, v_cache, block_table, prefix_lens, qo, max_len,
                          k_scale=1.0, v_scale=1.0, sm_scale=None, custom_mask=None, mask_indptr=None,
-                         is_causal=True, config=None, *, fp8_math=False) -> bool:  # fmt: skip
+                         is_causal=True, config=None) -> bool:  # fmt: skip
         self.calls += 1
-        self.last_fp8_math = fp8_math
         self.last_paged_is_causal = is_causal
         if q.dtype != self.dtype or q.shape[1] // k.shape[1] not in self.groups:
             return False

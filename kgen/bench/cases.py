@@ -46,10 +46,6 @@ ALL_KERNELS = KERNELS + FLASHINFER_KERNELS + ENGINE_KERNELS
 HEADLINE_KERNEL = "grouped"
 # The grouped kernel's batch-invariant module (--batch-invariant), as a loader's variant name.
 BATCH_INVARIANT = "batch_invariant"
-# The grouped kernel's launches with fp8_math=True (--fp8-math), as a precompile job's kind.
-FP8_MATH = "fp8_math"
-# The one KV dtype with an FP8-math mode (e4m3fn pools, bf16 queries).
-FP8_MATH_KV_DTYPE = "float8_e4m3fn"
 
 # The full matrix (issue 5): Qwen3.5 GQA 256 at TP2 and TP8, absorbed MLA, GQA 128.
 DEFAULT_LAYOUT_GROUPS: tuple[tuple[str, int], ...] = (

@@ -27,7 +27,6 @@ from kgen.bench.cases import (
     ENGINE_KERNELS,
     FLASHINFER_ALIAS,
     FLASHINFER_KERNELS,
-    FP8_MATH_KV_DTYPE,
     INDEX_DTYPES,
     KERNELS,
     MASKS,
@@ -53,8 +52,6 @@ from kgen.bench.report import (
     build_ab_summary,
     compare_runs,
     format_comparison,
-    fp8_math_ab_line,
-    fp8_math_ab_summary,
     index_ab_summary,
     mask_ab_summary,
     merge_runs,
@@ -92,8 +89,6 @@ EPILOG = """examples:
                                                       the tables in use vs the rows in /tmp/rows/sm_90.json
   kgen bench --batch-invariant --kernels grouped --layout qwen3_5_gqa256:16 --kv-dtype bf16 --batch 64 --prefix 16K
                                                       the batch-invariant modules vs the default ones, alternated
-  kgen bench --fp8-math --kernels grouped --layout qwen3_5_gqa256:16 --kv-dtype fp8 --batch 64 --prefix 16K
-                                                      the FP8-math mode (fp8_math=True) vs the exact one, alternated
   kgen bench --kernels grouped,flashinfer --layout qwen3_5_gqa256:16 --batch 64 --prefix 16K --draft 4
                                                       FlashInfer FA2/FA3, pages of 1 and 16 (flashinfer_fa2,
                                                       flashinfer_fa3, flashinfer_fa2_page16, flashinfer_fa3_page16)
@@ -169,15 +164,6 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="the grouped kernel's figures are its batch-invariant module's (kgen.load(..., batch_invariant=True)), "
         "timed in alternation with the default module in one process (CUDA-graph replays, the median of at least 5 "
         "alternations); the JSON holds both times and their ratio, the summary their geometric mean and the worst",
-    )
-    sel.add_argument(
-        "--fp8-math",
-        action="store_true",
-        help="the grouped kernel's figures are its launches in the opt-in FP8-math mode (launch(..., fp8_math=True): "
-        "the prefix's q.k on e4m3 tensor cores; e4m3fn KV only, --kv-dtype fp8), timed in alternation with the same "
-        "module's exact mode (fp8_math=False) in one process (CUDA-graph replays, the median of at least 5 "
-        "alternations); the JSON holds both times and their ratio fp8-math / exact, the summary their geometric "
-        "mean and the worst",
     )
     sel.add_argument(
         "--quick", action="store_true", help="the fast subset: batch 16,64 x prefix 1K,16K x L 4 (32 cases)"
@@ -355,29 +341,6 @@ def batch_invariant_run(args: argparse.Namespace) -> bool:
     return True
 
 
-def fp8_math_run(args: argparse.Namespace) -> bool:
-    """``--fp8-math``: a run that times the grouped kernel's launches with fp8_math=True against
-    the same module's fp8_math=False ones, on e4m3fn pools only, with one kv_indices dtype, one
-    draft mask and no other A/B."""
-    if not getattr(args, "fp8_math", False):
-        return False
-    if "grouped" not in select_kernels(args):
-        raise BenchUsageError("--fp8-math times the grouped kernel: keep it in --kernels")
-    if (parse_index_dtypes(args.index_dtype)[1] is not None or parse_masks(args.mask)[1] is not None
-            or getattr(args, "baseline_modules", None) or getattr(args, "baseline_tables", None)
-            or getattr(args, "batch_invariant", False)):
-        raise BenchUsageError("--fp8-math is an A/B, and so are --batch-invariant, two --index-dtype or --mask "
-                              "values, --baseline-modules and --baseline-tables: run one at a time")  # fmt: skip
-    if args.from_json:
-        raise BenchUsageError("--fp8-math measures: it does not go with --from-json")
-    others = [d for d in parse_kv_dtypes(args.kv_dtype) if d != FP8_MATH_KV_DTYPE]
-    if others:
-        asked = ", ".join(others) + ("" if args.kv_dtype else " (the default --kv-dtype asks for it)")
-        raise BenchUsageError(f"--fp8-math: the FP8-math mode exists only for e4m3 FP8 pools ({FP8_MATH_KV_DTYPE}) "
-                              f"with bf16 queries, and this run asks for {asked}: pass --kv-dtype fp8")
-    return True
-
-
 ALIASES = {FLASHINFER_ALIAS: FLASHINFER_KERNELS, ENGINE_ALIAS: ENGINE_KERNELS}
 # What runs without --kernels: every kernel but the engines' (FlashInfer's where installed).
 DEFAULT_KERNELS = KERNELS + FLASHINFER_KERNELS
@@ -451,9 +414,6 @@ def _run(args: argparse.Namespace) -> int:
     if batch_invariant_run(args) and baseline is not None and not baseline.meta.batch_invariant:
         raise BenchUsageError(f"--compare {args.compare} holds the default modules' figures and --batch-invariant "
                               "times the batch-invariant ones: compare with a --batch-invariant run")
-    if fp8_math_run(args) and baseline is not None and not baseline.meta.fp8_math:
-        raise BenchUsageError(f"--compare {args.compare} holds the exact mode's figures and --fp8-math times the "
-                              "FP8-math mode's: compare with a --fp8-math run")
     if args.from_json:
         run = read_run(args.from_json)
         out_dir = Path(args.out) if args.out else None
@@ -495,9 +455,6 @@ def case_line(res: CaseResult) -> str:
     if g.mode_ab is not None:
         pct += (f" invariant/default={g.mode_ab.ratio:.3f}" if g.mode_ab.ratio is not None
                 else f" default {g.mode_ab.status}")
-    if g.fp8_math_ab is not None:
-        pct += (f" fp8-math/exact={g.fp8_math_ab.ratio:.3f}" if g.fp8_math_ab.ratio is not None
-                else f" exact {g.fp8_math_ab.status}")
     ups = " ".join(f"x{k}={v:.2f}" for k, v in res.speedup.items())
     bad = " ".join(
         f"{k} {r.status} ({(r.note or str(r.max_rel_err))[:60]})" for k, r in res.kernels.items() if r.status != "ok"
@@ -521,9 +478,6 @@ def summary_text(run: BenchRun) -> str:
     mode = mode_ab_summary(run.cases)
     if mode is not None:
         lines.append(f"  {mode_ab_line(mode)}")
-    fp8 = fp8_math_ab_summary(run.cases)
-    if fp8 is not None:
-        lines.append(f"  {fp8_math_ab_line(fp8)}")
     lines += [f"  FAILED: {key}" for key in failed]
     return "\n".join(lines)
 
@@ -604,7 +558,6 @@ def collect_meta(args: argparse.Namespace, copy_gbps: float, copy_bytes: int,
         baseline_modules=str(baseline_dir or "") or None,
         baseline_tables=str(baseline_tables_dir(args) or "") or None,
         batch_invariant=batch_invariant_run(args),
-        fp8_math=fp8_math_run(args),
     )
 
 
@@ -635,9 +588,6 @@ def measure_or_resume(args: argparse.Namespace, cases: Sequence[Case], out_dir: 
     if prior.meta.batch_invariant != batch_invariant_run(args):
         raise BenchUsageError(f"--resume {args.resume} was {'' if prior.meta.batch_invariant else 'not '}a "
                               "--batch-invariant run: resume with the same mode")
-    if prior.meta.fp8_math != fp8_math_run(args):
-        raise BenchUsageError(f"--resume {args.resume} was {'' if prior.meta.fp8_math else 'not '}a "
-                              "--fp8-math run: resume with the same mode")
     done = {c.key for c in prior.cases if c.status != "skipped"}
     todo = [c for c in cases if c.key not in done]
     print(f"resuming {args.resume}: {len(cases) - len(todo)} of {len(cases)} cases measured there", flush=True)
@@ -697,7 +647,7 @@ def measure(args: argparse.Namespace, cases: Sequence[Case], out_dir: Path,
         print(left_out, flush=True)
     provider = DeviceProvider(l2_bytes=meta.l2_bytes or (50 << 20), seed=args.seed, compile_flex=not args.flex_eager,
                               baseline_modules=baseline_dir, batch_invariant=batch_invariant_run(args),
-                              fp8_math=fp8_math_run(args), flashinfer_jit=args.flashinfer_jit)
+                              flashinfer_jit=args.flashinfer_jit)
     if finish is not None:
         finish(BenchRun(meta=meta))  # a resume from another GPU fails here, before any timing
     warm_up(args, cases, meta, started)
@@ -720,7 +670,7 @@ def warm_up(args: argparse.Namespace, cases: Sequence[Case], meta: BenchMeta, st
     kernels = [k for k in select_kernels(args) if not (k == "flex" and args.flex_eager)]
     mode = flex_sweep_mode(args)
     labels = [flex_label(o) for o in FLEX_SWEEP_GRID] if mode != "none" else []
-    jobs = warm_jobs(cases, kernels, sweep_cases(cases, mode), labels, batch_invariant_run(args), fp8_math_run(args))
+    jobs = warm_jobs(cases, kernels, sweep_cases(cases, mode), labels, batch_invariant_run(args))
     timeout = args.precompile_timeout
     if args.time_limit > 0:
         timeout = min(timeout, 0.5 * args.time_limit - (time.monotonic() - started))

@@ -28,11 +28,6 @@ from kgen.bench.timing import Launch, PairedTiming, Timer, Timing, percentile
 TOLERANCE_BF16 = 2e-2
 TOLERANCE_FP8 = 5e-2
 
-# The grouped result's note in a --fp8-math run where fp8_math=True launches what fp8_math=False
-# does (no Gluon stage with the mode's code for the case on that device).
-FP8_MATH_SAME_NOTE = ("fp8_math=True launches the exact mode's kernels here (no Gluon stage with the FP8-math code "
-                      "for this case on this device): the A/B times one program twice")
-
 KernelStatus = Literal["ok", "failed", "error", "unsupported", "skipped"]
 # A variant of a kernel in a sweep is named "<kernel>@<label>", e.g. "flex@BLOCK_N=32,...".
 VARIANT_SEP = "@"
@@ -70,9 +65,6 @@ class KernelRun:
     module: str = ""  # the generated module fn launches (its URI; kgen kernels)
     # The default grouped module, timed in alternation with this batch-invariant one (--batch-invariant).
     default_mode: KernelRun | None = None
-    # The same grouped module launched with fp8_math=False, timed in alternation with this
-    # fp8_math=True one (--fp8-math).
-    exact_mode: KernelRun | None = None
 
 
 class Measured(BaseModel):
@@ -127,14 +119,6 @@ class ModeAB(Alternated):
     module: str
 
 
-class Fp8MathAB(Alternated):
-    """The grouped module launched in its exact mode (``fp8_math=False``), timed in alternation
-    with its launches in the FP8-math mode (``fp8_math=True``), whose figures the kernel's are
-    (``--fp8-math``): ratio < 1 means the FP8-math mode is faster."""
-
-    module: str
-
-
 class KernelResult(Measured):
     """One kernel on one case, as written to JSON."""
 
@@ -151,7 +135,6 @@ class KernelResult(Measured):
     mask_ab: MaskAB | None = None
     build_ab: BuildAB | None = None
     mode_ab: ModeAB | None = None
-    fp8_math_ab: Fp8MathAB | None = None
 
     @property
     def timed(self) -> bool:
@@ -250,10 +233,6 @@ def measure_kernel(
         label = {"module": run.default_mode.module}
         return _measure_pair(run, run.default_mode, timer, {**base, "status": status}, nbytes, copy_gbps, "mode_ab",
                              label)
-    if run.exact_mode is not None:
-        label = {"module": run.exact_mode.module}
-        return _measure_pair(run, run.exact_mode, timer, {**base, "status": status}, nbytes, copy_gbps,
-                             "fp8_math_ab", label)
     try:
         timing = timer(run.fn, run.n_sets)
     except Exception as exc:  # noqa: BLE001
@@ -262,9 +241,9 @@ def measure_kernel(
 
 
 AB_MODELS: dict[str, type[Alternated]] = {"index_ab": IndexAB, "mask_ab": MaskAB, "build_ab": BuildAB,
-                                          "mode_ab": ModeAB, "fp8_math_ab": Fp8MathAB}
+                                          "mode_ab": ModeAB}
 AB_WHAT = {"index_ab": "two index dtypes", "mask_ab": "two draft masks", "build_ab": "two builds",
-           "mode_ab": "two modes", "fp8_math_ab": "the FP8-math and exact modes"}
+           "mode_ab": "two modes"}
 
 
 def _measure_pair(
@@ -325,12 +304,10 @@ def speedups(kernels: Mapping[str, KernelResult]) -> dict[str, float]:
 
 def case_status(kernels: Mapping[str, KernelResult]) -> Literal["ok", "FAILED"]:
     """FAILED when a kgen kernel is wrong or broke (with either kv_indices dtype of an A/B, or
-    either module of a --batch-invariant A/B, either mode of a --fp8-math one); a peer's trouble
-    is its own row."""
+    either module of a --batch-invariant A/B); a peer's trouble is its own row."""
     bad = any(
         kernels[k].status in ("failed", "error")
-        or any(ab is not None and ab.status in ("failed", "error")
-               for ab in (kernels[k].index_ab, kernels[k].mode_ab, kernels[k].fp8_math_ab))
+        or any(ab is not None and ab.status in ("failed", "error") for ab in (kernels[k].index_ab, kernels[k].mode_ab))
         for k in KGEN_KERNELS
         if k in kernels
     )

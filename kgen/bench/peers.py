@@ -54,7 +54,7 @@ from kgen.bench.inputs import (
     rows_from_folded,
     rows_from_heads,
 )
-from kgen.bench.measure import FP8_MATH_SAME_NOTE, VARIANT_SEP, KernelRun, _short
+from kgen.bench.measure import VARIANT_SEP, KernelRun, _short
 from kgen.bench.timing import EagerTimer, Timer
 from kgen.launcher.device import INTERPRETER, INTERPRETER_NUM_SMS
 from kgen.reference import relative_error
@@ -174,7 +174,7 @@ def baseline_run(case: Case, inputs: CaseInputs, variant: str, current: ModuleTy
 
 def kgen_run(
     case: Case, inputs: CaseInputs, variant: str, loader: Loader | None = None, baseline_modules: Path | None = None,
-    batch_invariant: bool = False, fp8_math: bool = False,
+    batch_invariant: bool = False,
 ) -> KernelRun:
     """The generated module's ``launch`` on set ``i`` with the case's kv_indices dtype and
     mask; the check NaN-fills o first. A case with ``index_dtype_ab`` also gets ``alt``: the
@@ -183,11 +183,7 @@ def kgen_run(
     ``baseline_modules`` the grouped kernel also gets ``baseline``: the same-named module of
     that directory (an earlier build), timed in alternation with this one. With
     ``batch_invariant`` the grouped kernel is the batch-invariant module and gets
-    ``default_mode``: the default grouped module, timed in alternation with it. With
-    ``fp8_math`` the grouped kernel's launches pass ``fp8_math=True`` (the FP8-math mode) and it
-    gets ``exact_mode``: the same module and inputs launched with ``fp8_math=False``, timed in
-    alternation with it (without ``fp8_math`` no such keyword is passed: earlier builds' modules
-    do not take it)."""
+    ``default_mode``: the default grouped module, timed in alternation with it."""
     if batch_invariant and variant == HEADLINE_KERNEL:
         run = kgen_run(case, inputs, BATCH_INVARIANT, loader)
         if run.fn is not None:
@@ -198,11 +194,9 @@ def kgen_run(
     except Exception as exc:  # noqa: BLE001
         return KernelRun(error=f"load {variant}: {_short(exc)}")
     arch, num_sms = device_facts(inputs.k_buffer.device)
-    fp8_math = fp8_math and variant == HEADLINE_KERNEL
 
-    def launcher(dtype: str, mask: str, fp8: bool = fp8_math) -> tuple[Callable[[int], None], Callable[[], float]]:
-        """``fp8``: the fp8_math keyword an FP8-math run's launches pass (other runs pass none)."""
-        mask_kwargs: dict[str, Any] = {**inputs.mask_kwargs(mask), **({"fp8_math": fp8} if fp8_math else {})}
+    def launcher(dtype: str, mask: str) -> tuple[Callable[[int], None], Callable[[], float]]:
+        mask_kwargs = inputs.mask_kwargs(mask)
 
         def fn(i: int) -> None:
             s = inputs.sets[i]
@@ -249,29 +243,7 @@ def kgen_run(
     if baseline_modules is not None and variant == HEADLINE_KERNEL:
         run.baseline = baseline_run(case, inputs, variant, module, baseline_modules)
         run.baseline_modules = str(baseline_modules)
-    if fp8_math:
-        fn_exact, check_exact = launcher(case.indices, case.mask, fp8=False)
-        run.exact_mode = KernelRun(fn=fn_exact, n_sets=inputs.n_sets, check=check_exact, choice=run.choice,
-                                   scratch_bytes=scratch, index_dtype=case.indices, module=run.module)
-        run.note = _fp8_math_note(module, case, arch, num_sms)
     return run
-
-
-def _fp8_math_note(module: ModuleType, case: Case, arch: str, num_sms: int) -> str:
-    """``FP8_MATH_SAME_NOTE`` where the launcher launches the same kernels with fp8_math=True as
-    with False (no Gluon stage with the mode's code for this case on this device: another arch,
-    a table row without a gluon section, a module without FP8_MATH), so the A/B times one
-    program twice; else "" (also where the module cannot say: a stand-in without launch_params)."""
-
-    def params(math: bool) -> Any:
-        return module.launch_params(arch, num_sms, case.group, case.batch, case.draft, None, None, case.kv_heads,
-                                    has_mask=case.mask != "none", fp8_math=math)
-
-    try:
-        same = params(True) == params(False)
-    except Exception:  # noqa: BLE001 - a note only
-        return ""
-    return FP8_MATH_SAME_NOTE if same else ""
 
 
 def _check_rows(out_rows: torch.Tensor, inputs: CaseInputs, reference: torch.Tensor | None = None) -> float:
@@ -554,9 +526,6 @@ class DeviceProvider:
     # The grouped kernel is the batch-invariant module, timed in alternation with the default
     # one (``--batch-invariant``).
     batch_invariant: bool = False
-    # The grouped kernel's launches pass fp8_math=True, timed in alternation with the same module's
-    # fp8_math=False ones (``--fp8-math``).
-    fp8_math: bool = False
     # (layout, group, L == 1, options) -> why FlexAttention refused it: a refusal of a head
     # width holds for every batch and prefix, and each attempt costs a compile.
     flex_refused: dict[tuple[str, int, bool, str], str] = field(default_factory=dict)
@@ -572,7 +541,7 @@ class DeviceProvider:
             for name in sorted(names):
                 if name in KGEN_KERNELS:
                     runs[name] = kgen_run(case, inputs, name, self.loader, self.baseline_modules,
-                                          self.batch_invariant, self.fp8_math)
+                                          self.batch_invariant)
             flashinfer_names = sorted(n for n in names if n in FLASHINFER_KERNELS)
             if flashinfer_names:
                 runs.update(self._flashinfer(case, inputs, flashinfer_names))

@@ -30,7 +30,7 @@ from kgen.bench.cases import (
     LEGACY_INDEX_DTYPE,
     Case,
 )
-from kgen.bench.measure import FP8_MATH_SAME_NOTE, CaseResult, KernelResult, SweepEntry
+from kgen.bench.measure import CaseResult, KernelResult, SweepEntry
 from kgen.errors import KgenError, read_validated
 from kgen.spec import KV_DTYPES
 
@@ -94,9 +94,6 @@ class BenchMeta(BaseModel):
     # --batch-invariant: the grouped figures are the batch-invariant modules', each timed in
     # alternation with the default module (the kernels' mode_ab).
     batch_invariant: bool = False
-    # --fp8-math: the grouped figures are its launches with fp8_math=True (the FP8-math mode), each
-    # timed in alternation with the same module's fp8_math=False ones (the kernels' fp8_math_ab).
-    fp8_math: bool = False
     duration_s: float | None = None
     notes: list[str] = Field(default_factory=list)
 
@@ -253,17 +250,6 @@ def _header(run: BenchRun) -> list[str]:
     mode = mode_ab_summary(run.cases)
     if mode is not None:
         lines.append(f"- {mode_ab_line(mode)}, each the median of alternated graph replays")
-    if m.fp8_math:
-        lines.append("- grouped: the FP8-math mode (`launch(..., fp8_math=True)`: the Gluon GQA stage's prefix q.k on "
-                     "e4m3 tensor cores), each timed in alternation with the same module's exact mode "
-                     "(`fp8_math=False`)")
-    fp8 = fp8_math_ab_summary(run.cases)
-    if fp8 is not None:
-        lines.append(f"- {fp8_math_ab_line(fp8)}, each the median of alternated graph replays")
-    same = fp8_math_same_cases(run.cases)
-    if same:
-        lines.append(f"- {same} case(s) launch the same kernels with fp8_math=True as with False (no Gluon stage "
-                     "with the FP8-math code there): their fp8-math / exact ratio times one program twice")
     for note in m.notes:
         lines.append(f"- {note}")
     return lines
@@ -294,7 +280,7 @@ def _index_cell(case: Case) -> str:
 
 
 def _ratio_cell(res: KernelResult | None, field: str = "index_ab") -> str:
-    """The median ratio (p10–p90) of an A/B: ``field`` is index_ab, mode_ab or fp8_math_ab."""
+    """The median ratio (p10–p90) of an A/B: ``field`` is index_ab or mode_ab."""
     ab = getattr(res, field) if res is not None else None
     if ab is None:
         return "-"
@@ -329,12 +315,11 @@ def _flashinfer_cells(c: CaseResult) -> list[str]:
     return [f"{_fmt(res.median_us)} ({name.removeprefix('flashinfer_')})", _fmt(c.speedup.get(name), 2)]
 
 
-def _case_row(c: CaseResult, ab: bool = False, mode: bool = False, fi: bool = False, fp8: bool = False) -> str:
+def _case_row(c: CaseResult, ab: bool = False, mode: bool = False, fi: bool = False) -> str:
     k = c.kernels
     g = k.get("grouped")
     ratios = [_ratio_cell(g), _ratio_cell(k.get("per_head"))] if ab else []
     ratios += [_ratio_cell(g, "mode_ab")] if mode else []
-    ratios += [_ratio_cell(g, "fp8_math_ab")] if fp8 else []
     cells = [
         str(c.case.batch), str(c.case.prefix), str(c.case.draft), _index_cell(c.case),
         _cell_us(g) + (f" ({_fmt(g.p10_us)}–{_fmt(g.p90_us)})" if g and g.timed else ""),
@@ -353,14 +338,12 @@ def _case_row(c: CaseResult, ab: bool = False, mode: bool = False, fi: bool = Fa
     return "| " + " | ".join(cells) + " |"
 
 
-def _table_head(ab: str | None, mode: bool = False, fi: bool = False, fp8: bool = False) -> list[str]:
+def _table_head(ab: str | None, mode: bool = False, fi: bool = False) -> list[str]:
     """The case table's header; with an A/B of index dtypes, the two ratio columns (median
     over the alternations, p10–p90); with --batch-invariant, the batch-invariant / default one;
-    with --fp8-math, the fp8-math / exact one; with FlashInfer results, its fastest correct
-    variant and the speed-up over it."""
+    with FlashInfer results, its fastest correct variant and the speed-up over it."""
     ratios = [f"grouped {ab}", f"per-head {ab}"] if ab else []
     ratios += ["batch-invariant / default"] if mode else []
-    ratios += ["fp8-math / exact"] if fp8 else []
     flashinfer = ["FlashInfer µs (best)", "× FlashInfer"] if fi else []
     names = ["batch", "prefix", "L", "kv_indices", "grouped µs (p10–p90)", "GB/s", "% copy", *ratios,
              "per-head µs", "FlexAttention µs", "SDPA µs", "× per-head", "× flex", "× SDPA", *flashinfer,
@@ -375,13 +358,12 @@ def _case_tables(run: BenchRun) -> list[str]:
     title = None
     ab = _ab_title(run)
     mode = any(g.mode_ab is not None for c in run.cases if (g := c.kernels.get(HEADLINE_KERNEL)) is not None)
-    fp8 = any(g.fp8_math_ab is not None for c in run.cases if (g := c.kernels.get(HEADLINE_KERNEL)) is not None)
     fi = _has_any(run, FLASHINFER_KERNELS)
     for c in run.cases:
         if _group_title(c) != title:
             title = _group_title(c)
-            lines += ["", f"## {title}", "", *_table_head(ab, mode, fi, fp8)]
-        lines.append(_case_row(c, ab is not None, mode, fi, fp8))
+            lines += ["", f"## {title}", "", *_table_head(ab, mode, fi)]
+        lines.append(_case_row(c, ab is not None, mode, fi))
     return lines
 
 
@@ -703,10 +685,6 @@ def compare_runs(
         which = {True: "the batch-invariant modules", False: "the default modules"}
         raise BenchReportError(f"the run's grouped figures are {which[current.meta.batch_invariant]}', the "
                                f"baseline's {which[baseline.meta.batch_invariant]}': compare runs of one mode")
-    if current.meta.fp8_math != baseline.meta.fp8_math:
-        which = {True: "the FP8-math mode's (fp8_math=True)", False: "the exact mode's"}
-        raise BenchReportError(f"the run's grouped figures are {which[current.meta.fp8_math]}, the "
-                               f"baseline's {which[baseline.meta.fp8_math]}: compare runs of one mode")
     result = Comparison(threshold=threshold)
     now = current.by_key()
     for key, base in baseline.by_key().items():
@@ -813,7 +791,7 @@ def mask_ab_summary(cases: Sequence[CaseResult]) -> ABSummary:
 @dataclass(frozen=True)
 class BuildABSummary:
     """The grouped kernel's ratios of one A/B over a run (now / then against an earlier build,
-    batch-invariant / default, or fp8-math / exact): their geometric mean, and the worst (largest) one."""
+    or batch-invariant / default): their geometric mean, and the worst (largest) one."""
 
     geomean: float
     worst: float
@@ -822,7 +800,7 @@ class BuildABSummary:
 
 
 def _ab_summary(cases: Sequence[CaseResult], field: str) -> BuildABSummary | None:
-    """The grouped kernel's ratios of one A/B (``field``: build_ab, mode_ab or fp8_math_ab) over a run:
+    """The grouped kernel's ratios of one A/B (``field``: build_ab or mode_ab) over a run:
     their geometric mean and the worst; None when no case has one."""
     pts = [
         (ab.ratio, c.key)
@@ -845,24 +823,6 @@ def build_ab_summary(cases: Sequence[CaseResult]) -> BuildABSummary | None:
 def mode_ab_summary(cases: Sequence[CaseResult]) -> BuildABSummary | None:
     """None when no case timed the batch-invariant module against the default one."""
     return _ab_summary(cases, "mode_ab")
-
-
-def fp8_math_ab_summary(cases: Sequence[CaseResult]) -> BuildABSummary | None:
-    """None when no case timed the FP8-math mode against the exact one."""
-    return _ab_summary(cases, "fp8_math_ab")
-
-
-def fp8_math_same_cases(cases: Sequence[CaseResult]) -> int:
-    """How many cases of a --fp8-math run launched the same kernels in both modes (their
-    grouped note says so)."""
-    return sum(1 for c in cases if (g := c.kernels.get(HEADLINE_KERNEL)) is not None and g.note == FP8_MATH_SAME_NOTE)
-
-
-def fp8_math_ab_line(summary: BuildABSummary) -> str:
-    return (
-        f"FP8-math mode vs the exact mode (time fp8-math / time exact): geometric mean {summary.geomean:.3f} over "
-        f"{summary.cases} cases, worst {summary.worst:.3f} at {summary.worst_key}"
-    )
 
 
 def mode_ab_line(summary: BuildABSummary) -> str:

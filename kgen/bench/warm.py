@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from kgen.bench.cases import BATCH_INVARIANT, FP8_MATH, HEADLINE_KERNEL, KGEN_KERNELS, Case
+from kgen.bench.cases import BATCH_INVARIANT, HEADLINE_KERNEL, KGEN_KERNELS, Case
 
 # Longest a worker may take; what is not compiled by then is compiled by the main process.
 DEFAULT_TIMEOUT_S = 240.0
@@ -40,9 +40,7 @@ DEFAULT_TIMEOUT_S = 240.0
 class WarmJob:
     """One compilation: a kgen variant or a FlexAttention option set, on a small case."""
 
-    # "grouped", "per_head", "batch_invariant" (the grouped kernel's batch-invariant module), "fp8_math" (the
-    # grouped kernel launched with fp8_math=True) or "flex"
-    kind: str
+    kind: str  # "grouped", "per_head", "batch_invariant" (the grouped kernel's batch-invariant module) or "flex"
     case: dict
     options: str = ""  # FlexAttention options label ("" = default)
 
@@ -62,11 +60,9 @@ def warm_jobs(
     sweep: Sequence[Case] = (),
     sweep_labels: Sequence[str] = (),
     batch_invariant: bool = False,
-    fp8_math: bool = False,
 ) -> list[WarmJob]:
     """One job per distinct compilation the run will need (with ``batch_invariant``, the
-    grouped kernel's batch-invariant module too; with ``fp8_math``, its launches with
-    fp8_math=True too). The prefix is the matrix's shortest: it
+    grouped kernel's batch-invariant module too). The prefix is the matrix's shortest: it
     does not change a kgen specialization, and FlexAttention's KV length is dynamic (but must
     stay past one 128-token block, or it would specialize). FlexAttention's jobs, its sweep's
     included, only where the run times it: ``flex`` in ``kernels``, a case the peers run
@@ -81,8 +77,6 @@ def warm_jobs(
                 jobs.setdefault((kind, small.key), WarmJob(kind, asdict(small)))
         if batch_invariant and HEADLINE_KERNEL in kernels:
             jobs.setdefault((BATCH_INVARIANT, small.key), WarmJob(BATCH_INVARIANT, asdict(small)))
-        if fp8_math and HEADLINE_KERNEL in kernels:
-            jobs.setdefault((FP8_MATH, small.key), WarmJob(FP8_MATH, asdict(small)))
         if "flex" in kernels and not case.peers_refusal:  # the peers read bf16 whatever the pool holds
             peer = replace(small, kv_dtype="bfloat16")
             jobs.setdefault(("flex", peer.peer_key, ""), WarmJob("flex", asdict(peer)))
@@ -128,8 +122,6 @@ def run_job(job: WarmJob, device: str) -> None:
         run = flex_run(case, build_peer_inputs(inputs), inputs, parse_flex_label(job.options))
     elif job.kind in (*KGEN_KERNELS, BATCH_INVARIANT):
         run = kgen_run(case, inputs, job.kind)
-    elif job.kind == FP8_MATH:
-        run = kgen_run(case, inputs, HEADLINE_KERNEL, fp8_math=True)
     else:
         raise ValueError(f"unknown kernel {job.kind!r}")
     if run.fn is None:

@@ -271,7 +271,7 @@ def route(
     as its grouped-head verify function (``backend.kgen_route`` keeps the decision).
 
     ``device_arch``, ``env`` and ``inventory`` replace the detected GPU, ``os.environ`` (kgen's
-    switches: ``KGEN_DISABLE``, ``KGEN_FORCE_PATH``, ``TRITON_INTERPRET``, ``KGEN_FP8_MATH``) and the scanned
+    switches: ``KGEN_DISABLE``, ``KGEN_FORCE_PATH``, ``TRITON_INTERPRET``) and the scanned
     modules (tests)."""
     from kgen.runtime.device import detect_arch
 
@@ -285,8 +285,7 @@ def route(
     if not decision.use_kgen:
         logger.info("kgen leaves %s's target verification to SGLang: %s", model.model_arch, decision.reason)
         return decision
-    fp8_math = decision.gate is not None and decision.gate.fp8_math  # the operator's KGEN_FP8_MATH
-    chain = get_chain(decision.layout, model.kv_dtype, model.q_dtype, decision.start, fp8_math)
+    chain = get_chain(decision.layout, model.kv_dtype, model.q_dtype, decision.start)
     verify = KgenVerify(SGLangVerify(chain, defer_general=True, decision=decision.gate), decision)
     backend.kgen_verify = verify
     # As SGLang wraps its own verify kernels: torch.compile does not trace into the launcher.

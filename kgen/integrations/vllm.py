@@ -220,7 +220,7 @@ class KgenLayer:
         self.verify: VLLMVerify | None = None
         if self.route.use_kgen:
             gate, kv = facts.gate, facts.kv_dtype
-            chain = get_chain(gate.layout, kv, q_dtype, gate.path, gate.fp8_math)  # type: ignore[arg-type]
+            chain = get_chain(gate.layout, kv, q_dtype, gate.path)  # type: ignore[arg-type]
             self.verify = VLLMVerify(chain, decision=gate, defer_general=True)
         _log_once(f"{facts.backend} layer: {'kgen' if self.route.use_kgen else 'vLLM'} ({self.route.reason})")
 

@@ -15,15 +15,6 @@ from . import checks
 from .index_check import check_index_values
 
 
-def fp8_math_flag(fp8_math: Any) -> bool:
-    """A call's fp8_math, which must be True or False. Anything else (a string such as "0", a
-    number, None) is a caller's mistake the kernels cannot read: taken for its truth it could
-    turn the inexact mode on unasked, so it raises TypeError before any other check."""
-    if not isinstance(fp8_math, bool):
-        raise TypeError(f"fp8_math must be True or False, got {fp8_math!r}")
-    return fp8_math
-
-
 class CallShapes:
     """Entry points, checks first: a call a module cannot run is refused with a reason (why_not)
     and the entry returns False, o_extend untouched, nothing raised."""
@@ -33,22 +24,21 @@ class CallShapes:
                kv_indptr: torch.Tensor, kv_indices: torch.Tensor, max_len_extend: int, k_scale: Any = 1.0,
                v_scale: Any = 1.0, sm_scale: float | None = None, config: dict[str, Any] | None = None,
                custom_mask: torch.Tensor | None = None, mask_indptr: torch.Tensor | None = None,
-               is_causal: bool = True, kv_len_adjust: int = 0, fp8_math: bool = False) -> None:
+               is_causal: bool = True, kv_len_adjust: int = 0) -> None:
         """Run the kernels on SGLang's token-slot pool with no checks (callers: tuner, bench).
 
         ``config`` is a block-config dict (fields of kgen.blockconfig.BlockConfig); None uses
         this module's table for the device's arch. ``custom_mask``/``mask_indptr``: SGLang's
         tree mask (the draft block of each request's [L, P + L] rows), as in verify_shared_kv_fwd;
-        ``is_causal``, ``kv_len_adjust`` (<= 0) and ``fp8_math`` as there.
+        ``is_causal`` and ``kv_len_adjust`` (<= 0) as there.
         """
-        fp8_math = fp8_math_flag(fp8_math)
         self.run(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
                  kv_indices, int(max_len_extend), k_scale, v_scale, sm_scale, config,
                  page_size=None, stride_table=0,
                  k_strides=(k_buffer.stride(0), 0, k_buffer.stride(1)),
                  v_strides=(v_buffer.stride(0), 0, v_buffer.stride(1)),
                  custom_mask=custom_mask, mask_indptr=mask_indptr, is_causal=is_causal,
-                 prefix_trim_len=-int(kv_len_adjust), fp8_math=fp8_math)
+                 prefix_trim_len=-int(kv_len_adjust))
 
     def common_reason(self, q: Any, k_extend: Any, v_extend: Any, o: Any, k_pool: Any, v_pool: Any,
                       qo_indptr: Any, max_len_extend: Any, k_scale: Any, v_scale: Any, pool_ndim: int = 3,
@@ -117,7 +107,7 @@ class CallShapes:
                              k_scale, v_scale, sm_scale=None, logit_cap=0.0, skip_prefix_custom_mask=True,
                              sliding_window_size=-1, sinks=None, window_kv_offsets=None,
                              xai_temperature_len=-1, max_bs=None, *, kv_len_adjust=0,
-                             check_indices=False, fp8_math=False) -> bool:
+                             check_indices=False) -> bool:
         """SGLang's target-verify call. Writes o_extend and returns True, or returns False
         (o_extend untouched, nothing raised) when this module does not handle the input.
 
@@ -136,16 +126,7 @@ class CallShapes:
         k_scale / v_scale multiply the prefix's (the pool's) scores and P.V, never the draft's.
         kv_len_adjust (SGLang's, an int <= 0): request b's prefix is its kv_indptr slice less its
         last -kv_len_adjust slots (-1: decode through this entry, the new token already in the
-        pool). A slice shorter than that is not checked unless check_indices is on.
-
-        fp8_math=True allows the FP8-math mode (opt-in; the default is exact): on an e4m3fn pool
-        with bf16 queries, the Gluon GQA stage (sm_90, table rows with a gluon section) runs the
-        prefix's q.k on e4m3 tensor cores: q as two e4m3 terms at a power-of-two scale a row, K as
-        stored, a fresh accumulator every 64 dims summed in fp32 (error within 1.25x the exact
-        mode's: tests/test_gpu_fp8_math.py). The Triton stage, the draft tile and P.V always
-        compute exactly; modules without the mode's code ignore it. Anything but True or False
-        raises TypeError, before any other check."""
-        fp8_math_flag(fp8_math)
+        pool). A slice shorter than that is not checked unless check_indices is on."""
         if self.why_not(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
                         custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale, logit_cap,
                         skip_prefix_custom_mask, sliding_window_size, sinks, window_kv_offsets, xai_temperature_len,
@@ -157,7 +138,7 @@ class CallShapes:
                                mask_indptr=mask_indptr, prefix_trim_len=-kv_len_adjust)
         self.launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
                     kv_indices, max_len_extend, k_scale, v_scale, sm_scale, custom_mask=custom_mask,
-                    mask_indptr=mask_indptr, is_causal=is_causal, kv_len_adjust=kv_len_adjust, fp8_math=fp8_math)
+                    mask_indptr=mask_indptr, is_causal=is_causal, kv_len_adjust=kv_len_adjust)
         return True
 
     def why_not_paged(self, q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table,
@@ -175,7 +156,7 @@ class CallShapes:
     def verify_paged_fwd(self, q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table,
                          prefix_lens, qo_indptr, max_len_extend, k_scale=1.0, v_scale=1.0, sm_scale=None,
                          custom_mask=None, mask_indptr=None, is_causal=True, config=None, *,
-                         check_indices=False, fp8_math=False) -> bool:
+                         check_indices=False) -> bool:
         """vLLM-style paged cache ([blocks, page, H_kv, D] + block table): the kernel walks the
         pages itself. Returns False (o untouched) when this module does not handle the input.
 
@@ -189,8 +170,7 @@ class CallShapes:
         values first, as in verify_shared_kv_fwd: prefix_lens in 0..block_table width x page
         size, the block_table entries they use inside the cache, qo_indptr and the mask rows as
         there. It raises ValueError on bad values and syncs the host (debugging only, not under
-        graph capture). fp8_math as in verify_shared_kv_fwd."""
-        fp8_math_flag(fp8_math)
+        graph capture)."""
         if self.why_not_paged(q_extend, k_extend, v_extend, o_extend, k_cache, v_cache, block_table, prefix_lens,
                               qo_indptr, max_len_extend, k_scale, v_scale, sm_scale, custom_mask, mask_indptr,
                               is_causal):
@@ -204,5 +184,5 @@ class CallShapes:
                  page_size=k_cache.shape[1], stride_table=block_table.stride(0),
                  k_strides=(k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)),
                  v_strides=(v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)),
-                 custom_mask=custom_mask, mask_indptr=mask_indptr, is_causal=is_causal, fp8_math=fp8_math)
+                 custom_mask=custom_mask, mask_indptr=mask_indptr, is_causal=is_causal)
         return True

@@ -48,7 +48,7 @@ class GluonPrefixStage:
 
     def prefix_launch(self, identity: ModuleIdentity, kernels: Kernels, enabled: bool, arch: str,
                       config: Mapping[str, Any], group: int, max_len: int, page_size: int | None,
-                      has_mask: bool, pdl: bool = False, fp8_math: bool = False) -> tuple[Any, ...] | None:
+                      has_mask: bool, pdl: bool = False) -> tuple[Any, ...] | None:
         """(kernel name, constexprs, compile options, split policy, launched early), or None where
         the Triton kernel serves: the config has no gluon section, the GPU is not the stage's arch,
         this Triton cannot run it, the draft is longer than a key tile or a program's rows, a KV
@@ -56,9 +56,7 @@ class GluonPrefixStage:
         shared memory. Both entries (token slots, and block tables: page_size)
         and a custom mask (a tree, or SGLang's chain at topk 1) run in it. ``enabled``: the
         launcher's switch (this Triton runs the stage, KGEN_NO_GLUON off); ``pdl``: the launch
-        may start early (programmatic dependent launch; the kernel waits before its first read);
-        ``fp8_math``: the call allows the FP8-math mode, which a module with its code
-        (identity.fp8_math) runs where rules.gluon_fp8_math says (FP8_MATH), else exactly."""
+        may start early (programmatic dependent launch; the kernel waits before its first read)."""
         gluon = config.get("gluon")
         if gluon is None or not enabled or arch != identity.gluon_arch:
             return None
@@ -69,24 +67,17 @@ class GluonPrefixStage:
         shape = identity.kernel_shape
         consumers = rules.gluon_consumers(group, l_pad)
         limit = identity.targets[arch]["shared_bytes"]
-        block_n = gluon["block_n"]
-        fp8_math_program = identity.fp8_math and rules.gluon_fp8_math(
-            shape, rules.gluon_fp8_math_block_n(block_n), gluon["num_stages"], fp8_math, limit)
-        if fp8_math_program:
-            block_n = rules.gluon_fp8_math_block_n(block_n)
-        landing = 0 if fp8_math_program else rules.gluon_landing_stages(
-            shape, block_n, gluon["num_stages"], gluon.get("landing_stages"), consumers, limit)
-        if rules.gluon_shared_bytes(shape, block_n, gluon["num_stages"], landing, consumers, fp8_math_program) > limit:
+        landing = rules.gluon_landing_stages(shape, gluon["block_n"], gluon["num_stages"],
+                                             gluon.get("landing_stages"), consumers, limit)
+        if rules.gluon_shared_bytes(shape, gluon["block_n"], gluon["num_stages"], landing, consumers) > limit:
             return None
-        constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": block_n,
+        constexprs = {"GROUP": group, "BLOCK_H": block_h, "L_PAD": l_pad, "BLOCK_N": gluon["block_n"],
                       "NUM_STAGES": gluon["num_stages"], "LAZY_RESCALE": bool(gluon.get("lazy_rescale")),
                       "HAS_MASK": has_mask, "BLOCK_TABLE": page_size is not None, "USE_PDL": pdl}
         converters = rules.gluon_converters(shape, consumers, gluon.get("converters"), landing)
         if converters:  # an FP8 GQA program: its converter warpgroups and landing ring are the launch's choice
             constexprs["CONVERTERS"] = converters
             constexprs["LANDING_STAGES"] = landing
-        if identity.fp8_math:
-            constexprs["FP8_MATH"] = fp8_math_program
         warps = rules.gluon_warps(consumers, converters)
         options = {"num_warps": kernels.gluon_num_warps, "num_stages": 1,
                    "maxnreg": rules.gluon_launch_registers(warps)}

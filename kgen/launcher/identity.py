@@ -51,8 +51,6 @@ class ModuleIdentity:
     merge_rows: int
     merge_split_chunk: int
     merge_block_dv: int
-    # The Gluon GQA stage has the FP8-math mode's code (FP8_MATH: e4m3fn KV, bf16 q).
-    fp8_math: bool = False
     # The arch whose table rows may launch the Gluon prefix stage; None when the module has none.
     gluon_arch: str | None = None
     invariance: Invariance | None = None

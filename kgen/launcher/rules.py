@@ -276,7 +276,7 @@ def gluon_program_rows(shape: KernelShape) -> int:
 
 
 def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int, landing_stages: int = 0,
-                       consumers: int = 2, fp8_math: bool = False) -> int:
+                       consumers: int = 2) -> int:
     """Shared memory of the Gluon prefix stage: q (16-bit) of a program's rows, NUM_STAGES
     gathered K tiles (and V tiles where V is its own buffer), absorbed MLA's fp32 rows (each
     stage's rescale row and the rows' final max and sum-exp; its P lives in its stage's PE slot),
@@ -284,43 +284,15 @@ def gluon_shared_bytes(shape: KernelShape, block_n: int, num_stages: int, landin
     plus the margin (measured with Triton 3.6 for sm_90: the mbarrier arrays and Triton's own
     scratch add 336-352 bytes to these buffers). Beside a landing ring q takes a 64-row tile for
     each of ``consumers`` (the consumers with rows, rules.gluon_consumers), else the program's
-    rows. ``fp8_math`` (GQA, FP8 KV): q as two e4m3 terms (a 16-bit q's bytes), each stage's K as
-    stored beside its fp16 V, and one tile of the draft's 16-bit K rows of its own."""
+    rows."""
     rows = gluon_program_rows(shape)
     rows_fp32 = 0 if shape["v_separate"] else (num_stages + 2) * rows * 4
     q_rows = GLUON_ROWS * consumers if landing_stages else rows
     # A stage holds 16-bit rows whatever the pool's bytes (an FP8 producer converts to fp16).
     stage_row_bytes = shape["kv_row_bytes"] // shape["kv_bytes"] * 2
-    draft_k = 0
-    if fp8_math:
-        k_width = shape["q_row_bytes"] // 2
-        stage_row_bytes -= k_width  # K stays e4m3: a byte a column, not fp16's two
-        draft_k = block_n * shape["q_row_bytes"]
-    tiles = q_rows * shape["q_row_bytes"] + num_stages * block_n * stage_row_bytes + draft_k
+    tiles = q_rows * shape["q_row_bytes"] + num_stages * block_n * stage_row_bytes
     landing = landing_stages * block_n * shape["kv_row_bytes"]
     return tiles + rows_fp32 + landing + SHARED_MARGIN_BYTES
-
-
-# FP8_MATH's consumer holds a 64-dim chunk's scores beside the sum of the chunks before it, two
-# BLOCK_N / 2 registers a thread where the exact mode holds one: past 64-token tiles the consumers
-# spill in the prefix loop (offline, sm_90: docs/perf-notes.md, "The FP8-math mode in the Gluon GQA
-# stage"), so its programs take tiles of at most this many tokens.
-FP8_MATH_MAX_BLOCK_N = 64
-
-
-def gluon_fp8_math_block_n(block_n: int) -> int:
-    """The key tile of an FP8_MATH program for a section's ``block_n``."""
-    return min(block_n, FP8_MATH_MAX_BLOCK_N)
-
-
-def gluon_fp8_math(shape: KernelShape, block_n: int, num_stages: int, asked: bool, shared_limit: int) -> bool:
-    """Whether an FP8 GQA Gluon program of a module with the mode's code takes a call's
-    ``fp8_math`` (FP8_MATH: the prefix's q.k on e4m3 tensor cores, K landed as stored by cp.async,
-    V alone converted): where the call asks and its buffers fit ``shared_limit`` at ``block_n``
-    (gluon_fp8_math_block_n of the section's). Such a program lands no ring (its K needs no
-    conversion run ahead; a section's landing_stages serve its exact calls). Elsewhere the call
-    computes exactly."""
-    return asked and gluon_shared_bytes(shape, block_n, num_stages, fp8_math=True) <= shared_limit
 
 
 def gluon_rows(shape: KernelShape, max_len: int, block_n: int) -> tuple[int, int] | None:

@@ -148,16 +148,14 @@ class VerifyLauncher(CallShapes):
                             **backend_knobs(config, is_rocm)}
 
     def prefix_launch(self, arch: str, config: Mapping[str, Any], group: int, max_len: int,
-                      page_size: int | None, has_mask: bool, fp8_math: bool = False) -> tuple[Any, ...] | None:
+                      page_size: int | None, has_mask: bool) -> tuple[Any, ...] | None:
         """(kernel name, constexprs, compile options, config of its split policy, launched early)
         of the prefix stage: the first of the module's other lowerings that applies (the Gluon
-        stage), else the Triton one; None when no program fits. ``fp8_math`` (the call allows the
-        FP8-math mode) goes to the Gluon stage alone: the Triton stage has no such mode and
-        computes exactly."""
+        stage), else the Triton one; None when no program fits."""
         pdl = self.use_pdl(arch, self.target_of(arch)["family"] == "hip")
         for lowering in self.prefix_lowerings.values():
             chosen = lowering.prefix_launch(self.identity, self.kernels, self.gluon_enabled, arch, config, group,
-                                            max_len, page_size, has_mask, pdl, fp8_math=fp8_math)
+                                            max_len, page_size, has_mask, pdl)
             if chosen is not None:
                 return chosen
         triton_prefix = self.triton_prefix(arch, config, group, max_len, page_size, has_mask)
@@ -192,14 +190,13 @@ class VerifyLauncher(CallShapes):
 
     def launch_setup(self, arch: str, num_sms: int, group: int, batch: int, max_len: int, page_size: int | None,
                      config: Mapping[str, Any] | None, num_kv_heads: int = 1, has_mask: bool = False,
-                     clusters: bool = True, fp8_math: bool = False) -> LaunchSetup | None:
+                     clusters: bool = True) -> LaunchSetup | None:
         """Everything one call launches, from Python scalars alone (None when no program fits).
-        ``clusters`` False: never the merge in a cluster (a device that cannot hold the clusters);
-        ``fp8_math``: the call allows the FP8-math mode (prefix_launch)."""
+        ``clusters`` False: never the merge in a cluster (a device that cannot hold the clusters)."""
         is_rocm = self.target_of(arch)["family"] == "hip"
         config = config if config is not None else self.select_config(arch, group, batch)
         use_pdl = self.use_pdl(arch, is_rocm)
-        chosen = self.prefix_launch(arch, config, group, max_len, page_size, has_mask, fp8_math)
+        chosen = self.prefix_launch(arch, config, group, max_len, page_size, has_mask)
         if chosen is None:
             return None
         prefix_kernel, prefix, prefix_options, split_config, prefix_pdl = chosen
@@ -228,36 +225,33 @@ class VerifyLauncher(CallShapes):
             merge_pdl=pdl_options(use_pdl))
 
     def _table_setup(self, arch: str, num_sms: int, group: int, batch: int, max_len: int, page_size: int | None,
-                     num_kv_heads: int = 1, has_mask: bool = False, clusters: bool = True,
-                     fp8_math: bool = False) -> LaunchSetup | None:
+                     num_kv_heads: int = 1, has_mask: bool = False, clusters: bool = True) -> LaunchSetup | None:
         """launch_setup with the module's own configs (cached_setup caches it: the same shapes
-        every step; fp8_math is part of its key, since it may change the Gluon stage's program)."""
+        every step)."""
         return self.launch_setup(arch, num_sms, group, batch, max_len, page_size, None, num_kv_heads, has_mask,
-                                 clusters, fp8_math)
+                                 clusters)
 
     def setup_for(self, arch: str, num_sms: int, group: int, batch: int, max_len: int, page_size: int | None,
                   config: Mapping[str, Any] | None, num_kv_heads: int = 1, has_mask: bool = False,
-                  clusters: bool = True, fp8_math: bool = False) -> LaunchSetup | None:
+                  clusters: bool = True) -> LaunchSetup | None:
         if config is None:
             return self.cached_setup(arch, num_sms, group, batch, max_len, page_size, num_kv_heads, has_mask,
-                                     clusters, fp8_math)
+                                     clusters)
         return self.launch_setup(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads, has_mask,
-                                 clusters, fp8_math)
+                                 clusters)
 
     def launch_params(self, arch: str, num_sms: int, group: int, batch: int, max_len: int,
                       page_size: int | None = None, config: Mapping[str, Any] | None = None, num_kv_heads: int = 1,
-                      has_mask: bool = False,
-                      fp8_math: bool = False) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+                      has_mask: bool = False) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
         """The kernels one call launches, as (kernel name, constexpr arguments, compile options).
 
         Pure Python: `kgen check` compiles exactly these offline for each target. page_size None
         is the token-slot entry (verify_shared_kv_fwd), an int the paged entry (verify_paged_fwd);
-        has_mask a call with a custom mask (a tree), fp8_math one that allows the FP8-math mode. The
-        merge stage is absent when every request's prefix fits one split (the batch-invariant mode
-        lists it always: it runs when the call's index table can hold a prefix of more than one
-        split). Returns [] when no program fits the target (the entry points refuse such calls)."""
-        setup = self.setup_for(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads, has_mask,
-                               fp8_math=fp8_math)
+        has_mask a call with a custom mask (a tree). The merge stage is absent when every
+        request's prefix fits one split (the batch-invariant mode lists it always: it runs when
+        the call's index table can hold a prefix of more than one split). Returns [] when no
+        program fits the target (the entry points refuse such calls)."""
+        setup = self.setup_for(arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads, has_mask)
         return [] if setup is None else setup.launches(has_mask)
 
     # ---- scratch and scales -----------------------------------------------------------------
@@ -345,11 +339,11 @@ class VerifyLauncher(CallShapes):
             config: Mapping[str, Any] | None, page_size: int | None, stride_table: int,
             k_strides: tuple[int, int, int], v_strides: tuple[int, int, int],
             custom_mask: torch.Tensor | None = None, mask_indptr: torch.Tensor | None = None,
-            is_causal: bool = True, prefix_trim_len: int = 0, fp8_math: bool = False) -> None:
+            is_causal: bool = True, prefix_trim_len: int = 0) -> None:
         """Launch both stages. is_causal=False without a mask: every draft token sees the whole
         draft block (a runtime draft_lookahead_len, no other program); prefix_trim_len: the last
         slots of each request's kv_indptr slice that are not its prefix (-kv_len_adjust, token
-        slots only); fp8_math: the call allows the FP8-math mode (prefix_launch)."""
+        slots only)."""
         num_tokens, num_q_heads, _ = q.shape
         num_kv_heads = k_extend.shape[1]
         batch = qo_indptr.shape[0] - 1
@@ -358,7 +352,7 @@ class VerifyLauncher(CallShapes):
         arch, num_sms, _ = self.device_info(q.device.type, q.device.index)
         group = num_q_heads // num_kv_heads
         shapes = (arch, num_sms, group, batch, max_len, page_size, config, num_kv_heads, custom_mask is not None)
-        setup = self.setup_for(*shapes, fp8_math=fp8_math)
+        setup = self.setup_for(*shapes)
         if setup is None:
             raise ValueError(f"{self.identity.uri}: no program fits {arch} for group {group}, draft length {max_len}")
         sm_scale = 1.0 / math.sqrt(self.identity.qk_dim) if sm_scale is None else sm_scale
@@ -371,8 +365,7 @@ class VerifyLauncher(CallShapes):
                    k_strides, v_strides, page_size)
         if not self.launch_stages(setup, tensors, scalars, mask_arguments):
             # Its clusters do not fit this device at once: the same call without them.
-            self.launch_stages(self.setup_for(*shapes, clusters=False, fp8_math=fp8_math), tensors, scalars,
-                               mask_arguments)
+            self.launch_stages(self.setup_for(*shapes, clusters=False), tensors, scalars, mask_arguments)
 
     def launch_stages(self, setup: LaunchSetup, tensors: tuple[torch.Tensor, ...], scalars: tuple[Any, ...],
                       mask_arguments: Mapping[str, Any]) -> bool:

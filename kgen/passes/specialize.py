@@ -57,34 +57,12 @@ def _prefix_dot(kv_dtype: str, q_dtype: str) -> tuple[str, str, str]:
             "tiles convert to the queries' dtype")
 
 
-def _fp8_math(plan: Plan, v_from_k_tile: bool) -> tuple[bool, str, str]:
-    """(emitted, why, brief) of the FP8-math mode's code (issue 37's opt-in mode): the Gluon GQA
-    stage's prefix q.k on e4m3 tensor cores, q as two e4m3 terms at a power-of-two scale a row, K as
-    stored, a fresh accumulator every 64 dims summed in fp32."""
-    shape = plan.spec.attention
-    if plan.kv_dtype != "float8_e4m3fn":
-        return False, f"{plan.kv_dtype} KV: the FP8-math mode is for e4m3fn pools", "e4m3fn pools only"
-    if plan.q_dtype != "bfloat16":
-        return (False, f"{plan.q_dtype} queries: two e4m3 terms hold 8 significant bits, a bf16 q's, not "
-                f"{plan.q_dtype}'s", "bf16 queries only")
-    if plan.variant != "grouped" or v_from_k_tile or shape.pe_dim:
-        return (False, "the mode is written in the Gluon GQA stage (grouped GQA, V in its own pool); absorbed "
-                "MLA's P.V reads V from K's tile, which the mode would leave e4m3", "Gluon GQA only")
-    return (True, "e4m3fn KV, bf16 q: the Gluon GQA stage's FP8_MATH (a call's fp8_math=True) runs the prefix's "
-            "q.k on e4m3 tensor cores, q as two e4m3 terms at a power-of-two scale a row, K landed as stored "
-            "(no converter touches it), a fresh accumulator every 64 dims summed in fp32: the tensor core's "
-            "running sum keeps 14 bits, and a longer sum leaves issue 37's 1.25x bound (docs/perf-notes.md, "
-            "'An FP8-math mode against issue 37's error bound'); the draft tile and P.V stay 16-bit, and "
-            "the Triton stage computes exactly", "opt-in FP8_MATH in the Gluon GQA stage")
-
-
 def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
     shape = plan.spec.attention
     has_pe = shape.pe_dim > 0
     fp8_kv = plan.kv_dtype in FP8_DTYPES
     v_from_k_tile = reads_v_from_k_tile(shape)
     prefix_dot, prefix_dot_why, prefix_dot_brief = _prefix_dot(plan.kv_dtype, plan.q_dtype)
-    fp8_math, fp8_math_why, fp8_math_brief = _fp8_math(plan, v_from_k_tile)
     # Where the last split runs the draft tile. After the prefix loop, the draft's q·k keeps
     # a register copy of q alive through the whole loop; with a 64x576 q (MLA) that spills.
     draft_tile_first = v_from_k_tile
@@ -150,13 +128,12 @@ def specialize(plan: Plan, ctx: BuildContext | None = None) -> Plan:
                      "(docs/perf-notes.md, 'The merge in a cluster')",
                      "or a row's cluster; last-split merges lost"),
             Decision(NAME, "prefix dot dtype", prefix_dot, prefix_dot_why, prefix_dot_brief),
-            Decision(NAME, "fp8 math", fp8_math, fp8_math_why, fp8_math_brief, detail=not fp8_math),
         ],
         specialization=Specialization(
             has_pe=has_pe, fp8_kv=fp8_kv, v_from_k_tile=v_from_k_tile, draft_tile_first=draft_tile_first,
             draft_tile_either=either, draft_first_rows=draft_first_rows,
             draft_first_why=GQA_DRAFT_FIRST_WHY if either else "", unmasked_full_tiles=unmasked_full_tiles,
-            prefix_dot_dtype=prefix_dot, prefix_dot_why=prefix_dot_why, fp8_math=fp8_math,
+            prefix_dot_dtype=prefix_dot, prefix_dot_why=prefix_dot_why,
         ),
     )
 

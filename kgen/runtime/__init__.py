@@ -1,8 +1,8 @@
 """kgen's runtime: the gate (where to start), the chain (what runs), engine adapters.
 
 Start-up: ``sglang_verify_for(...)`` / ``vllm_verify_for(...)`` run the gate once
-(``gate_from_env``: device arch, ``KGEN_DISABLE``, ``KGEN_FORCE_PATH``, ``KGEN_FP8_MATH``,
-the generated modules and tables) and build a ``VerifyChain`` that tries the grouped-head kernel, then
+(``gate_from_env``: device arch, ``KGEN_DISABLE``, ``KGEN_FORCE_PATH``, the generated
+modules and tables) and build a ``VerifyChain`` that tries the grouped-head kernel, then
 the per-head split-KV kernel, then the general torch path. ``explain_gate`` prints the
 decision for ``kgen explain``. See docs/runtime.md.
 """

@@ -36,11 +36,9 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def get_chain(
-    layout: str | None, kv_dtype: str, q_dtype: str, start: PathName = "grouped", fp8_math: bool = False
-) -> VerifyChain:
-    """A chain with the default loader, built once per specialization, FP8-math switch and process."""
-    return VerifyChain(layout, kv_dtype, q_dtype, start=start, fp8_math=fp8_math)
+def get_chain(layout: str | None, kv_dtype: str, q_dtype: str, start: PathName = "grouped") -> VerifyChain:
+    """A chain with the default loader, built once per specialization and process."""
+    return VerifyChain(layout, kv_dtype, q_dtype, start=start)
 
 
 class SGLangVerify:
@@ -193,8 +191,8 @@ class VLLMVerify:
 
 def _chain_for(decision: GateDecision, kv: str, q: str, loader: Loader | None) -> VerifyChain:
     if loader is None:
-        return get_chain(decision.layout, kv, q, decision.path, decision.fp8_math)
-    return VerifyChain(decision.layout, kv, q, start=decision.path, loader=loader, fp8_math=decision.fp8_math)
+        return get_chain(decision.layout, kv, q, decision.path)
+    return VerifyChain(decision.layout, kv, q, start=decision.path, loader=loader)
 
 
 def verify_chain_for(

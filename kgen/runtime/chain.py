@@ -76,11 +76,11 @@ class VerifyChain:
 
     ``layout``/``kv_dtype``/``q_dtype`` name the generated modules to use; ``start`` is
     usually the gate's ``GateDecision.path``. ``loader`` replaces ``kgen.load`` (tests pass
-    fake modules that follow the module contract); ``fp8_math`` goes to every kernel call. Calls
-    with a custom mask (EAGLE trees, or SGLang's chain written as a mask at topk = 1) go to the
-    kernels like any other: the modules read the mask on the device, and one they cannot read
-    they refuse. ``last_path`` records which level ran the latest call, ``counts`` how often each
-    did, ``last_refusal`` why the latest refused call was refused.
+    fake modules that follow the module contract). Calls with a custom mask (EAGLE trees, or
+    SGLang's chain written as a mask at topk = 1) go to the kernels like any other: the
+    modules read the mask on the device, and one they cannot read they refuse. ``last_path``
+    records which level ran the latest call, ``counts`` how often each did, ``last_refusal``
+    why the latest refused call was refused.
     """
 
     def __init__(
@@ -93,7 +93,6 @@ class VerifyChain:
         loader: Loader | None = None,
         general: GeneralPath | None = None,
         check_indices: bool | None = None,
-        fp8_math: bool = False,
     ) -> None:
         if start not in PATHS:
             raise ValueError(f"start must be one of {', '.join(PATHS)}, got {start!r}")
@@ -106,9 +105,6 @@ class VerifyChain:
         self._kernels = tuple(lv for lv in self.levels if lv.module is not None)
         self.general = general or GeneralPath()
         self.check_indices = env_flag(CHECK_INDICES_ENV) if check_indices is None else check_indices
-        # The kernel levels' fp8_math (the operator's KGEN_FP8_MATH, through the gate); the general
-        # path computes exactly.
-        self.fp8_math = fp8_math
         self.last_path: PathName | None = None
         self.last_refusal = ""
         self.counts: dict[str, int] = dict.fromkeys(PATHS, 0)
@@ -160,7 +156,7 @@ class VerifyChain:
             return None
         args = call.as_sglang_args()
         for lv in self._kernels:
-            if lv.module.verify_shared_kv_fwd(*args, kv_len_adjust=call.kv_len_adjust, fp8_math=self.fp8_math):
+            if lv.module.verify_shared_kv_fwd(*args, kv_len_adjust=call.kv_len_adjust):
                 return self._ran(lv.name)
         return None
 
@@ -231,7 +227,7 @@ class VerifyChain:
         for lv in self._kernels:
             if lv.module.verify_paged_fwd(
                 *call.tensors, call.max_len_extend, k_scale=call.k_scale, v_scale=call.v_scale,
-                sm_scale=call.sm_scale, config=call.config, fp8_math=self.fp8_math, **mask,
+                sm_scale=call.sm_scale, config=call.config, **mask,
             ):  # fmt: skip
                 return self._ran(lv.name)
         return None

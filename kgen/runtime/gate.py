@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, get_args
@@ -43,19 +43,16 @@ PATHS: tuple[PathName, ...] = get_args(PathName)
 DISABLE_ENV = "KGEN_DISABLE"
 FORCE_ENV = "KGEN_FORCE_PATH"
 INTERPRETER_ENV = "TRITON_INTERPRET"
-FP8_MATH_ENV = "KGEN_FP8_MATH"
 INTERPRETER_ARCH = "interpreter"
 
 
 @dataclass(frozen=True)
 class GateDecision:
-    """Where the verify chain starts (``path``), for which layout, and why; ``fp8_math``: the
-    operator allows the FP8-math mode (``KGEN_FP8_MATH``), which the chain passes to its kernels."""
+    """Where the verify chain starts (``path``), for which layout, and why."""
 
     path: PathName
     layout: str | None
     reason: str
-    fp8_math: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,14 +81,11 @@ class GateQuery:
 
 @dataclass(frozen=True)
 class Switches:
-    """The operator's switches: kgen on or off, a forced path, Triton's CPU interpreter, and the
-    opt-in FP8-math mode (an e4m3 pool's prefix q.k on e4m3 tensor cores where a kernel runs it;
-    the verify entries' ``fp8_math``)."""
+    """The operator's switches: kgen on or off, a forced path, Triton's CPU interpreter."""
 
     enabled: bool = True
     force_path: str | None = None
     interpreter: bool = False
-    fp8_math: bool = False
 
 
 @functools.lru_cache(maxsize=1)
@@ -328,7 +322,7 @@ def decide_path(
     ``inventory.targets`` goes to the general path. Raises ValueError only for
     impossible numbers (topk < 1, ...) or an unknown forced path.
     """
-    return replace(_decide(_Trace(), query, device_arch, switches, inventory), fp8_math=switches.fp8_math)
+    return _decide(_Trace(), query, device_arch, switches, inventory)
 
 
 # --------------------------------------------------------------------------- impure edge
@@ -384,14 +378,12 @@ def cached_inventory() -> Inventory:
 
 
 def env_switches(env: Mapping[str, str] | None = None) -> Switches:
-    """The switches from ``KGEN_DISABLE``, ``KGEN_FORCE_PATH``, ``TRITON_INTERPRET`` and
-    ``KGEN_FP8_MATH``."""
+    """The switches from ``KGEN_DISABLE``, ``KGEN_FORCE_PATH`` and ``TRITON_INTERPRET``."""
     env = os.environ if env is None else env
     return Switches(
         enabled=not env_flag(DISABLE_ENV, env),
         force_path=env.get(FORCE_ENV, "").strip().lower() or None,
         interpreter=env_flag(INTERPRETER_ENV, env),
-        fp8_math=env_flag(FP8_MATH_ENV, env),
     )
 
 
@@ -421,7 +413,7 @@ def gate_from_env(
         query,
         device_arch=_arch(device_arch),
         inventory=inventory if inventory is not None else cached_inventory(),
-        switches=replace(switches, enabled=switches.enabled and enabled),
+        switches=Switches(switches.enabled and enabled, switches.force_path, switches.interpreter),
     )
 
 
@@ -481,8 +473,7 @@ def explain_gate(
         f"kgen gate for {model_arch} (topk={topk}, qk {dims[0]}, pe {dims[1]}, v {dims[2]}, "
         f"KV {kv_dtype}, query {q_dtype})",
         f"  device: {arch or 'none'}{' (TRITON_INTERPRET=1)' if switches.interpreter else ''}",
-        f"  switches: {DISABLE_ENV}={'0' if switches.enabled else '1'}, {FORCE_ENV}={switches.force_path or '-'}, "
-        f"{FP8_MATH_ENV}={'1' if switches.fp8_math else '0'}",
+        f"  switches: {DISABLE_ENV}={'0' if switches.enabled else '1'}, {FORCE_ENV}={switches.force_path or '-'}",
         f"  generated modules: {len(inv.available_uris)} in {inv.generated_dir or '?'}",
     ]
     lines += [f"  {note}" for note in inv.notes]
